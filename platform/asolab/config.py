@@ -1,0 +1,368 @@
+"""Experiment configuration: frozen, typed dataclasses loaded from TOML.
+
+An experiment file has one table per concern (``[data]``, ``[space]``,
+``[search]``, ``[temperature]``, ``[mutation]``, ``[growth]``, ``[tracking]``)
+plus top-level ``seed`` and ``device``. Every field carries its constraint in
+its metadata, so the loader validates the whole file once, at the edge, and
+refuses bad input with one line naming the file, the key and what is allowed.
+
+Overrides use the same path syntax as the file: ``--set search.cycles=2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
+DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
+
+DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100")
+ALL_PRIMITIVES = (
+    "none",
+    "max_pool_3x3",
+    "avg_pool_3x3",
+    "skip_connect",
+    "sep_conv_3x3",
+    "sep_conv_5x5",
+    "dil_conv_3x3",
+    "dil_conv_5x5",
+)
+SCHEDULES = ("exponential", "cosine", "linear", "constant")
+GROWTH_POLICIES = ("none", "widen", "deepen", "branch", "cycle", "plateau")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line for the user."""
+
+
+def _check(
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    gt: float | None = None,
+    choices: Sequence[str] | None = None,
+    help: str = "",
+) -> dict[str, Any]:
+    return {"ge": ge, "le": le, "gt": gt, "choices": choices, "help": help}
+
+
+def _field(default: Any, **check: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for defaults")
+    return field(default=default, metadata=_check(**check))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, how it is split, batched and augmented."""
+
+    name: str = _field("digits", choices=DATASETS, help="registered data set")
+    data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
+    download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
+    val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection")
+    test_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share carved out as test split for data sets without one (digits)")
+    split_seed: int = _field(0, ge=0, help="seed of the test carve-out; fixed so that all runs share one test split")
+    train_subset: int = _field(0, ge=0, help="use at most this many training examples for search (0 = all)")
+    batch_size: int = _field(64, ge=1, le=65536)
+    eval_batch_size: int = _field(512, ge=1, le=65536)
+    augment: bool = _field(True, help="the data set's own batched augmentation on the training split")
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    """The DARTS-style search space: operations, cells and supernet size."""
+
+    primitives: tuple[str, ...] = field(default=ALL_PRIMITIVES, metadata=_check(choices=ALL_PRIMITIVES, help="candidate operations on every edge"))
+    init_channels: int = _field(16, ge=1, le=1024)
+    layers: int = _field(3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth")
+    steps: int = _field(2, ge=1, le=8, help="intermediate nodes per cell")
+    stem_multiplier: int = _field(3, ge=1, le=8)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The ASO-SE cycle: epochs per phase and optimiser settings."""
+
+    cycles: int = _field(3, ge=1, le=1000)
+    w_epochs: int = _field(2, ge=0, le=1000, help="W-training (warm-up) epochs per cycle")
+    alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
+    retrain_epochs: int = _field(2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle")
+    final_epochs: int = _field(0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle")
+    weight_lr: float = _field(0.05, gt=0.0, le=10.0)
+    weight_lr_min: float = _field(0.001, ge=0.0, le=10.0)
+    weight_momentum: float = _field(0.9, ge=0.0, le=0.999)
+    weight_decay: float = _field(3e-4, ge=0.0, le=1.0)
+    alpha_lr: float = _field(3e-3, gt=0.0, le=10.0)
+    alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0)
+    grad_clip: float = _field(5.0, gt=0.0)
+
+
+@dataclass(frozen=True)
+class TemperatureConfig:
+    """Gumbel-softmax temperature: a pure function of run progress."""
+
+    schedule: str = _field("exponential", choices=SCHEDULES)
+    initial_temperature: float = _field(5.0, gt=0.0, le=100.0)
+    min_temperature: float = _field(0.5, gt=0.0, le=100.0)
+    anneal_fraction: float = _field(0.8, gt=0.0, le=1.0, help="share of the run after which the temperature stays at min_temperature")
+
+
+@dataclass(frozen=True)
+class MutationConfig:
+    """Mutation phase: how many op edits, guided by the alphas."""
+
+    strength: float = _field(0.25, ge=0.0, le=1.0, help="s in k = max(1, round(s * E)) op edits over E genotype edges")
+
+
+@dataclass(frozen=True)
+class GrowthConfig:
+    """Function-preserving growth during the mutation phase."""
+
+    policy: str = _field("none", choices=GROWTH_POLICIES, help="which growth the mutation phase applies")
+    max_params: int = _field(0, ge=0, help="never grow past this many supernet parameters (0 = no cap)")
+    plateau_patience: int = _field(1, ge=1, le=100, help="cycles without validation gain before 'plateau' grows")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where runs are recorded (used by the MLflow observer)."""
+
+    enabled: bool = _field(True)
+    tracking_uri: str = _field("", help="MLflow tracking URI ('' = MLFLOW_TRACKING_URI or the local mlruns/ store)")
+    experiment: str = _field("", help="MLflow experiment name ('' = the experiment file's name)")
+    log_models: bool = _field(True, help="log the final derived network as an MLflow model")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment: everything a run needs, validated."""
+
+    name: str = _field("digits", help="experiment name (defaults to the file's stem)")
+    seed: int = _field(0, ge=0)
+    device: str = _field("auto", help="auto | cpu | cuda | cuda:N | mps")
+    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = torch's default)")
+    data: DataConfig = field(default_factory=DataConfig)
+    space: SpaceConfig = field(default_factory=SpaceConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
+    mutation: MutationConfig = field(default_factory=MutationConfig)
+    growth: GrowthConfig = field(default_factory=GrowthConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Flattened ``section.key -> value`` view (for MLflow params)."""
+        return flatten(self.to_dict())
+
+    def replace(self, **overrides: Any) -> "ExperimentConfig":
+        """Return a validated copy with ``section.key`` overrides applied."""
+        return apply_overrides(self, overrides, source="override")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out[f.name] = to_dict(value)
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _allowed(meta: Mapping[str, Any]) -> str:
+    if meta.get("choices"):
+        return "one of " + ", ".join(meta["choices"])
+    lo = meta.get("ge") if meta.get("ge") is not None else meta.get("gt")
+    hi = meta.get("le")
+    left = "[" if meta.get("ge") is not None else "("
+    if lo is None and hi is None:
+        return ""
+    return f"in {left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+
+
+def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
+    """Check one leaf value against its field's type and constraint."""
+    meta = f.metadata
+    tp = {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type), None)
+    if str(f.type).startswith("tuple"):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings; allowed: {_allowed(meta)}")
+        bad = [v for v in value if v not in meta["choices"]]
+        if bad:
+            raise ConfigError(f"{where} has unknown value {bad[0]!r}; allowed: {_allowed(meta)}")
+        if len(set(value)) != len(value) or not value:
+            raise ConfigError(f"{where} must list distinct names and at least one")
+        return tuple(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if tp is None or not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{where} must be {_type_name(tp)} (got {value!r})")
+    out_of_range = (
+        (meta.get("choices") and value not in meta["choices"])
+        or (meta.get("ge") is not None and value < meta["ge"])
+        or (meta.get("gt") is not None and value <= meta["gt"])
+        or (meta.get("le") is not None and value > meta["le"])
+    )
+    if out_of_range:
+        raise ConfigError(f"{where} = {value!r} is out of range; allowed: {_allowed(meta)}")
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown key '{path}'; allowed: {', '.join(fields)}")
+        f = fields[key]
+        sub = _section_type(f)
+        if sub is not None:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: '{path}' must be a table [{path}]")
+            kwargs[key] = _build(sub, value, source, path + ".")
+        else:
+            kwargs[key] = _coerce(value, f, f"{source}: {path}")
+    return cls(**kwargs)
+
+
+def _section_type(f: dataclasses.Field) -> type | None:
+    return _SECTIONS.get(str(f.type))
+
+
+_SECTIONS = {
+    "DataConfig": DataConfig,
+    "SpaceConfig": SpaceConfig,
+    "SearchConfig": SearchConfig,
+    "TemperatureConfig": TemperatureConfig,
+    "MutationConfig": MutationConfig,
+    "GrowthConfig": GrowthConfig,
+    "TrackingConfig": TrackingConfig,
+}
+
+
+def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
+    """Constraints that involve more than one field."""
+    t = cfg.temperature
+    if t.min_temperature > t.initial_temperature:
+        raise ConfigError(
+            f"{source}: temperature.min_temperature ({t.min_temperature}) must not exceed "
+            f"temperature.initial_temperature ({t.initial_temperature})"
+        )
+    if not [p for p in cfg.space.primitives if p != "none"]:
+        raise ConfigError(f"{source}: space.primitives needs at least one operation besides 'none'")
+    if cfg.search.weight_lr_min > cfg.search.weight_lr:
+        raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")
+    if cfg.search.w_epochs + cfg.search.retrain_epochs + cfg.search.final_epochs == 0:
+        raise ConfigError(f"{source}: at least one of search.w_epochs, retrain_epochs, final_epochs must be > 0")
+    dev = cfg.device
+    if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ConfigError(f"{source}: device = {dev!r} is not valid; allowed: auto, cpu, cuda, cuda:N, mps")
+
+
+def from_dict(data: Mapping[str, Any], source: str = "config") -> ExperimentConfig:
+    cfg = _build(ExperimentConfig, data, source)
+    _cross_checks(cfg, source)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=v`` -> ("a.b", v) with v parsed as a TOML value (bare words are strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def _nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set") -> ExperimentConfig:
+    merged = _merge(to_dict(cfg), _nest(overrides))
+    return from_dict(merged, source)
+
+
+def resolve_experiment_path(path: str | Path | None) -> Path:
+    """A file path, or a bare name looked up in experiments/."""
+    if path is None:
+        return DEFAULT_EXPERIMENT
+    p = Path(path)
+    if p.exists():
+        return p
+    candidate = EXPERIMENTS_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+    if candidate.exists():
+        return candidate
+    known = ", ".join(sorted(x.stem for x in EXPERIMENTS_DIR.glob("*.toml")))
+    raise ConfigError(f"experiment file {str(path)!r} not found; known experiments: {known}")
+
+
+def load(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> ExperimentConfig:
+    """Load an experiment file (default: experiments/digits.toml) and apply ``--set`` overrides."""
+    file = resolve_experiment_path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML ({exc})") from None
+    data.setdefault("name", file.stem)
+    cfg = from_dict(data, str(file))
+    if overrides:
+        pairs = dict(overrides) if isinstance(overrides, Mapping) else dict(parse_override(o) for o in overrides)
+        cfg = apply_overrides(cfg, pairs, f"{file} (--set)")
+    return cfg
+
+
+def config_json(cfg: ExperimentConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)

@@ -1,0 +1,61 @@
+"""Mutation: alpha-guided op edits on a derived genotype.
+
+For mutation strength ``s`` and ``E`` genotype edges the phase makes
+``k = max(1, round(s * E))`` edits on distinct edges chosen uniformly. Each
+edit re-samples the edge's op by Gumbel-softmax over that edge's alphas at the
+current temperature, excluding the current op and ``none``; so a hot
+temperature explores, a cold one follows the alphas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..space.cells import edge_index
+from ..space.genotype import Genotype
+from .sampling import gumbel_softmax_st
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One op edit on edge (cell, node, input)."""
+
+    cell: str
+    node: int
+    input: int
+    before: str
+    after: str
+
+    def __str__(self) -> str:
+        return f"{self.cell} node {self.node} input {self.input}: {self.before} -> {self.after}"
+
+
+def num_edits(strength: float, num_edges: int) -> int:
+    return max(1, round(strength * num_edges))
+
+
+def mutate(
+    genotype: Genotype,
+    alphas: dict[str, torch.Tensor],
+    primitives: tuple[str, ...],
+    strength: float,
+    temperature: float,
+) -> tuple[Genotype, list[Edit]]:
+    """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the edits."""
+    edges = list(genotype.edges())
+    chosen = torch.randperm(len(edges))[: num_edits(strength, len(edges))].tolist()
+    edits: list[Edit] = []
+    for n in sorted(chosen):
+        kind, node, op, j = edges[n]
+        logits = alphas[kind][edge_index(node, j)].detach().float().clone()
+        excluded = [primitives.index(p) for p in (op, "none") if p in primitives]
+        if len(excluded) >= len(primitives):
+            continue  # no other op to switch to
+        logits[excluded] = float("-inf")
+        _, index = gumbel_softmax_st(logits, temperature)
+        new_op = primitives[int(index)]
+        genotype = genotype.replace_op(kind, node, j, new_op)
+        edits.append(Edit(kind, node, j, op, new_op))
+    return genotype, edits

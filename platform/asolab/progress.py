@@ -1,0 +1,97 @@
+"""Terminal feedback for the CLI: a progress bar per phase and a summary table.
+
+This is an observer like any other; library code never prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, TextIO
+
+import pandas as pd
+from tqdm import tqdm
+
+from .runner.events import CycleEnd, EpochEnd, GrowthEvent, MutationEvent, Observer, RunEnd, RunInterrupted, RunStart
+
+PHASE_TITLES = {"w_train": "W-training", "alpha": "alpha-training", "retrain": "W-retraining", "final": "final training"}
+
+
+class ProgressObserver(Observer):
+    """One tqdm bar per phase (epochs as units), a line per mutation and cycle."""
+
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
+        self.stream, self.enabled = stream, enabled
+        self.bar: Optional[tqdm] = None
+        self.key: Optional[tuple[int, str]] = None
+        self.epochs: dict[str, int] = {}
+
+    def _write(self, text: str) -> None:
+        if self.enabled:
+            tqdm.write(text, file=self.stream)
+
+    def on_run_start(self, event: RunStart) -> None:
+        s = event.config.search
+        self.epochs = {"w_train": s.w_epochs, "alpha": s.alpha_epochs, "retrain": s.retrain_epochs, "final": s.final_epochs}
+        d = event.data
+        where = f" (resumed at cycle {event.resumed_from['cycle']})" if event.resumed_from else ""
+        self._write(
+            f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / {d['test']} test), "
+            f"device {event.device}, {s.cycles} cycles{where}"
+        )
+
+    def on_epoch_end(self, event: EpochEnd) -> None:
+        key = (event.cycle, event.phase)
+        if key != self.key:
+            self._close()
+            self.key = key
+            label = PHASE_TITLES[event.phase] + ("" if event.phase == "final" else f" {event.cycle + 1}")
+            self.bar = tqdm(total=self.epochs[event.phase], desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
+        assert self.bar is not None
+        self.bar.set_postfix(val_acc=f"{event.val_acc:.3f}", tau=f"{event.temperature:.2f}", img_s=f"{event.images_per_sec:.0f}")
+        self.bar.update(1)
+
+    def on_mutation(self, event: MutationEvent) -> None:
+        self._close()
+        self._write(f"cycle {event.cycle + 1}: mutation (s={event.strength}, tau={event.temperature:.2f}): " + "; ".join(map(str, event.edits)))
+
+    def on_growth(self, event: GrowthEvent) -> None:
+        self._write(
+            f"cycle {event.cycle + 1}: growth {event.kind} at {event.where}: params {event.params_before} -> {event.params_after}, "
+            f"max|dlogits| {event.preservation_error:.2e}"
+        )
+
+    def on_cycle_end(self, event: CycleEnd) -> None:
+        self._close()
+        self._write(
+            f"cycle {event.cycle + 1}: val_acc {event.val_acc:.4f}, derived params {event.derived_params}, "
+            f"rss {event.memory['rss_mb']:.0f} MB  genotype {event.genotype}"
+        )
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self._close()
+
+    def on_run_interrupted(self, event: RunInterrupted) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+            self.key = None
+
+
+def summary_table(end: RunEnd, extra: dict[str, object] | None = None) -> str:
+    """The final summary as an aligned two-column table."""
+    rows = {
+        "final genotype": str(end.genotype),
+        "derived network parameters": f"{end.derived_params:,}",
+        "supernet parameters": f"{end.supernet_params:,}",
+        "validation accuracy": f"{end.val_acc:.4f}",
+        "test accuracy": f"{end.test_acc:.4f}",
+        "peak RSS (MB)": f"{end.memory['peak_rss_mb']:.0f}",
+        "wall time (s)": f"{end.seconds:.1f}",
+        **(extra or {}),
+    }
+    frame = pd.DataFrame({"value": list(rows.values())}, index=list(rows.keys()))
+    with pd.option_context("display.max_colwidth", 400, "display.width", 400):
+        return frame.to_string(header=False)

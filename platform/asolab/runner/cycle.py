@@ -1,0 +1,410 @@
+"""The ASO-SE cycle loop.
+
+A run is ``search.cycles`` cycles of four phases, then optional final epochs
+and an evaluation:
+
+1. ``w_train``  supernet weights on the train split; one op per edge sampled by
+   hard Gumbel-softmax (no gradient to the alphas, which stay frozen);
+2. ``alpha``    alphas on the validation split with Adam, straight-through
+   Gumbel-softmax; weights frozen (``requires_grad`` off, so no weight
+   gradients are even computed);
+3. ``mutate``   derive the genotype from the alphas, apply alpha-guided op
+   edits (and growth, where the growth policy asks for it);
+4. ``retrain``  the derived, mutated network trains on the train split. It is a
+   view of the supernet, so the weights it improves are the supernet's own.
+
+One SGD optimizer (weights) and one Adam optimizer (alphas) live for the whole
+run, so momentum and Adam moments survive phases and cycles. A checkpoint is
+written after every phase when a checkpoint folder is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ConfigError, ExperimentConfig, from_dict
+from ..data import Batches, DataBundle, Split, load_data
+from ..evolution.mutation import mutate
+from ..evolution.sampling import temperature as temperature_at
+from ..space.genotype import Genotype
+from ..space.network import Plans, SearchNetwork
+from ..space.spec import ArchSpec
+from . import checkpoint as ckpt
+from .events import (
+    CheckpointSaved,
+    CycleEnd,
+    EpochEnd,
+    MutationEvent,
+    Observer,
+    RunEnd,
+    RunInterrupted,
+    RunStart,
+)
+from .memory import memory_stats
+
+log = logging.getLogger(__name__)
+
+PHASES = ("w_train", "alpha", "mutate", "retrain")
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then the CPU; an unavailable device is a config error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+@dataclass
+class Position:
+    """Where the loop is: the next phase to run and the epoch counters."""
+
+    cycle: int = 0
+    phase: int = 0  # index into PHASES; cycle == cycles means the final stage
+    global_epoch: int = 0  # every training epoch so far (the MLflow step)
+    weight_epoch: int = 0  # epochs that trained weights (drives the LR schedule)
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced."""
+
+    genotype: Genotype
+    val_acc: float
+    test_acc: float
+    derived_params: int
+    supernet_params: int
+    seconds: float
+    cycle_val_acc: list[float] = field(default_factory=list)
+
+
+class Runner:
+    """Runs ASO-SE cycles for one experiment config and emits events to observers."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        observers: Iterable[Observer] = (),
+        *,
+        checkpoint_dir: str | Path | None = None,
+        data: Optional[DataBundle] = None,
+        spec: Optional[ArchSpec] = None,
+    ) -> None:
+        self.cfg = cfg
+        self.observers = list(observers)
+        self.device = resolve_device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
+        self.spec = spec or ArchSpec.from_config(cfg.space, self.data.in_channels, self.data.num_classes)
+        self.net = SearchNetwork(self.spec).to(self.device)
+        s = cfg.search
+        self.weight_opt = torch.optim.SGD(
+            self.net.weight_parameters(), lr=s.weight_lr, momentum=s.weight_momentum, weight_decay=s.weight_decay
+        )
+        self.alpha_opt = torch.optim.Adam(
+            self.net.alpha_parameters(), lr=s.alpha_lr, betas=(0.5, 0.999), weight_decay=s.alpha_weight_decay
+        )
+        self.shuffle = torch.Generator().manual_seed(cfg.seed)
+        self.position = Position()
+        self.genotype: Optional[Genotype] = None  # the genotype retrained in the current cycle
+        self.derived: Optional[Genotype] = None  # what the alphas said before mutation
+        self.cycle_val_acc: list[float] = []
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self._resumed_from: Optional[dict[str, Any]] = None
+        self._started = time.perf_counter()
+
+    # ------------------------------------------------------------------ schedule
+
+    @property
+    def search_epochs(self) -> int:
+        s = self.cfg.search
+        return s.cycles * (s.w_epochs + s.alpha_epochs + s.retrain_epochs)
+
+    @property
+    def total_epochs(self) -> int:
+        return self.search_epochs + self.cfg.search.final_epochs
+
+    @property
+    def weight_epochs(self) -> int:
+        s = self.cfg.search
+        return s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
+
+    def temperature(self) -> float:
+        progress = min(1.0, self.position.global_epoch / max(1, self.search_epochs - 1))
+        return temperature_at(progress, self.cfg.temperature)
+
+    def weight_lr(self) -> float:
+        s = self.cfg.search
+        q = min(1.0, self.position.weight_epoch / max(1, self.weight_epochs))
+        return s.weight_lr_min + 0.5 * (s.weight_lr - s.weight_lr_min) * (1 + math.cos(math.pi * q))
+
+    # ------------------------------------------------------------------ events
+
+    def emit(self, hook: str, event: Any) -> None:
+        for obs in self.observers:
+            getattr(obs, hook)(event)
+
+    # ------------------------------------------------------------------ steps
+
+    def _weight_step(self, x: torch.Tensor, y: torch.Tensor, plans: Plans) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x, plans)
+        loss = F.cross_entropy(logits, y)
+        self.weight_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
+        self.weight_opt.step()
+        return loss.detach(), (logits.argmax(1) == y).sum()
+
+    def _alpha_step(self, x: torch.Tensor, y: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x, self.net.sample_plans(tau, differentiable=True))
+        loss = F.cross_entropy(logits, y)
+        self.alpha_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.alpha_opt.step()
+        return loss.detach(), (logits.argmax(1) == y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, split: Split, genotype: Genotype) -> tuple[float, float]:
+        """Loss and accuracy of ``genotype`` (run on the supernet) over ``split``."""
+        self.net.eval()
+        plans = self.net.genotype_plans(genotype)
+        loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
+        for x, y in Batches(split, self.cfg.data.eval_batch_size):
+            logits = self.net(x, plans)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+        n = max(1, len(split))
+        return loss_sum.item() / n, correct.item() / n
+
+    # ------------------------------------------------------------------ epochs and phases
+
+    def _epoch(self, phase: str, epoch: int, split: Split, step: Callable, eval_genotype: Callable[[], Genotype]) -> None:
+        tau = self.temperature()
+        trains_weights = phase != "alpha"
+        if trains_weights:
+            for group in self.weight_opt.param_groups:
+                group["lr"] = self.weight_lr()
+        self.net.train()
+        start = time.perf_counter()
+        loss_sum, correct, seen = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
+        # Augment only what trains weights; alphas see the validation data as it is.
+        augmentation = self.data.augmentation if trains_weights else None
+        for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
+            loss, hits = step(x, y, tau)
+            loss_sum += loss * len(y)
+            correct += hits
+            seen += len(y)
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss_sum.item()):
+            raise FloatingPointError(
+                f"{phase} loss became {loss_sum.item()} in cycle {self.position.cycle}; lower search.weight_lr or search.alpha_lr"
+            )
+        val_loss, val_acc = self.evaluate(self.data.val, eval_genotype())
+        self.emit(
+            "on_epoch_end",
+            EpochEnd(
+                phase=phase,
+                cycle=self.position.cycle,
+                epoch=epoch,
+                global_epoch=self.position.global_epoch,
+                train_loss=loss_sum.item() / max(1, seen),
+                train_acc=correct.item() / max(1, seen),
+                val_loss=val_loss,
+                val_acc=val_acc,
+                temperature=tau,
+                lrs={"weight_lr": self.weight_opt.param_groups[0]["lr"], "alpha_lr": self.alpha_opt.param_groups[0]["lr"]},
+                seconds=seconds,
+                images_per_sec=seen / max(seconds, 1e-9),
+            ),
+        )
+        self.position.global_epoch += 1
+        self.position.weight_epoch += int(trains_weights)
+
+    def _w_train(self) -> None:
+        def step(x, y, tau):
+            return self._weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
+
+        for e in range(self.cfg.search.w_epochs):
+            self._epoch("w_train", e, self.data.train, step, self.net.derive)
+
+    def _alpha_train(self) -> None:
+        weights = self.net.weight_parameters()
+        for p in weights:
+            p.requires_grad_(False)
+        try:
+            for e in range(self.cfg.search.alpha_epochs):
+                self._epoch("alpha", e, self.data.val, self._alpha_step, self.net.derive)
+        finally:
+            for p in weights:
+                p.requires_grad_(True)
+
+    def _mutate(self) -> None:
+        tau = self.temperature()
+        self.derived = self.net.derive()
+        alphas = {k: v.detach() for k, v in self.net.alphas.items()}
+        self.genotype, edits = mutate(self.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
+        self.emit(
+            "on_mutation",
+            MutationEvent(self.position.cycle, self.derived, self.genotype, tuple(edits), tau, self.cfg.mutation.strength),
+        )
+
+    def _retrain(self, phase: str, epochs: int, split: Split) -> None:
+        assert self.genotype is not None
+        plans = self.net.genotype_plans(self.genotype)
+
+        def step(x, y, tau):
+            return self._weight_step(x, y, plans)
+
+        for e in range(epochs):
+            self._epoch(phase, e, split, step, lambda: self.genotype)
+
+    def _end_cycle(self) -> None:
+        assert self.genotype is not None and self.derived is not None
+        val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
+        self.cycle_val_acc.append(val_acc)
+        self.emit(
+            "on_cycle_end",
+            CycleEnd(
+                cycle=self.position.cycle,
+                genotype=self.genotype,
+                derived_genotype=self.derived,
+                supernet_params=self.net.num_weights(),
+                derived_params=self.net.count_derived(self.genotype),
+                memory=memory_stats(self.device),
+                val_acc=val_acc,
+                val_loss=val_loss,
+                global_epoch=self.position.global_epoch,
+            ),
+        )
+
+    def _run_phase(self, phase: str) -> None:
+        if phase == "w_train":
+            self._w_train()
+        elif phase == "alpha":
+            self._alpha_train()
+        elif phase == "mutate":
+            self._mutate()
+        else:
+            self._retrain("retrain", self.cfg.search.retrain_epochs, self.data.train)
+            self._end_cycle()
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> RunResult:
+        """Run (or continue) the whole experiment; observers see every step."""
+        self._started = time.perf_counter()
+        self.emit(
+            "on_run_start",
+            RunStart(
+                config=self.cfg,
+                data=self.data.summary(),
+                device=str(self.device),
+                arch=self.spec.to_dict(),
+                resumed_from=self._resumed_from,
+                total_epochs=self.total_epochs,
+            ),
+        )
+        try:
+            while self.position.cycle < self.cfg.search.cycles:
+                phase = PHASES[self.position.phase]
+                self._run_phase(phase)
+                if self.position.phase + 1 < len(PHASES):
+                    self.position.phase += 1
+                else:
+                    self.position.cycle, self.position.phase = self.position.cycle + 1, 0
+                self.save_checkpoint(phase)
+            result = self._finish()
+        except BaseException as exc:
+            self.emit("on_run_interrupted", RunInterrupted(exc, self.position.global_epoch))
+            raise
+        return result
+
+    def _finish(self) -> RunResult:
+        assert self.genotype is not None
+        if self.cfg.search.final_epochs:
+            self._retrain("final", self.cfg.search.final_epochs, self.data.full_train)
+        val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
+        test_loss, test_acc = self.evaluate(self.data.test, self.genotype)
+        seconds = time.perf_counter() - self._started
+        end = RunEnd(
+            genotype=self.genotype,
+            derived_params=self.net.count_derived(self.genotype),
+            supernet_params=self.net.num_weights(),
+            val_acc=val_acc,
+            val_loss=val_loss,
+            test_acc=test_acc,
+            test_loss=test_loss,
+            seconds=seconds,
+            memory=memory_stats(self.device),
+            global_epoch=self.position.global_epoch,
+        )
+        self.emit("on_run_end", end)
+        return RunResult(self.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.cycle_val_acc))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state(self) -> dict[str, Any]:
+        p = self.position
+        return {
+            "config": self.cfg.to_dict(),
+            "spec": self.spec.to_dict(),
+            "model": self.net.state_dict(),
+            "weight_opt": self.weight_opt.state_dict(),
+            "alpha_opt": self.alpha_opt.state_dict(),
+            "position": {"cycle": p.cycle, "phase": p.phase, "global_epoch": p.global_epoch, "weight_epoch": p.weight_epoch},
+            "genotype": self.genotype.to_json() if self.genotype else "",
+            "derived": self.derived.to_json() if self.derived else "",
+            "cycle_val_acc": list(self.cycle_val_acc),
+            "rng": ckpt.rng_state(),
+            "shuffle_rng": self.shuffle.get_state(),
+        }
+
+    def save_checkpoint(self, phase: str) -> Optional[Path]:
+        if self.checkpoint_dir is None:
+            return None
+        path = ckpt.save(self.state(), self.checkpoint_dir / CHECKPOINT_NAME)
+        self.emit("on_checkpoint", CheckpointSaved(str(path), self.position.cycle, phase, self.position.global_epoch))
+        return path
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | Path,
+        observers: Iterable[Observer] = (),
+        *,
+        checkpoint_dir: str | Path | None = None,
+        data: Optional[DataBundle] = None,
+    ) -> "Runner":
+        """Rebuild a runner from a checkpoint (at its saved, possibly grown, size)."""
+        state = ckpt.load(path)
+        cfg = from_dict(state["config"], source=f"checkpoint {path}")
+        runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=ArchSpec.from_dict(state["spec"]))
+        runner.net.load_state_dict(state["model"])
+        runner.weight_opt.load_state_dict(state["weight_opt"])
+        runner.alpha_opt.load_state_dict(state["alpha_opt"])
+        runner.position = Position(**state["position"])
+        runner.genotype = Genotype.from_json(state["genotype"]) if state["genotype"] else None
+        runner.derived = Genotype.from_json(state["derived"]) if state["derived"] else None
+        runner.cycle_val_acc = list(state["cycle_val_acc"])
+        ckpt.set_rng_state(state["rng"])
+        runner.shuffle.set_state(state["shuffle_rng"])
+        runner._resumed_from = dict(state["position"])
+        return runner

@@ -1,0 +1,134 @@
+"""Events the runner emits, and the observer protocol that receives them.
+
+The runner records nothing itself: trackers (MLflow), reporters (Optuna),
+progress bars and tests are observers. An observer implements any subset of
+the ``on_*`` methods of :class:`Observer`; an exception raised by an observer
+(for example Optuna's ``TrialPruned``) stops the run and reaches the caller
+after ``on_run_interrupted`` has been sent to every observer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..config import ExperimentConfig
+from ..space.genotype import Genotype
+
+
+@dataclass(frozen=True)
+class RunStart:
+    config: ExperimentConfig
+    data: dict[str, Any]
+    device: str
+    arch: dict[str, Any]
+    resumed_from: Optional[dict[str, Any]] = None  # checkpoint position when resuming
+    total_epochs: int = 0
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    phase: str  # w_train | alpha | retrain | final
+    cycle: int
+    epoch: int  # epoch within the phase
+    global_epoch: int  # MLflow step: counts every training epoch of the run
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    temperature: float
+    lrs: dict[str, float]
+    seconds: float
+    images_per_sec: float
+
+
+@dataclass(frozen=True)
+class MutationEvent:
+    cycle: int
+    before: Genotype
+    after: Genotype
+    edits: tuple[Any, ...]
+    temperature: float
+    strength: float
+
+
+@dataclass(frozen=True)
+class GrowthEvent:
+    cycle: int
+    kind: str  # widen | deepen | branch
+    where: str
+    params_before: int
+    params_after: int
+    preservation_error: float
+    val_acc_before: float = float("nan")
+    val_acc_after: float = float("nan")
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CycleEnd:
+    cycle: int
+    genotype: Genotype  # the (mutated) genotype that was retrained this cycle
+    derived_genotype: Genotype  # what the alphas said before mutation
+    supernet_params: int
+    derived_params: int
+    memory: dict[str, float]
+    val_acc: float
+    val_loss: float
+    global_epoch: int
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    path: str
+    cycle: int
+    phase: str
+    global_epoch: int
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    genotype: Genotype
+    derived_params: int
+    supernet_params: int
+    val_acc: float
+    val_loss: float
+    test_acc: float
+    test_loss: float
+    seconds: float
+    memory: dict[str, float]
+    global_epoch: int
+
+
+@dataclass(frozen=True)
+class RunInterrupted:
+    error: BaseException
+    global_epoch: int
+
+
+class Observer:
+    """Base observer: every hook is a no-op; override what you need."""
+
+    def on_run_start(self, event: RunStart) -> None: ...
+    def on_epoch_end(self, event: EpochEnd) -> None: ...
+    def on_mutation(self, event: MutationEvent) -> None: ...
+    def on_growth(self, event: GrowthEvent) -> None: ...
+    def on_cycle_end(self, event: CycleEnd) -> None: ...
+    def on_checkpoint(self, event: CheckpointSaved) -> None: ...
+    def on_run_end(self, event: RunEnd) -> None: ...
+    def on_run_interrupted(self, event: RunInterrupted) -> None: ...
+
+
+class Recorder(Observer):
+    """Keeps every event in a list (handy for tests and notebooks)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("on_"):
+            return lambda event: self.events.append((name[3:], event))
+        return super().__getattribute__(name)
+
+    def of(self, kind: str) -> list[Any]:
+        return [e for k, e in self.events if k == kind]

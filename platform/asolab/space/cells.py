@@ -1,0 +1,92 @@
+"""Cells: DARTS-style search cells whose edges hold every candidate op.
+
+A cell has two inputs (the outputs of the two previous cells), ``steps``
+intermediate nodes each fed by all earlier states, and outputs the
+concatenation of its intermediate nodes. What runs on each edge is decided by a
+*plan* passed to ``forward``: for every edge, a list of ``(op_index, weight)``
+choices (``weight`` None = run the op unscaled), or ``None`` to drop the edge.
+One mechanism thus serves hard Gumbel sampling (one op per edge, only that op
+runs), a derived genotype (two edges per node) and the DARTS continuous
+relaxation (every op, softmax-weighted).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from .ops import OPS, FactorizedReduce, ReLUConvBN
+
+Choice = tuple[int, Optional[torch.Tensor]]
+Plan = Sequence[Optional[Sequence[Choice]]]
+
+
+def edge_index(node: int, input_: int) -> int:
+    """Position of edge (node, input) in a cell's flat edge list."""
+    return node * (node + 3) // 2 + input_
+
+
+class MixedOp(nn.Module):
+    """All candidate operations of one edge."""
+
+    def __init__(self, channels: int, stride: int, primitives: Sequence[str]) -> None:
+        super().__init__()
+        # affine=False in the supernet, as in DARTS: the scale is carried by the alphas.
+        self.ops = nn.ModuleList(OPS[p](channels, stride, False) for p in primitives)
+
+    def forward(self, x: torch.Tensor, choices: Sequence[Choice]) -> torch.Tensor:
+        out = None
+        for index, weight in choices:
+            y = self.ops[index](x)
+            if weight is not None:
+                y = y * weight
+            out = y if out is None else out + y
+        return out
+
+
+class SearchCell(nn.Module):
+    """A normal or reduction cell of the supernet."""
+
+    def __init__(
+        self,
+        steps: int,
+        c_prev_prev: int,
+        c_prev: int,
+        channels: int,
+        reduction: bool,
+        reduction_prev: bool,
+        primitives: Sequence[str],
+    ) -> None:
+        super().__init__()
+        self.steps, self.reduction = steps, reduction
+        self.preprocess0 = (
+            FactorizedReduce(c_prev_prev, channels, affine=False)
+            if reduction_prev
+            else ReLUConvBN(c_prev_prev, channels, 1, 1, 0, affine=False)
+        )
+        self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, affine=False)
+        self.edges = nn.ModuleList(
+            MixedOp(channels, 2 if reduction and j < 2 else 1, primitives)
+            for k in range(steps)
+            for j in range(k + 2)
+        )
+
+    @property
+    def out_channels(self) -> int:
+        return self.steps * self.preprocess1[1].out_channels
+
+    def forward(self, s0: torch.Tensor, s1: torch.Tensor, plan: Plan) -> torch.Tensor:
+        states = [self.preprocess0(s0), self.preprocess1(s1)]
+        for k in range(self.steps):
+            node = None
+            for j in range(k + 2):
+                choices = plan[edge_index(k, j)]
+                if choices:
+                    y = self.edges[edge_index(k, j)](states[j], choices)
+                    node = y if node is None else node + y
+            if node is None:
+                raise ValueError(f"plan leaves node {k} of a cell without an input edge")
+            states.append(node)
+        return torch.cat(states[2:], dim=1)

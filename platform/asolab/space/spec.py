@@ -1,0 +1,71 @@
+"""Architecture spec: the network's shape as data.
+
+The spec (channels per cell, which cells reduce, steps, primitives, stem) is
+everything needed to rebuild a network's modules before loading its weights.
+It is saved with every checkpoint, so a network that grew during a run is
+rebuilt at its grown size on resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ..config import SpaceConfig
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell: its per-node channel count, whether it halves the resolution,
+    and whether it is a residual cell added by growth (output = input + gate * cell)."""
+
+    channels: int
+    reduction: bool = False
+    residual: bool = False
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """The whole network's shape."""
+
+    in_channels: int
+    num_classes: int
+    primitives: tuple[str, ...]
+    steps: int
+    stem_channels: int
+    cells: tuple[CellSpec, ...]
+
+    @classmethod
+    def from_config(cls, space: SpaceConfig, in_channels: int, num_classes: int) -> "ArchSpec":
+        """DARTS layout: reduction cells at 1/3 and 2/3 depth, channels doubling at each."""
+        cells, c = [], space.init_channels
+        reductions = {space.layers // 3, 2 * space.layers // 3} if space.layers >= 2 else set()
+        for i in range(space.layers):
+            if i in reductions:
+                c *= 2
+            cells.append(CellSpec(channels=c, reduction=i in reductions))
+        return cls(
+            in_channels=in_channels,
+            num_classes=num_classes,
+            primitives=tuple(space.primitives),
+            steps=space.steps,
+            stem_channels=space.stem_multiplier * space.init_channels,
+            cells=tuple(cells),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["primitives"] = list(self.primitives)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ArchSpec":
+        return cls(**{**d, "primitives": tuple(d["primitives"]), "cells": tuple(CellSpec(**c) for c in d["cells"])})
+
+    def with_cells(self, cells: list[CellSpec] | tuple[CellSpec, ...]) -> "ArchSpec":
+        return replace(self, cells=tuple(cells))
+
+    @property
+    def num_edges(self) -> int:
+        """Edges per cell: node k reads from k + 2 earlier states."""
+        return sum(k + 2 for k in range(self.steps))

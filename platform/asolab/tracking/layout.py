@@ -1,0 +1,54 @@
+"""Names of everything asolab records in MLflow: the one contract between the
+tracker that writes runs and the readers (compare, studies, tests, the README).
+
+Change a name here and every reader follows.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- tags
+TAG_VERSION = "asolab.version"
+TAG_GIT_COMMIT = "asolab.git_commit"
+TAG_DATASET = "asolab.dataset"
+TAG_DEVICE = "asolab.device"
+TAG_HOST = "asolab.host"
+TAG_GENOTYPE = "asolab.genotype"  # canonical string of the latest genotype
+TAG_FINAL_GENOTYPE = "asolab.final_genotype"
+TAG_PHASE = "asolab.position"  # last checkpointed position, e.g. "cycle 2 / alpha"
+TAG_ERROR = "asolab.error"  # one line: why a run failed
+TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
+TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
+TAG_TRIAL_STATE = "asolab.trial_state"  # COMPLETE | PRUNED | FAIL
+
+# ---------------------------------------------------------------- params
+# The whole resolved config, flattened: "seed", "data.name", "temperature.initial_temperature",
+# "mutation.strength", ... (ExperimentConfig.flat()).
+
+# ---------------------------------------------------------------- metrics (step = global epoch)
+EPOCH_METRICS = (
+    "train_loss", "train_acc", "val_loss", "val_acc", "temperature",
+    "weight_lr", "alpha_lr", "epoch_seconds", "images_per_sec", "cycle", "phase_index",
+)
+# per cycle (step = global epoch at the cycle's end)
+CYCLE_METRICS = (
+    "cycle_val_acc", "cycle_val_loss", "supernet_params", "derived_params",
+    "rss_mb", "peak_rss_mb", "cuda_allocated_mb", "cuda_peak_mb", "mutation_edits",
+)
+# once, at the end (step = total epochs)
+FINAL_METRICS = ("final_val_acc", "final_val_loss", "test_acc", "test_loss", "final_params", "final_supernet_params", "run_seconds")
+
+# ---------------------------------------------------------------- artifacts
+CONFIG_ARTIFACT = "config.json"
+GENOTYPE_DIR = "genotypes"  # genotypes/cycle_000.json ... and genotypes/final.json
+
+
+def genotype_artifact(cycle: int) -> str:
+    return f"{GENOTYPE_DIR}/cycle_{cycle:03d}.json"
+
+
+FINAL_GENOTYPE_ARTIFACT = f"{GENOTYPE_DIR}/final.json"
+CELLS_DIR = "cells"  # cells/cycle_000.png: normal and reduction cell side by side
+MUTATIONS_DIR = "mutations"  # mutations/cycle_000.json: before, after, edits
+GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
+CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
+MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format

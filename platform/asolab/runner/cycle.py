@@ -355,6 +355,7 @@ class Runner:
             seconds=seconds,
             memory=memory_stats(self.device),
             global_epoch=self.position.global_epoch,
+            supernet=self.net,
         )
         self.emit("on_run_end", end)
         return RunResult(self.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.cycle_val_acc))

@@ -98,6 +98,9 @@ class RunEnd:
     seconds: float
     memory: dict[str, float]
     global_epoch: int
+    # The trained supernet (a live reference, not a copy), so that observers can
+    # export the final network with asolab.space.network.extract(supernet, genotype).
+    supernet: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

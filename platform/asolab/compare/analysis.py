@@ -1,0 +1,203 @@
+"""Genotype analysis across runs: diffs, distances, op frequencies, clusters, evolution.
+
+Everything here works on values (:class:`~asolab.space.genotype.Genotype`,
+:class:`~asolab.compare.select.RunRecord`) and returns pandas frames, except
+:func:`load_evolution`, which reads a run's per-cycle genotype artifacts.
+
+Distance is :func:`asolab.space.genotype.distance`: the number of edge
+positions ``(cell, node, input)`` whose operations differ (a missing edge
+counts as different) plus one per cell type whose concat list differs: a
+Hamming distance, hence a metric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from ..config import ALL_PRIMITIVES
+from ..space.genotype import CELL_TYPES, Genotype, diff, distance
+from .select import RunRecord, Selection, cycle_genotypes
+
+DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
+
+
+def diff_lines(a: Genotype, b: Genotype) -> list[str]:
+    """Human-readable changes from ``a`` to ``b``: one line per changed edge, then concat changes."""
+    lines = [str(c) for c in diff(a, b)]
+    for kind in CELL_TYPES:
+        if a.concat(kind) != b.concat(kind):
+            lines.append(f"{kind} concat: {','.join(map(str, a.concat(kind)))} -> {','.join(map(str, b.concat(kind)))}")
+    return lines
+
+
+def diff_frame(a: Genotype, b: Genotype) -> pd.DataFrame:
+    """The edge changes from ``a`` to ``b`` as a frame (``-`` = no edge at that position)."""
+    rows = [
+        {"cell": c.cell, "node": c.node, "input": c.input, "before": "+".join(c.before) or "-", "after": "+".join(c.after) or "-"}
+        for c in diff(a, b)
+    ]
+    return pd.DataFrame(rows, columns=list(DIFF_COLUMNS))
+
+
+def labels(records: Sequence[RunRecord]) -> list[str]:
+    """Short, unique labels for runs: the run name, with the id prefix when names repeat."""
+    counts = Counter(r.run_name for r in records)
+    return [r.run_name if r.run_name and counts[r.run_name] == 1 else f"{r.run_name or 'run'}:{r.run_id[:8]}" for r in records]
+
+
+def distance_matrix(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Pairwise genotype distances, rows and columns labelled by run."""
+    names = labels(records)
+    data = [[distance(a.genotype, b.genotype) for b in records] for a in records]
+    return pd.DataFrame(data, index=names, columns=names)
+
+
+def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
+    """How often each op appears, per cell type, summed over ``genotypes``.
+
+    Index: every primitive (the standard ones in their usual order, then any
+    others seen); columns ``normal``, ``reduce``, ``total``.
+    """
+    counts = {kind: Counter() for kind in CELL_TYPES}
+    for g in genotypes:
+        for kind, _node, op, _i in g.edges():
+            counts[kind][op] += 1
+    seen = set(counts["normal"]) | set(counts["reduce"])
+    ops = [p for p in ALL_PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(ALL_PRIMITIVES))
+    df = pd.DataFrame({kind: [counts[kind][op] for op in ops] for kind in CELL_TYPES}, index=pd.Index(ops, name="op"))
+    df["total"] = df["normal"] + df["reduce"]
+    return df
+
+
+def clusters(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Groups of runs that found the same genotype (same canonical form), most runs first.
+
+    Columns: ``cluster`` (1 = most found), ``runs`` (how many), ``genotype``,
+    ``run_names``, ``experiments``, ``mean_val_acc``, ``best_test_acc``.
+    """
+    groups: dict[str, list[int]] = {}
+    for k, r in enumerate(records):
+        groups.setdefault(r.genotype.canonical, []).append(k)
+    names = labels(records)
+    rows = []
+    for canonical, members in groups.items():
+        val = [records[k].metric("final_val_acc", "cycle_val_acc", "val_acc") for k in members]
+        test = [records[k].metric("test_acc") for k in members]
+        rows.append({
+            "runs": len(members),
+            "genotype": canonical,
+            "run_names": ", ".join(names[k] for k in members),
+            "experiments": ", ".join(sorted({records[k].experiment for k in members})),
+            "mean_val_acc": _mean(val),
+            "best_test_acc": max((t for t in test if not math.isnan(t)), default=math.nan),
+        })
+    df = pd.DataFrame(rows, columns=["runs", "genotype", "run_names", "experiments", "mean_val_acc", "best_test_acc"])
+    df = df.sort_values(["runs", "mean_val_acc"], ascending=[False, False], na_position="last", kind="stable").reset_index(drop=True)
+    df.insert(0, "cluster", range(1, len(df) + 1))
+    return df
+
+
+def _mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def best(records: Sequence[RunRecord]) -> Optional[RunRecord]:
+    """The run with the highest validation accuracy (the first run when none has one)."""
+    if not records:
+        return None
+    scored = [(r.metric("final_val_acc", "cycle_val_acc", "val_acc"), -k, r) for k, r in enumerate(records)]
+    valid = [s for s in scored if not math.isnan(s[0])]
+    return max(valid, key=lambda s: (s[0], s[1]))[2] if valid else records[0]
+
+
+@dataclass(frozen=True)
+class GenotypeDiff:
+    """How one run's genotype differs from a reference run's."""
+
+    reference: RunRecord
+    other: RunRecord
+    lines: tuple[str, ...]
+    distance: int
+
+
+def diffs_to_best(records: Sequence[RunRecord]) -> list[GenotypeDiff]:
+    """For each distinct genotype other than the best run's: its diff from the best run's genotype."""
+    ref = best(records)
+    if ref is None:
+        return []
+    out, seen = [], {ref.genotype.canonical}
+    for r in records:
+        if r.genotype.canonical in seen:
+            continue
+        seen.add(r.genotype.canonical)
+        out.append(GenotypeDiff(ref, r, tuple(diff_lines(ref.genotype, r.genotype)), distance(ref.genotype, r.genotype)))
+    return out
+
+
+def evolution(cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Sequence[float] = ()) -> pd.DataFrame:
+    """The genotype at each cycle and its edit distance from the previous cycle's.
+
+    Columns: ``cycle``, ``distance_prev`` (NaN-free integer; 0 for the first
+    cycle), ``changes`` (the diff lines joined by ``; ``), ``val_acc`` (from
+    ``cycle_val_acc`` when given, by position), ``genotype``.
+    """
+    rows = []
+    prev: Optional[Genotype] = None
+    for k, (cycle, g) in enumerate(cycles):
+        rows.append({
+            "cycle": cycle,
+            "distance_prev": distance(prev, g) if prev is not None else 0,
+            "changes": "; ".join(diff_lines(prev, g)) if prev is not None else "",
+            "val_acc": cycle_val_acc[k] if k < len(cycle_val_acc) else math.nan,
+            "genotype": g.canonical,
+        })
+        prev = g
+    return pd.DataFrame(rows, columns=["cycle", "distance_prev", "changes", "val_acc", "genotype"])
+
+
+def load_evolution(client: MlflowClient, run_id: str) -> pd.DataFrame:
+    """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc`` history."""
+    history = sorted(client.get_metric_history(run_id, "cycle_val_acc"), key=lambda m: (m.step, m.timestamp))
+    return evolution(cycle_genotypes(client, run_id), [m.value for m in history])
+
+
+@dataclass
+class Comparison:
+    """Everything compare derives from a selection (the report renders this)."""
+
+    selection: Selection
+    table: pd.DataFrame
+    clusters: pd.DataFrame
+    op_frequencies: pd.DataFrame
+    distances: pd.DataFrame
+    diffs: list[GenotypeDiff]
+    evolutions: dict[str, pd.DataFrame] = field(default_factory=dict)  # run_id -> evolution frame
+
+    @property
+    def records(self) -> list[RunRecord]:
+        return self.selection.records
+
+
+def analyse(selection: Selection, *, with_evolution: bool = True, client: Optional[MlflowClient] = None) -> Comparison:
+    """Derive every table of a comparison; ``with_evolution`` reads each run's cycle genotypes."""
+    records = selection.records
+    evolutions: dict[str, pd.DataFrame] = {}
+    if with_evolution and records:
+        client = client or MlflowClient(tracking_uri=selection.tracking_uri)
+        evolutions = {r.run_id: load_evolution(client, r.run_id) for r in records}
+    return Comparison(
+        selection=selection,
+        table=selection.table(),
+        clusters=clusters(records),
+        op_frequencies=op_frequencies([r.genotype for r in records]),
+        distances=distance_matrix(records),
+        diffs=diffs_to_best(records),
+        evolutions=evolutions,
+    )

@@ -1,0 +1,121 @@
+"""``asolab compare``: put the genotypes of many runs side by side (terminal, CSV, HTML)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
+    import pandas as pd
+
+TERMINAL_COLUMNS = (
+    "run_name", "experiment", "dataset", "seed", "initial_temperature", "mutation_strength",
+    "cycles", "params", "peak_rss_mb", "val_acc", "test_acc", "cluster",
+)
+_SHORT = {"initial_temperature": "tau0", "mutation_strength": "strength", "peak_rss_mb": "peak_mb"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare the genotypes of recorded runs (table, diffs, clusters, HTML report)",
+        description="Select runs from the MLflow store and compare their final genotypes. "
+        "With no selection, every run of every experiment is compared.",
+    )
+    p.add_argument("--experiment", "-e", action="append", default=[], metavar="NAME", help="an MLflow experiment (repeatable)")
+    p.add_argument("--run", "-r", dest="runs", action="append", default=[], metavar="RUN_ID", help="a run id (repeatable)")
+    p.add_argument("--filter", default="", metavar="EXPR", help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"")
+    p.add_argument("--study", default="", metavar="NAME", help="the trial runs of an Optuna study")
+    p.add_argument("--top", type=int, default=0, metavar="K", help="keep the K best runs by --by")
+    p.add_argument("--by", default="final_val_acc", metavar="METRIC", help="metric for --top (default final_val_acc; highest first)")
+    p.add_argument("--ascending", action="store_true", help="for --top: lowest first (losses, parameters)")
+    p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="print the edge-by-edge diff of two selected runs (id, id prefix or run name)")
+    p.add_argument("--evolution", action="store_true", help="print each run's genotype per cycle and the distance between cycles")
+    p.add_argument("--csv", metavar="PATH", help="write the runs table as CSV")
+    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report (DIR/index.html)")
+    p.add_argument("--log-to-mlflow", action="store_true", help="attach the report to a comparison run in --comparison-experiment")
+    p.add_argument("--comparison-experiment", default="asolab-comparisons", metavar="NAME", help="experiment for --log-to-mlflow (default asolab-comparisons)")
+    p.add_argument("--tracking-uri", default="", metavar="URI", help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from .analysis import analyse, diff_lines
+    from .report import log_to_mlflow, write_report
+    from .select import CompareError, load_selection
+    from ..space.genotype import distance
+
+    out = out or sys.stdout
+    if args.top < 0:
+        raise CompareError(f"--top must be >= 0 (got {args.top})")
+    selection = load_selection(
+        args.tracking_uri or None, experiments=args.experiment, run_ids=args.runs, filter_string=args.filter,
+        study=args.study, top=args.top, by=args.by, ascending=args.ascending,
+    )
+    if not selection.records and not selection.skipped:
+        raise CompareError(f"no runs match the selection ({selection.description}) in {selection.tracking_uri}")
+    want_evolution = bool(args.evolution or args.report or args.log_to_mlflow)
+    comparison = analyse(selection, with_evolution=want_evolution)
+
+    print(f"{len(selection.records)} runs compared ({selection.description}); store {selection.tracking_uri}", file=out)
+    if selection.records:
+        print(terminal_table(comparison.table, comparison.clusters), file=out)
+        print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
+        for _, c in comparison.clusters.iterrows():
+            print(f"  [{c['cluster']}] {c['runs']} run(s): {c['run_names']}\n      {c['genotype']}", file=out)
+        if comparison.diffs:
+            ref = comparison.diffs[0].reference
+            print(f"\ndifferences from the best run {ref.run_name} ({ref.experiment}):", file=out)
+            for d in comparison.diffs:
+                print(f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out)
+                for line in d.lines:
+                    print(f"    {line}", file=out)
+        print("\noperation frequencies (edges):", file=out)
+        print(comparison.op_frequencies.to_string(), file=out)
+    if args.diff:
+        a, b = (selection.record(x) for x in args.diff)
+        lines = diff_lines(a.genotype, b.genotype)
+        print(f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}", file=out)
+        for line in lines or ["(identical genotypes)"]:
+            print(f"  {line}", file=out)
+    if args.evolution:
+        for r in selection.records:
+            df = comparison.evolutions.get(r.run_id)
+            print(f"\nevolution of {r.run_name} ({r.experiment}):", file=out)
+            if df is None or df.empty:
+                print("  (no genotypes/cycle_NNN.json artifacts)", file=out)
+                continue
+            for _, row in df.iterrows():
+                acc = "" if math.isnan(row["val_acc"]) else f" val_acc {row['val_acc']:.4f}"
+                print(f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}", file=out)
+                if row["changes"]:
+                    print(f"      {row['changes']}", file=out)
+    if selection.skipped:
+        print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
+        for s in selection.skipped:
+            print(f"  {s}", file=out)
+
+    if args.csv:
+        comparison.table.to_csv(args.csv, index=False)
+        print(f"\ntable written to {args.csv}", file=out)
+    if args.report or args.log_to_mlflow:
+        with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
+            directory = args.report or tmp
+            page = write_report(comparison, directory, title=f"asolab compare: {selection.description}")
+            if args.report:
+                print(f"report written to {page}", file=out)
+            if args.log_to_mlflow:
+                rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+                print(f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)", file=out)
+    return 0
+
+
+def terminal_table(table: "pd.DataFrame", clusters: "pd.DataFrame") -> str:
+    """The runs table for a terminal: short headers, a cluster number instead of the genotype."""
+    cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
+    t = table.assign(cluster=table["genotype"].map(cluster_of))
+    t = t[[c for c in TERMINAL_COLUMNS if c in t.columns]].rename(columns=_SHORT)
+    return t.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")

@@ -1,0 +1,253 @@
+"""The comparison report: one self-contained HTML page (plus the table as CSV).
+
+Self-contained means it opens anywhere, offline and from the MLflow UI's
+artifact view: images are inlined as base64 PNG data URIs, the style sheet is
+inline, and the page loads no script, font or style from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import logging
+import math
+from pathlib import Path
+from typing import Iterable, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")  # never needs a screen
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..space.genotype import Genotype  # noqa: E402
+from ..space.plot import genotype_png  # noqa: E402
+from .analysis import Comparison, labels  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "index.html"
+TABLE_FILE = "runs.csv"
+MAX_CELL_PICTURES = 12  # distinct genotypes drawn; the clusters table lists them all
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; }
+code, .geno { font-family: ui-monospace, monospace; font-size: 0.85em; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.3em 0; }
+.muted { color: #777; } .skipped { color: #a33; }
+figure { display: inline-block; margin: 0.5em 1em 0.5em 0; } figcaption { font-size: 0.8em; }
+"""
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _fig_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="{png_data_uri(png)}">'
+
+
+def _frame_html(df: pd.DataFrame, index: bool = False) -> str:
+    if df.empty:
+        return '<p class="muted">(none)</p>'
+    return df.to_html(index=index, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
+
+
+# ---------------------------------------------------------------------- plots
+
+
+def _experiment_colours(experiments: Iterable[str]) -> dict[str, str]:
+    cmap = plt.get_cmap("tab10")
+    return {e: matplotlib.colors.to_hex(cmap(k % 10)) for k, e in enumerate(sorted(set(experiments)))}
+
+
+def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> Optional[bytes]:
+    """Validation (o) and test (x) accuracy against column ``x``, coloured by experiment."""
+    data = table.dropna(subset=[x])
+    if data.empty:
+        return None
+    colours = _experiment_colours(data["experiment"])
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for exp, group in data.groupby("experiment", sort=True):
+        xs = group[x].astype(float)
+        ax.scatter(xs, group["val_acc"].astype(float), color=colours[exp], marker="o", label=f"{exp} (val)")
+        ax.scatter(xs, group["test_acc"].astype(float), color=colours[exp], marker="x", label=f"{exp} (test)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _fig_png(fig)
+
+
+def op_frequency_png(freq: pd.DataFrame) -> Optional[bytes]:
+    """Grouped bars: how often each op appears in normal and reduction cells."""
+    if freq.empty or freq["total"].sum() == 0:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    freq[["normal", "reduce"]].plot.bar(ax=ax, color=["#1f77b4", "#d62728"])
+    ax.set_ylabel("edges")
+    ax.set_xlabel("")
+    ax.set_title("operation frequency across the selected runs", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=35)
+    plt.setp(ax.get_xticklabels(), ha="right")
+    return _fig_png(fig)
+
+
+def evolution_png(comparison: Comparison) -> Optional[bytes]:
+    """Edit distance from the previous cycle's genotype, per run."""
+    frames = [(lab, comparison.evolutions.get(r.run_id)) for lab, r in zip(labels(comparison.records), comparison.records)]
+    frames = [(lab, df) for lab, df in frames if df is not None and len(df) > 1]
+    if not frames:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for lab, df in frames:
+        ax.plot(df["cycle"], df["distance_prev"], marker="o", label=lab)
+    ax.set_xlabel("cycle")
+    ax.set_ylabel("distance from previous cycle")
+    ax.set_title("genotype change per cycle", fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(frames) <= 12:
+        ax.legend(fontsize=7)
+    return _fig_png(fig)
+
+
+# ---------------------------------------------------------------------- page
+
+
+def render_html(comparison: Comparison, title: str = "asolab genotype comparison") -> str:
+    """The whole report page as a string."""
+    sel = comparison.selection
+    t = comparison.table
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); '
+        f'store <code>{html.escape(sel.tracking_uri)}</code>.</p>',
+    ]
+    if sel.skipped:
+        parts.append(f'<p class="skipped">Skipped {len(sel.skipped)} run(s):</p><ul class="skipped">')
+        parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
+        parts.append("</ul>")
+
+    parts += ["<h2>Runs</h2>", _frame_html(t)]
+
+    parts.append("<h2>Accuracy</h2>")
+    for x, xlabel, name in (
+        ("params", "parameters of the final network", "accuracy vs parameters"),
+        ("initial_temperature", "initial Gumbel temperature", "accuracy vs initial temperature"),
+        ("mutation_strength", "mutation strength", "accuracy vs mutation strength"),
+    ):
+        png = scatter_png(t, x, xlabel, name) if not t.empty else None
+        if png:
+            parts.append(f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x test</figcaption></figure>")
+
+    parts += ["<h2>Genotype clusters</h2>", "<p>Runs whose final genotypes have the same canonical form.</p>"]
+    parts.append(_frame_html(comparison.clusters))
+    for _, row in comparison.clusters.head(MAX_CELL_PICTURES).iterrows():
+        caption = f"cluster {row['cluster']}: {row['runs']} run(s) — {row['run_names']}"
+        png = genotype_png(Genotype.parse(row["genotype"]), f"cluster {row['cluster']}")
+        parts.append(f"<figure>{_img(png, caption)}<figcaption>{html.escape(caption)}</figcaption></figure>")
+    if len(comparison.clusters) > MAX_CELL_PICTURES:
+        parts.append(f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes not drawn.</p>')
+
+    parts.append("<h2>Differences from the best run</h2>")
+    if comparison.diffs:
+        ref = comparison.diffs[0].reference
+        parts.append(
+            f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
+            f"val acc {ref.metric('final_val_acc', 'cycle_val_acc', 'val_acc'):.4g})<br>"
+            f'<span class="geno">{html.escape(ref.genotype.canonical)}</span></p>'
+        )
+        for d in comparison.diffs:
+            parts.append(f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>")
+            parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
+            parts.append("</ul>")
+    else:
+        parts.append('<p class="muted">All compared runs share one genotype.</p>')
+
+    parts += ["<h2>Distances</h2>", "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell type whose concat list differs.</p>"]
+    parts.append(_frame_html(comparison.distances, index=True))
+
+    parts += ["<h2>Operation frequencies</h2>"]
+    png = op_frequency_png(comparison.op_frequencies)
+    if png:
+        parts.append(_img(png, "operation frequencies"))
+    parts.append(_frame_html(comparison.op_frequencies, index=True))
+
+    if comparison.evolutions:
+        parts.append("<h2>Evolution within runs</h2>")
+        png = evolution_png(comparison)
+        if png:
+            parts.append(_img(png, "genotype change per cycle"))
+        for lab, r in zip(labels(comparison.records), comparison.records):
+            df = comparison.evolutions.get(r.run_id)
+            if df is None:
+                continue
+            parts.append(f"<h3>{html.escape(lab)} ({html.escape(r.experiment)})</h3>")
+            parts.append(_frame_html(df))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(comparison: Comparison, directory: str | Path, title: str = "asolab genotype comparison") -> Path:
+    """Write ``index.html`` and ``runs.csv`` into ``directory``; returns the page's path."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    page = out / REPORT_FILE
+    page.write_text(render_html(comparison, title), encoding="utf-8")
+    comparison.table.to_csv(out / TABLE_FILE, index=False)
+    log.info("wrote comparison report %s", page)
+    return page
+
+
+def log_to_mlflow(comparison: Comparison, directory: str | Path, experiment: str = "asolab-comparisons") -> str:
+    """Attach a written report to a new comparison run in ``experiment``; returns its run id.
+
+    The run is tagged so that later comparisons never select it.
+    """
+    from mlflow.tracking import MlflowClient
+
+    from .select import KIND_COMPARISON, TAG_KIND
+
+    uri = comparison.selection.tracking_uri
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        from ..tracking.store import ensure_experiment
+    except ImportError:  # older tree: MLflow's default artifact location
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    else:
+        exp_id = ensure_experiment(client, uri, experiment)
+    run = client.create_run(exp_id, run_name=f"compare {len(comparison.records)} runs", tags={TAG_KIND: KIND_COMPARISON, "mlflow.note.content": comparison.selection.description})
+    rid = run.info.run_id
+    try:
+        client.log_param(rid, "selection", comparison.selection.description[:500])
+        client.log_param(rid, "run_ids", ",".join(r.run_id for r in comparison.records)[:6000])
+        client.log_metric(rid, "runs", len(comparison.records))
+        client.log_metric(rid, "skipped", len(comparison.selection.skipped))
+        client.log_metric(rid, "distinct_genotypes", len(comparison.clusters))
+        best = comparison.table["val_acc"].max() if not comparison.table.empty else math.nan
+        if not math.isnan(best):
+            client.log_metric(rid, "best_val_acc", float(best))
+        client.log_artifacts(rid, str(directory), "report")
+    except BaseException:
+        client.set_terminated(rid, "FAILED")
+        raise
+    client.set_terminated(rid, "FINISHED")
+    return rid

@@ -1,0 +1,371 @@
+"""Select runs from any MLflow store and read what they recorded into pandas.
+
+Only what the tracker recorded is read (names from :mod:`asolab.tracking.layout`):
+params (the flattened config), tags, final metrics and the genotype artifacts.
+Nothing else about the run's code is assumed, so runs made by earlier asolab
+versions compare as long as their genotype artifacts parse. A run whose final
+genotype cannot be found or parsed is *skipped* with its id and the reason,
+never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import pandas as pd
+from mlflow.entities import Run, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from ..config import PROJECT_ROOT, ConfigError
+from ..space.genotype import Genotype
+from ..tracking import layout
+
+log = logging.getLogger(__name__)
+
+COMPARISON_EXPERIMENT = "asolab-comparisons"
+# Comparison runs carry asolab.kind = comparison, so that compare never selects them.
+TAG_KIND = getattr(layout, "TAG_RUN_KIND", "asolab.kind")
+KIND_COMPARISON = "comparison"
+_CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
+
+# Table columns, in order: (column, where it comes from).
+COLUMNS = (
+    "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature",
+    "min_temperature", "mutation_strength", "cycles", "genotype", "params", "peak_rss_mb",
+    "val_acc", "test_acc", "status",
+)
+
+
+class CompareError(ConfigError):
+    """A selection problem (unknown experiment or run, bad filter), phrased as one line."""
+
+
+def resolve_tracking_uri(explicit: str | None = None) -> str:
+    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the project's local SQLite store.
+
+    Defers to :func:`asolab.tracking.store.resolve_tracking_uri` when present, so
+    compare always reads the store that ``asolab run`` writes to.
+    """
+    try:
+        from ..tracking.store import resolve_tracking_uri as tracker_resolve
+    except ImportError:  # an older tree without the tracker: the same documented rule
+        return explicit or os.environ.get("MLFLOW_TRACKING_URI", "") or f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
+    return tracker_resolve(explicit or "")
+
+
+def open_store(tracking_uri: str) -> MlflowClient:
+    """A client for ``tracking_uri``; a SQLite file that does not exist is an error, not a new store."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if not db.exists():
+            raise CompareError(f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri")
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One selected run as compare sees it."""
+
+    run_id: str
+    run_name: str
+    experiment: str
+    status: str
+    params: dict[str, str]
+    tags: dict[str, str]
+    metrics: dict[str, float]
+    genotype: Genotype
+
+    def param(self, key: str, cast: type = str, default: Any = None) -> Any:
+        raw = self.params.get(key)
+        if raw is None:
+            return default
+        try:
+            return cast(raw) if cast is not int else int(float(raw))
+        except ValueError:
+            return default
+
+    def metric(self, *names: str) -> float:
+        """The first of ``names`` that was logged (latest value), else NaN."""
+        for name in names:
+            if name in self.metrics:
+                return float(self.metrics[name])
+        return math.nan
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "run_name": self.run_name,
+            "run_id": self.run_id,
+            "experiment": self.experiment,
+            "dataset": self.tags.get(layout.TAG_DATASET) or self.param("data.name"),
+            "seed": self.param("seed", int),
+            "schedule": self.param("temperature.schedule"),
+            "initial_temperature": self.param("temperature.initial_temperature", float, math.nan),
+            "min_temperature": self.param("temperature.min_temperature", float, math.nan),
+            "mutation_strength": self.param("mutation.strength", float, math.nan),
+            "cycles": self.param("search.cycles", int),
+            "genotype": self.genotype.canonical,
+            "params": self.metric("final_params", "derived_params"),
+            "peak_rss_mb": self.metric("peak_rss_mb", "rss_mb"),
+            "val_acc": self.metric("final_val_acc", "cycle_val_acc", "val_acc"),
+            "test_acc": self.metric("test_acc"),
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A selected run that could not be compared, and why."""
+
+    run_id: str
+    run_name: str
+    experiment: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.run_id} ({self.run_name}, {self.experiment}): {self.reason}"
+
+
+@dataclass
+class Selection:
+    """The runs that compare, the runs skipped, and the store they came from."""
+
+    tracking_uri: str
+    records: list[RunRecord] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    description: str = ""
+
+    def table(self) -> pd.DataFrame:
+        """One row per run, in :data:`COLUMNS` order (``params`` and ``cycles`` as integers)."""
+        df = pd.DataFrame([r.row() for r in self.records], columns=list(COLUMNS))
+        for col in ("seed", "cycles", "params"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+        return df
+
+    def record(self, run_id: str) -> RunRecord:
+        for r in self.records:
+            if r.run_id == run_id or r.run_id.startswith(run_id) or r.run_name == run_id:
+                return r
+        raise CompareError(f"run {run_id!r} is not among the selected runs ({len(self.records)} selected)")
+
+
+# ---------------------------------------------------------------------- selection
+
+
+def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> dict[str, str]:
+    """Experiment name -> id; an unknown name is a one-line error listing the known ones."""
+    known = {e.name: e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
+    missing = [n for n in names if n not in known]
+    if missing:
+        listed = ", ".join(sorted(n for n in known if n != COMPARISON_EXPERIMENT)) or "(none)"
+        raise CompareError(f"experiment {missing[0]!r} not found in {_store_name(client)}; known experiments: {listed}")
+    if names:
+        return {n: known[n] for n in names}
+    return {n: i for n, i in known.items() if n != COMPARISON_EXPERIMENT}
+
+
+def _store_name(client: MlflowClient) -> str:
+    return str(getattr(client, "tracking_uri", getattr(client, "_tracking_uri", "the tracking store")))
+
+
+def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: str) -> list[Run]:
+    ids = list(experiment_ids)
+    if not ids:
+        return []
+    runs: list[Run] = []
+    token = None
+    while True:
+        try:
+            page = client.search_runs(ids, filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        except MlflowException as exc:
+            first = str(exc.message if hasattr(exc, "message") else exc).splitlines()[0]
+            raise CompareError(f"--filter {filter_string!r} is not a valid MLflow search expression: {first}") from None
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _get_run(client: MlflowClient, run_id: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise CompareError(f"run {run_id!r} not found in {_store_name(client)}") from None
+
+
+def _and(*parts: str) -> str:
+    return " and ".join(f"({p})" if " or " in p.lower() else p for p in parts if p)
+
+
+def find_runs(
+    client: MlflowClient,
+    *,
+    experiments: Sequence[str] = (),
+    run_ids: Sequence[str] = (),
+    filter_string: str = "",
+    study: str = "",
+    top: int = 0,
+    by: str = "final_val_acc",
+    ascending: bool = False,
+) -> list[Run]:
+    """The MLflow runs the selection names, in a stable order, without duplicates.
+
+    Explicit ``run_ids`` are always included; experiments, filter and study
+    select by search (every experiment except the comparisons one when no
+    experiment is named). ``top`` keeps the best ``top`` runs by metric ``by``.
+    """
+    runs: list[Run] = [_get_run(client, rid) for rid in run_ids]
+    if experiments or filter_string or study or not run_ids:
+        exp_ids = _experiment_ids(client, experiments)
+        study_filter = f"tags.`{layout.TAG_STUDY}` = '{study}'" if study else ""
+        found = _search(client, exp_ids.values(), _and(filter_string, study_filter))
+        if study:
+            # A study's parent run only groups its trials; compare the trials.
+            trials = [r for r in found if layout.TAG_TRIAL in r.data.tags]
+            found = trials or found
+        if study and not found:
+            raise CompareError(f"no runs tagged {layout.TAG_STUDY}={study!r} in {_store_name(client)}")
+        runs.extend(found)
+    seen: set[str] = set()
+    unique = []
+    for r in runs:
+        if r.info.run_id not in seen and r.data.tags.get(TAG_KIND) != KIND_COMPARISON:
+            seen.add(r.info.run_id)
+            unique.append(r)
+    unique.sort(key=lambda r: (r.info.experiment_id, r.info.start_time or 0, r.info.run_id))
+    if top:
+        def key(r: Run) -> tuple[bool, float]:
+            v = r.data.metrics.get(by)
+            missing = v is None or math.isnan(v)
+            return (missing, 0.0 if missing else (v if ascending else -v))
+
+        unique = sorted(unique, key=key)[:top]
+    return unique
+
+
+# ---------------------------------------------------------------------- artifacts
+
+
+def _read_artifact(client: MlflowClient, run_id: str, path: str) -> Optional[str]:
+    """Text of one artifact, or None when the run has no such artifact."""
+    folder, _, name = path.rpartition("/")
+    try:
+        listed = {Path(a.path).name for a in client.list_artifacts(run_id, folder or None)}
+    except (MlflowException, OSError):
+        return None
+    if name not in listed:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(run_id, path, tmp)
+        return Path(local).read_text()
+
+
+def final_genotype(client: MlflowClient, run: Run) -> Genotype:
+    """The run's final genotype: ``genotypes/final.json``, else the final-genotype tag.
+
+    Raises ``ValueError`` saying what is missing or unparsable.
+    """
+    text = _read_artifact(client, run.info.run_id, layout.FINAL_GENOTYPE_ARTIFACT)
+    if text is not None:
+        try:
+            return Genotype.from_json(text)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{layout.FINAL_GENOTYPE_ARTIFACT} does not parse ({exc})") from None
+    tag = run.data.tags.get(layout.TAG_FINAL_GENOTYPE)
+    if tag:
+        try:
+            return Genotype.parse(tag)
+        except ValueError as exc:
+            raise ValueError(f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})") from None
+    raise ValueError(f"no {layout.FINAL_GENOTYPE_ARTIFACT} artifact (status {run.info.status})")
+
+
+def cycle_genotypes(client: MlflowClient, run_id: str) -> list[tuple[int, Genotype]]:
+    """Every ``genotypes/cycle_NNN.json`` of a run as ``(cycle, genotype)``, by cycle.
+
+    Artifacts that do not parse are logged and left out.
+    """
+    try:
+        listed = client.list_artifacts(run_id, layout.GENOTYPE_DIR)
+    except (MlflowException, OSError):
+        return []
+    cycles = sorted((int(m.group(1)), a.path) for a in listed if (m := _CYCLE_RE.search(a.path)))
+    out = []
+    if not cycles:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(client.download_artifacts(run_id, layout.GENOTYPE_DIR, tmp))
+        for cycle, path in cycles:
+            try:
+                out.append((cycle, Genotype.from_json((local / Path(path).name).read_text())))
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                log.warning("run %s: %s does not parse (%s); left out", run_id, path, exc)
+    return out
+
+
+def experiment_names(client: MlflowClient, runs: Iterable[Run]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for r in runs:
+        eid = r.info.experiment_id
+        if eid not in names:
+            names[eid] = client.get_experiment(eid).name
+    return names
+
+
+def load_selection(
+    tracking_uri: str | None = None,
+    *,
+    experiments: Sequence[str] = (),
+    run_ids: Sequence[str] = (),
+    filter_string: str = "",
+    study: str = "",
+    top: int = 0,
+    by: str = "final_val_acc",
+    ascending: bool = False,
+) -> Selection:
+    """Select runs and read each one's records; runs without a genotype are skipped."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = open_store(uri)
+    runs = find_runs(
+        client, experiments=experiments, run_ids=run_ids, filter_string=filter_string,
+        study=study, top=top, by=by, ascending=ascending,
+    )
+    names = experiment_names(client, runs)
+    selection = Selection(uri, description=describe(experiments, run_ids, filter_string, study, top, by))
+    for run in runs:
+        name = run.info.run_name or run.data.tags.get("mlflow.runName", "")
+        exp = names[run.info.experiment_id]
+        try:
+            genotype = final_genotype(client, run)
+        except ValueError as exc:
+            selection.skipped.append(Skipped(run.info.run_id, name, exp, str(exc)))
+            log.info("skipping run %s: %s", run.info.run_id, exc)
+            continue
+        selection.records.append(
+            RunRecord(run.info.run_id, name, exp, run.info.status, dict(run.data.params), dict(run.data.tags), dict(run.data.metrics), genotype)
+        )
+    return selection
+
+
+def describe(experiments: Sequence[str], run_ids: Sequence[str], filter_string: str, study: str, top: int, by: str) -> str:
+    """The selection in words (report title, comparison-run param)."""
+    parts = []
+    if experiments:
+        parts.append("experiments " + ", ".join(experiments))
+    if run_ids:
+        parts.append("runs " + ", ".join(r[:8] for r in run_ids))
+    if study:
+        parts.append(f"study {study}")
+    if filter_string:
+        parts.append(f"filter {filter_string}")
+    if top:
+        parts.append(f"top {top} by {by}")
+    return "; ".join(parts) or "all experiments"

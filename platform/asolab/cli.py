@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Callable, Sequence
 
+from .compare.cli import add_parser as _add_compare
 from .config import ConfigError, load
 from .data import DataError
 from .runner.checkpoint import CheckpointError
@@ -42,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare]
 
 
 def build_parser() -> argparse.ArgumentParser:

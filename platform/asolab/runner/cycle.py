@@ -9,7 +9,9 @@ and an evaluation:
    Gumbel-softmax; weights frozen (``requires_grad`` off, so no weight
    gradients are even computed);
 3. ``mutate``   derive the genotype from the alphas, apply alpha-guided op
-   edits (and growth, where the growth policy asks for it);
+   edits, then growth where ``growth.policy`` asks for it: function-preserving
+   widen / deepen / branch steps that replace ``net``, ``spec`` and both
+   optimizers (state carried over) -- see evolution/growth.py;
 4. ``retrain``  the derived, mutated network trains on the train split. It is a
    view of the supernet, so the weights it improves are the supernet's own.
 
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 
 from ..config import ConfigError, ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
+from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.sampling import temperature as temperature_at
 from ..space.genotype import Genotype
@@ -42,6 +45,7 @@ from .events import (
     CheckpointSaved,
     CycleEnd,
     EpochEnd,
+    GrowthEvent,
     MutationEvent,
     Observer,
     RunEnd,
@@ -265,6 +269,61 @@ class Runner:
             "on_mutation",
             MutationEvent(self.position.cycle, self.derived, self.genotype, tuple(edits), tau, self.cfg.mutation.strength),
         )
+        self._grow()
+
+    @torch.no_grad()
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.genotype is not None
+        self.net.eval()
+        return self.net(x, self.net.genotype_plans(self.genotype))
+
+    def _grow(self) -> None:
+        """The growth steps of this mutation phase (evolution/growth.py decides
+        which); each is function-preserving and reported as a GrowthEvent."""
+        strength = self.cfg.mutation.strength
+        kinds = growth.plan_steps(self.cfg.growth, strength, self.position.cycle, self.cycle_val_acc)
+        if not kinds:
+            return
+        assert self.genotype is not None
+        probe = self.data.val.head(self.cfg.data.eval_batch_size).x  # fixed batch: the split's head
+        acc = self.evaluate(self.data.val, self.genotype)[1]
+        for kind in kinds:
+            before = self._logits(probe)
+            try:
+                morph = growth.propose(self.net, kind, strength)
+            except ValueError as exc:
+                log.info("growth %s skipped: %s", kind, exc)
+                break
+            if not growth.within_cap(morph, self.cfg.growth.max_params):
+                log.info("growth %s at %s skipped: it would exceed growth.max_params", kind, morph.where)
+                break
+            params_before = self.net.num_weights()
+            self._adopt(morph)
+            error = growth.preservation_error(before, self._logits(probe))
+            acc_after = self.evaluate(self.data.val, self.genotype)[1]
+            self.emit(
+                "on_growth",
+                GrowthEvent(
+                    cycle=self.position.cycle,
+                    kind=morph.kind,
+                    where=morph.where,
+                    params_before=params_before,
+                    params_after=self.net.num_weights(),
+                    preservation_error=error,
+                    val_acc_before=acc,
+                    val_acc_after=acc_after,
+                    details={**morph.details, "spec": self.spec.to_dict()},
+                ),
+            )
+            acc = acc_after
+
+    def _adopt(self, morph: morphism.Morph) -> None:
+        """Make a grown network the run's: net, spec and both optimizers, with
+        the state of every surviving parameter carried over."""
+        old = self.net
+        self.net, self.spec = morph.net, morph.spec
+        self.weight_opt = morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
+        self.alpha_opt = morphism.remap_optimizer(self.alpha_opt, old, self.net.alpha_parameters(), morph)
 
     def _retrain(self, phase: str, epochs: int, split: Split) -> None:
         assert self.genotype is not None

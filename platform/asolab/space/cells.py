@@ -58,6 +58,7 @@ class SearchCell(nn.Module):
         reduction: bool,
         reduction_prev: bool,
         primitives: Sequence[str],
+        branches: Sequence[tuple[int, int, str]] = (),
     ) -> None:
         super().__init__()
         self.steps, self.reduction = steps, reduction
@@ -72,6 +73,16 @@ class SearchCell(nn.Module):
             for k in range(steps)
             for j in range(k + 2)
         )
+        # Growth branches: (node, input, op) paths that always run, each with its own
+        # op module and a gate that starts at zero, so adding one preserves the function.
+        self.branch_specs = tuple((int(k), int(j), str(op)) for k, j, op in branches)
+        for k, j, op in self.branch_specs:
+            if not (0 <= k < steps and 0 <= j < k + 2) or op not in OPS:
+                raise ValueError(f"branch ({k}, {j}, {op!r}) does not fit a cell with {steps} nodes")
+        self.branches = nn.ModuleList(
+            OPS[op](channels, 2 if reduction and j < 2 else 1, False) for _, j, op in self.branch_specs
+        )
+        self.branch_gates = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in self.branch_specs)
 
     @property
     def out_channels(self) -> int:
@@ -88,5 +99,8 @@ class SearchCell(nn.Module):
                     node = y if node is None else node + y
             if node is None:
                 raise ValueError(f"plan leaves node {k} of a cell without an input edge")
+            for b, (bk, j, _) in enumerate(self.branch_specs):
+                if bk == k:
+                    node = node + self.branch_gates[b] * self.branches[b](states[j])
             states.append(node)
         return torch.cat(states[2:], dim=1)

@@ -42,7 +42,7 @@ class SearchNetwork(nn.Module):
         self.gates = nn.ParameterDict()
         c_pp, c_p, reduction_prev = spec.stem_channels, spec.stem_channels, False
         for i, cs in enumerate(spec.cells):
-            cell = SearchCell(spec.steps, c_pp, c_p, cs.channels, cs.reduction, reduction_prev, spec.primitives)
+            cell = SearchCell(spec.steps, c_pp, c_p, cs.channels, cs.reduction, reduction_prev, spec.primitives, cs.branches)
             self.cells.append(cell)
             if cs.residual:
                 if cs.reduction or cell.out_channels != c_p:
@@ -55,6 +55,8 @@ class SearchNetwork(nn.Module):
         self.classifier = nn.Linear(c_p, spec.num_classes)
         n_edges, n_ops = spec.num_edges, len(spec.primitives)
         self.alphas = nn.ParameterDict({kind: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for kind in CELL_TYPES})
+        none_mask = torch.tensor([float("-inf") if p == "none" else 0.0 for p in spec.primitives])
+        self.register_buffer("_none_mask", none_mask, persistent=False)
 
     # ------------------------------------------------------------------ parameters
 
@@ -96,8 +98,9 @@ class SearchNetwork(nn.Module):
                 hard, index = gumbel_softmax_st(self.alphas[kind], temperature)
                 plans[kind] = [[(int(i), hard[e, i])] for e, i in enumerate(index.tolist())]
             else:
+                # 'none' has no weights to train: W-training paths never sample it.
                 with torch.no_grad():
-                    _, index = gumbel_softmax_st(self.alphas[kind], temperature)
+                    _, index = gumbel_softmax_st(self.alphas[kind] + self._none_mask, temperature)
                 plans[kind] = [[(int(i), None)] for i in index.tolist()]
         return plans
 
@@ -145,11 +148,11 @@ class SearchNetwork(nn.Module):
         return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
 
     def derived_parameters(self, genotype: Genotype) -> Iterator[nn.Parameter]:
-        """The weights the derived network uses: stem, preprocessing, kept ops, gates, classifier."""
+        """The weights the derived network uses: stem, preprocessing, kept ops, growth branches, gates, classifier."""
         seen: set[int] = set()
         modules: list[nn.Module] = [self.stem, self.classifier]
         for i, cell in enumerate(self.cells):
-            modules += [cell.preprocess0, cell.preprocess1]
+            modules += [cell.preprocess0, cell.preprocess1, cell.branches, cell.branch_gates]
             kind = "reduce" if cell.reduction else "normal"
             for k, node in enumerate(genotype.cell(kind)):
                 for op, j in node:

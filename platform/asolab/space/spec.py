@@ -17,11 +17,19 @@ from ..config import SpaceConfig
 @dataclass(frozen=True)
 class CellSpec:
     """One cell: its per-node channel count, whether it halves the resolution,
-    and whether it is a residual cell added by growth (output = input + gate * cell)."""
+    whether it is a residual cell added by growth (output = input + gate * cell),
+    and the branches growth added to it: ``(node, input, op)`` extra paths, each
+    with its own op module and a zero-initialised gate (see evolution/morphism.py)."""
 
     channels: int
     reduction: bool = False
     residual: bool = False
+    branches: tuple[tuple[int, int, str], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CellSpec":
+        branches = tuple((int(k), int(j), str(op)) for k, j, op in d.get("branches", ()))
+        return cls(**{**d, "branches": branches})
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class ArchSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ArchSpec":
-        return cls(**{**d, "primitives": tuple(d["primitives"]), "cells": tuple(CellSpec(**c) for c in d["cells"])})
+        return cls(**{**d, "primitives": tuple(d["primitives"]), "cells": tuple(CellSpec.from_dict(c) for c in d["cells"])})
 
     def with_cells(self, cells: list[CellSpec] | tuple[CellSpec, ...]) -> "ArchSpec":
         return replace(self, cells=tuple(cells))

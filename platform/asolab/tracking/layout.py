@@ -52,3 +52,29 @@ MUTATIONS_DIR = "mutations"  # mutations/cycle_000.json: before, after, edits
 GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
 CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
 MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
+
+# ---------------------------------------------------------------- added with the MLflow tracker
+TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
+TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
+TAG_RUN_KIND = "asolab.kind"  # "run" for asolab runs
+
+# phase -> the value of the "phase_index" epoch metric
+PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
+# per cycle with growth (step = global epoch at the cycle's end)
+GROWTH_METRICS = ("growth_events", "growth_preservation_error", "growth_params_after")
+
+CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
+MODEL_NAME = MODEL_DIR  # mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_NAME}")
+DATASET_CONTEXT = "train"  # mlflow.data.context tag of the run's dataset input
+
+
+def cells_artifact(cycle: int) -> str:
+    return f"{CELLS_DIR}/cycle_{cycle:03d}.png"
+
+
+def mutation_artifact(cycle: int) -> str:
+    return f"{MUTATIONS_DIR}/cycle_{cycle:03d}.json"
+
+
+def growth_artifact(cycle: int) -> str:
+    return f"{GROWTH_DIR}/cycle_{cycle:03d}.json"

@@ -1,0 +1,413 @@
+"""The MLflow observer: records a run's events in an MLflow tracking store.
+
+What goes where is fixed in :mod:`asolab.tracking.layout`. Epoch metrics are
+buffered and written with one ``log_batch`` per phase (at the phase's
+checkpoint), so logging costs a handful of store round trips per cycle.
+
+Exactly-once on resume: the runner replays an interrupted phase from its last
+checkpoint. Metrics are flushed before the checkpoint is uploaded, and a
+resumed tracker reads the highest step it already holds for every metric and
+drops anything at or below it, so a run killed at any point (SIGKILL included)
+and resumed has exactly one value per metric and step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import mlflow
+import mlflow.data
+import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
+import pandas as pd
+import torch
+from mlflow import MlflowClient
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+
+from .. import __version__
+from ..config import PROJECT_ROOT, ExperimentConfig, config_json
+from ..runner.events import (
+    CheckpointSaved,
+    CycleEnd,
+    EpochEnd,
+    GrowthEvent,
+    MutationEvent,
+    Observer,
+    RunEnd,
+    RunInterrupted,
+    RunStart,
+)
+from ..space.plot import genotype_png
+from . import layout as L
+from .store import ensure_experiment, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
+_PARAM_BATCH = 100
+_MAX_PARAM = 6000
+_MAX_TAG = 8000
+_GLOBAL_URI_LOCK = threading.Lock()
+
+
+def git_commit() -> str:
+    """The code's git commit, or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5, check=True
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    # mlflow.pytorch.log_model talks to the global tracking URI; point it at ours briefly.
+    with _GLOBAL_URI_LOCK:
+        previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(previous or "")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
+    return text[:_MAX_TAG]
+
+
+class MlflowTracker(Observer):
+    """Records one run (new, resumed, or a study's child run) in MLflow.
+
+    ``tracking_uri`` defaults to the config's ``tracking.tracking_uri``, then
+    ``MLFLOW_TRACKING_URI``, then ``mlruns/mlflow.db``; ``experiment`` to the
+    config's ``tracking.experiment``, then its name. ``resume_run_id``
+    continues that run instead of creating one. ``run_id`` is set once
+    ``on_run_start`` has created or resumed the run.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        run_name: str | None = None,
+        parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        log_models: bool = True,
+    ) -> None:
+        self._uri_arg = tracking_uri
+        self._experiment_arg = experiment
+        self._run_name = run_name
+        self.parent_run_id = parent_run_id
+        self.resume_run_id = resume_run_id
+        self.extra_tags = dict(tags or {})
+        self.log_models = log_models
+        self.run_id: Optional[str] = None
+        self.tracking_uri: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        self.client: Optional[MlflowClient] = None
+        self._pending: list[Metric] = []
+        self._pending_tags: dict[str, str] = {}
+        self._logged_max: dict[str, int] = {}  # per metric: highest step already in the store
+        self._step = 0  # global epochs done so far (step for events without their own)
+        self._phase_key: Optional[tuple[int, str]] = None
+        self._mutation: dict[int, MutationEvent] = {}
+        self._growth: dict[int, list[GrowthEvent]] = {}
+        self._closed = False
+        self.log_seconds = 0.0  # time spent inside this observer (for the overhead benchmark)
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def _c(self) -> MlflowClient:
+        assert self.client is not None and self.run_id is not None, "on_run_start has not run"
+        return self.client
+
+    def _metric(self, key: str, value: float, step: int) -> None:
+        if step <= self._logged_max.get(key, -1):
+            return  # already in the store from before the resume
+        self._pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+
+    def _tag(self, key: str, value: str) -> None:
+        self._pending_tags[key] = str(value)[:_MAX_TAG]
+
+    def flush(self) -> None:
+        """Write buffered metrics and tags in as few requests as MLflow allows."""
+        if self.run_id is None or (not self._pending and not self._pending_tags):
+            return
+        metrics, self._pending = self._pending, []
+        tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
+        self._pending_tags = {}
+        for i in range(0, max(len(metrics), 1), _BATCH):
+            self._c.log_batch(self.run_id, metrics=metrics[i : i + _BATCH], tags=tags if i == 0 else ())
+
+    def _artifact_text(self, text: str, path: str) -> None:
+        self._c.log_text(self.run_id, text, path)
+
+    def _artifact_bytes(self, data: bytes, path: str) -> None:
+        folder, _, name = path.rpartition("/")
+        with tempfile.TemporaryDirectory(prefix="asolab-art-") as tmp:
+            local = Path(tmp) / name
+            local.write_bytes(data)
+            self._c.log_artifact(self.run_id, str(local), folder or None)
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.log_seconds += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ run start
+
+    def _experiment_name(self, cfg: ExperimentConfig) -> str:
+        return self._experiment_arg or cfg.tracking.experiment or cfg.name
+
+    def on_run_start(self, event: RunStart) -> None:
+        with self._timed():
+            cfg = event.config
+            self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            self.log_models = self.log_models and cfg.tracking.log_models
+            if event.resumed_from:
+                self._step = int(event.resumed_from.get("global_epoch", 0))
+            if self.resume_run_id:
+                self._resume(self.resume_run_id)
+            else:
+                self._create(event)
+            self.flush()
+            log.info("MLflow run %s in %s", self.run_id, self.tracking_uri)
+
+    def _create(self, event: RunStart) -> None:
+        cfg = event.config
+        client = self.client
+        assert client is not None
+        self.experiment_id = ensure_experiment(client, self.tracking_uri or "", self._experiment_name(cfg))
+        commit = git_commit()
+        tags = {
+            L.TAG_VERSION: __version__,
+            L.TAG_GIT_COMMIT: commit,
+            "mlflow.source.git.commit": commit,
+            L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
+            L.TAG_DEVICE: event.device,
+            L.TAG_HOST: socket.gethostname(),
+            L.TAG_RUN_KIND: "run",
+            **self.extra_tags,
+        }
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
+        run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
+        self.run_id = run.info.run_id
+        if not self._run_name:
+            name = f"{event.data.get('name', cfg.data.name)}-seed{cfg.seed}-{self.run_id[:8]}"
+            client.update_run(self.run_id, name=name)
+        params = [Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM]) for k, v in cfg.flat().items()]
+        for i in range(0, len(params), _PARAM_BATCH):
+            client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
+        self._artifact_text(config_json(cfg), L.CONFIG_ARTIFACT)
+        self._artifact_text(json.dumps({"data": event.data, "arch": event.arch, "total_epochs": event.total_epochs}, indent=2, default=str), "run_info.json")
+        self._log_dataset(event.data)
+
+    def _log_dataset(self, summary: dict[str, Any]) -> None:
+        # Counts as floats: MLflow warns about integer columns in inferred schemas.
+        frame = pd.DataFrame([{k: (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in summary.items()}])
+        ds = mlflow.data.from_pandas(frame, name=str(summary.get("name", "data")))
+        self._c.log_inputs(self.run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])])
+
+    def _resume(self, run_id: str) -> None:
+        client = self.client
+        assert client is not None
+        run = client.get_run(run_id)
+        self.run_id = run_id
+        self.experiment_id = run.info.experiment_id
+        for key in run.data.metrics:
+            history = client.get_metric_history(run_id, key)
+            if history:
+                self._logged_max[key] = max(m.step for m in history)
+        client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        resumed = int(run.data.tags.get(L.TAG_RESUMED, "0")) + 1
+        self._tag(L.TAG_RESUMED, str(resumed))
+        self._tag(L.TAG_ERROR, "")  # a resumed run is no longer failed
+        log.info("resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max))
+
+    # ------------------------------------------------------------------ per epoch / phase
+
+    def on_epoch_end(self, event: EpochEnd) -> None:
+        with self._timed():
+            key = (event.cycle, event.phase)
+            if self._phase_key is not None and key != self._phase_key:
+                self.flush()  # a new phase: runs without checkpoints still flush per phase
+            self._phase_key = key
+            step = event.global_epoch
+            values = {
+                "train_loss": event.train_loss,
+                "train_acc": event.train_acc,
+                "val_loss": event.val_loss,
+                "val_acc": event.val_acc,
+                "temperature": event.temperature,
+                "epoch_seconds": event.seconds,
+                "images_per_sec": event.images_per_sec,
+                "cycle": event.cycle,
+                "phase_index": L.PHASE_INDEX.get(event.phase, -1),
+                **event.lrs,
+            }
+            for k, v in values.items():
+                self._metric(k, v, step)
+            self._step = step + 1
+
+    def on_mutation(self, event: MutationEvent) -> None:
+        with self._timed():
+            self._mutation[event.cycle] = event
+            record = {
+                "cycle": event.cycle,
+                "temperature": event.temperature,
+                "strength": event.strength,
+                "before": event.before.to_dict(),
+                "after": event.after.to_dict(),
+                "before_str": str(event.before),
+                "after_str": str(event.after),
+                "edits": [_edit_dict(e) for e in event.edits],
+            }
+            self._artifact_text(json.dumps(record, indent=2), L.mutation_artifact(event.cycle))
+
+    def on_growth(self, event: GrowthEvent) -> None:
+        with self._timed():
+            events = self._growth.setdefault(event.cycle, [])
+            events.append(event)
+            record = [
+                {
+                    "cycle": g.cycle, "kind": g.kind, "where": g.where, "params_before": g.params_before,
+                    "params_after": g.params_after, "preservation_error": g.preservation_error,
+                    "val_acc_before": g.val_acc_before, "val_acc_after": g.val_acc_after, "details": g.details,
+                }
+                for g in events
+            ]
+            self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(event.cycle))
+
+    def on_cycle_end(self, event: CycleEnd) -> None:
+        with self._timed():
+            step, c = event.global_epoch, event.cycle
+            g = event.genotype
+            self._artifact_text(g.to_json(), L.genotype_artifact(c))
+            self._artifact_bytes(genotype_png(g, title=f"cycle {c}: {g}"[:160]), L.cells_artifact(c))
+            self._tag(L.TAG_GENOTYPE, str(g))
+            self._metric("cycle_val_acc", event.val_acc, step)
+            self._metric("cycle_val_loss", event.val_loss, step)
+            self._metric("supernet_params", event.supernet_params, step)
+            self._metric("derived_params", event.derived_params, step)
+            for k, v in event.memory.items():
+                self._metric(k, v, step)
+            mutation = self._mutation.get(c)
+            if mutation is not None:
+                self._metric("mutation_edits", len(mutation.edits), step)
+            growth = self._growth.get(c, [])
+            if growth:
+                self._metric("growth_events", len(growth), step)
+                self._metric("growth_preservation_error", max(x.preservation_error for x in growth), step)
+                self._metric("growth_params_after", growth[-1].params_after, step)
+            self.flush()
+
+    def on_checkpoint(self, event: CheckpointSaved) -> None:
+        with self._timed():
+            # Metrics first, checkpoint second: a kill in between only means the
+            # replayed phase's steps are already there, and they are skipped.
+            self._tag(L.TAG_PHASE, f"cycle {event.cycle} / after {event.phase}")
+            self.flush()
+            self._c.log_artifact(self.run_id, event.path, L.CHECKPOINT_DIR)
+
+    # ------------------------------------------------------------------ the end
+
+    def on_run_end(self, event: RunEnd) -> None:
+        with self._timed():
+            step = event.global_epoch
+            g = event.genotype
+            finals = {
+                "final_val_acc": event.val_acc,
+                "final_val_loss": event.val_loss,
+                "test_acc": event.test_acc,
+                "test_loss": event.test_loss,
+                "final_params": event.derived_params,
+                "final_supernet_params": event.supernet_params,
+                "run_seconds": event.seconds,
+            }
+            for k, v in finals.items():
+                self._metric(k, v, step)
+            for k, v in event.memory.items():
+                self._metric(k, v, step)
+            self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
+            self._tag(L.TAG_FINAL_GENOTYPE, str(g))
+            self._tag(L.TAG_GENOTYPE, str(g))
+            self.flush()
+            if self.log_models and event.supernet is not None:
+                self._log_model(event, step)
+            self._terminate("FINISHED")
+
+    def _log_model(self, event: RunEnd, step: int) -> None:
+        from ..space.network import extract
+
+        model = extract(event.supernet, event.genotype)
+        quiet = logging.getLogger("mlflow.pytorch")  # its pickle-format warning would repeat every run
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            with _global_tracking_uri(self.tracking_uri or ""):
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name=L.MODEL_NAME,
+                    run_id=self.run_id,
+                    step=step,
+                    # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
+                    serialization_format="pickle",
+                    # Inferring requirements would load the model in a subprocess: slow, and we know them.
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"asolab=={__version__}"],
+                )
+        finally:
+            quiet.setLevel(level)
+        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, info.model_uri)
+
+    def on_run_interrupted(self, event: RunInterrupted) -> None:
+        if self.run_id is None or self._closed:
+            return
+        with self._timed():
+            exc = event.error
+            try:
+                self.flush()
+            except Exception:  # the store itself may be what failed; still try to set the status
+                log.exception("could not flush metrics of run %s", self.run_id)
+            if isinstance(exc, KeyboardInterrupt):
+                self._terminate("KILLED")
+            elif type(exc).__name__ == "TrialPruned":
+                self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it
+            else:
+                try:
+                    self._c.set_tag(self.run_id, L.TAG_ERROR, _one_line(exc))
+                finally:
+                    self._terminate("FAILED")
+
+    def _terminate(self, status: str) -> None:
+        self._closed = True
+        self._c.set_terminated(self.run_id, status=status)
+
+
+def _edit_dict(edit: Any) -> dict[str, Any]:
+    if hasattr(edit, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(edit).items()}
+    else:
+        out = {}
+    out["text"] = str(edit)
+    return out

@@ -1,0 +1,301 @@
+"""asolab compare on a real MLflow store filled by real tiny digits runs.
+
+One SQLite store per module: two experiments, several seeds, recorded by the
+MLflow tracker exactly as ``asolab run`` records them, plus one failed run that
+never logged a genotype.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from asolab import config
+from asolab.cli import main
+from asolab.compare.analysis import analyse, clusters, diff_frame, diff_lines, evolution, load_evolution, op_frequencies
+from asolab.compare.report import write_report
+from asolab.compare.select import COLUMNS, CompareError, load_selection
+from asolab.runner import Runner
+from asolab.runner.events import Recorder
+from asolab.space.genotype import Genotype, distance
+from asolab.tracking import layout
+from asolab.tracking.mlflow_tracker import MlflowTracker
+
+from conftest import TINY
+
+EXPERIMENTS = {
+    # experiment -> (seeds, initial temperature, mutation strength)
+    "cmp-alpha": ((0, 1, 2), 5.0, 0.25),
+    "cmp-beta": ((0, 1), 2.0, 0.5),
+}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Record the runs once; returns (uri, {run_id: (experiment, seed, RunEnd, [CycleEnd])}, failed_run_id)."""
+    root = tmp_path_factory.mktemp("compare-store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    runs = {}
+    for exp, (seeds, tau0, strength) in EXPERIMENTS.items():
+        for seed in seeds:
+            cfg = config.load(None, {
+                **TINY, "seed": seed, "tracking.enabled": True, "tracking.log_models": False,
+                "temperature.initial_temperature": tau0, "mutation.strength": strength,
+            })
+            recorder = Recorder()
+            tracker = MlflowTracker(tracking_uri=uri, experiment=exp, log_models=False)
+            Runner(cfg, [tracker, recorder]).run()
+            runs[tracker.run_id] = (exp, seed, recorder.of("run_end")[-1], recorder.of("cycle_end"))
+    # A run that failed before it recorded any genotype (no artifact, no genotype tag).
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.get_experiment_by_name("cmp-alpha").experiment_id
+    failed = client.create_run(exp_id, run_name="crashed-early", tags={layout.TAG_DATASET: "digits"})
+    client.log_param(failed.info.run_id, "seed", "7")
+    client.set_terminated(failed.info.run_id, "FAILED")
+    return uri, runs, failed.info.run_id
+
+
+def _g(text: str) -> Genotype:
+    return Genotype.parse(text)
+
+
+BASE = _g(
+    "normal: sep_conv_3x3(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
+    "reduce: max_pool_3x3(0) max_pool_3x3(1) | max_pool_3x3(0) skip_connect(2) -> 2,3"
+)
+
+
+# ---------------------------------------------------------------------- genotype analysis (no store)
+
+
+def test_diff_lists_exactly_the_changed_edges():
+    other = _g(
+        "normal: sep_conv_5x5(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
+        "reduce: max_pool_3x3(0) max_pool_3x3(1) | max_pool_3x3(1) skip_connect(2) -> 2,3"
+    )
+    frame = diff_frame(BASE, other)
+    assert frame.to_dict("records") == [
+        {"cell": "normal", "node": 0, "input": 0, "before": "sep_conv_3x3", "after": "sep_conv_5x5"},
+        {"cell": "reduce", "node": 1, "input": 0, "before": "max_pool_3x3", "after": "-"},
+        {"cell": "reduce", "node": 1, "input": 1, "before": "-", "after": "max_pool_3x3"},
+    ]
+    assert diff_lines(BASE, other) == [
+        "normal node 0 input 0: sep_conv_3x3 -> sep_conv_5x5",
+        "reduce node 1 input 0: max_pool_3x3 -> -",
+        "reduce node 1 input 1: - -> max_pool_3x3",
+    ]
+    assert distance(BASE, other) == 3
+    assert diff_frame(BASE, BASE).empty and diff_lines(BASE, BASE) == []
+    concat = _g(str(BASE).replace("-> 2,3 ;", "-> 3 ;"))
+    assert diff_lines(BASE, concat) == ["normal concat: 2,3 -> 3"]
+    assert distance(BASE, concat) == 1
+
+
+def _random_genotype(rng: random.Random, steps: int = 2) -> Genotype:
+    ops = [p for p in config.ALL_PRIMITIVES if p != "none"]
+
+    def cell():
+        return [[(rng.choice(ops), i) for i in rng.sample(range(k + 2), 2)] for k in range(steps)]
+
+    return Genotype(cell(), (2, 3), cell(), rng.choice([(2, 3), (3,)]))
+
+
+def test_distance_is_a_metric_on_a_sample():
+    rng = random.Random(0)
+    sample = [_random_genotype(rng) for _ in range(14)] + [BASE, BASE.replace_op("normal", 0, 0, "avg_pool_3x3")]
+    for a in sample:
+        assert distance(a, a) == 0
+        assert distance(a, Genotype.parse(str(a))) == 0
+    for a, b in itertools.combinations(sample, 2):
+        assert distance(a, b) == distance(b, a)
+        assert (distance(a, b) == 0) == (a == b)
+    for a, b, c in itertools.permutations(sample, 3):
+        assert distance(a, c) <= distance(a, b) + distance(b, c)
+    assert max(distance(a, b) for a, b in itertools.combinations(sample, 2)) > 2  # the sample is not trivial
+
+
+def test_op_frequencies_and_clusters_count_edges_and_runs():
+    freq = op_frequencies([BASE, BASE.replace_op("normal", 0, 0, "avg_pool_3x3")])
+    assert freq.loc["sep_conv_3x3", "normal"] == 3 and freq.loc["max_pool_3x3", "reduce"] == 6
+    assert freq.loc["avg_pool_3x3", "normal"] == 1 and freq.loc["avg_pool_3x3", "reduce"] == 0
+    assert int(freq["total"].sum()) == 2 * BASE.num_edges
+    assert "none" not in freq.index
+
+
+def test_evolution_distances_between_consecutive_cycles():
+    g1 = BASE.replace_op("normal", 0, 0, "avg_pool_3x3")
+    g2 = g1.replace_op("reduce", 1, 2, "sep_conv_5x5")
+    df = evolution([(0, BASE), (1, g1), (2, g2), (3, g2)], [0.1, 0.2, 0.3])
+    assert df["distance_prev"].tolist() == [0, 1, 1, 0]
+    assert df["changes"].iloc[1] == "normal node 0 input 0: sep_conv_3x3 -> avg_pool_3x3"
+    assert df["val_acc"].iloc[:3].tolist() == [0.1, 0.2, 0.3] and pd.isna(df["val_acc"].iloc[3])
+
+
+# ---------------------------------------------------------------------- on the recorded store
+
+
+def test_table_has_one_row_per_run_matching_the_records(store):
+    uri, runs, failed = store
+    selection = load_selection(uri)
+    table = selection.table()
+    assert list(table.columns) == list(COLUMNS)
+    assert sorted(table["run_id"]) == sorted(runs)
+    client = MlflowClient(tracking_uri=uri)
+    for _, row in table.iterrows():
+        exp, seed, end, cycle_ends = runs[row["run_id"]]
+        run = client.get_run(row["run_id"])
+        seeds, tau0, strength = EXPERIMENTS[exp]
+        # against what the runner itself produced
+        assert row["experiment"] == exp and row["seed"] == seed and row["dataset"] == "digits"
+        assert row["initial_temperature"] == tau0 and row["mutation_strength"] == strength
+        assert row["cycles"] == TINY["search.cycles"] == len(cycle_ends)
+        assert Genotype.parse(row["genotype"]) == end.genotype
+        assert row["params"] == end.derived_params
+        assert row["val_acc"] == pytest.approx(end.val_acc) and row["test_acc"] == pytest.approx(end.test_acc)
+        assert row["peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
+        # against the run's own record in MLflow
+        assert row["run_name"] == run.info.run_name
+        assert row["test_acc"] == pytest.approx(run.data.metrics["test_acc"])
+        assert row["status"] == "FINISHED"
+    assert [s.run_id for s in selection.skipped] == [failed]
+    assert "no genotypes/final.json artifact" in selection.skipped[0].reason
+
+
+def test_selection_by_experiment_filter_top_and_run(store):
+    uri, runs, failed = store
+    beta = load_selection(uri, experiments=["cmp-beta"]).table()
+    assert set(beta["experiment"]) == {"cmp-beta"} and len(beta) == 2
+    seed0 = load_selection(uri, filter_string="params.seed = '0'").table()
+    assert sorted(seed0["experiment"]) == ["cmp-alpha", "cmp-beta"] and set(seed0["seed"]) == {0}
+    top = load_selection(uri, top=2, by="test_acc").table()
+    best_two = sorted((e.test_acc for _, _, e, _ in runs.values()), reverse=True)[:2]
+    assert sorted(top["test_acc"], reverse=True) == pytest.approx(best_two)
+    one = next(iter(runs))
+    picked = load_selection(uri, run_ids=[one, failed])
+    assert [r.run_id for r in picked.records] == [one] and [s.run_id for s in picked.skipped] == [failed]
+
+
+def test_unknown_experiment_is_a_clear_error(store, capsys):
+    uri, _, _ = store
+    with pytest.raises(CompareError, match=r"'nope' not found.*; known experiments: Default, cmp-alpha, cmp-beta$"):
+        load_selection(uri, experiments=["nope"])
+    assert main(["compare", "--tracking-uri", uri, "--experiment", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asolab: error: experiment 'nope' not found")
+    assert "cmp-alpha, cmp-beta" in err[0]
+    assert main(["compare", "--tracking-uri", uri, "--filter", "params.seed ==== 1"]) == 2
+    assert "not a valid MLflow search expression" in capsys.readouterr().err
+
+
+def test_clusters_group_identical_genotypes(store):
+    uri, runs, _ = store
+    comparison = analyse(load_selection(uri), with_evolution=False)
+    expected = {}
+    for _, _, end, _ in runs.values():
+        expected[end.genotype.canonical] = expected.get(end.genotype.canonical, 0) + 1
+    got = dict(zip(comparison.clusters["genotype"], comparison.clusters["runs"]))
+    assert got == expected
+    assert comparison.clusters["runs"].is_monotonic_decreasing
+    assert comparison.distances.shape == (len(runs), len(runs))
+    assert (pd.Series(comparison.distances.values.diagonal()) == 0).all()
+    freq = comparison.op_frequencies
+    assert int(freq["total"].sum()) == sum(e.genotype.num_edges for _, _, e, _ in runs.values())
+    for d in comparison.diffs:
+        assert d.distance == distance(d.reference.genotype, d.other.genotype) > 0
+
+
+def test_evolution_reads_every_cycle_genotype(store):
+    uri, runs, _ = store
+    client = MlflowClient(tracking_uri=uri)
+    run_id, (_, _, _, cycle_ends) = next(iter(runs.items()))
+    df = load_evolution(client, run_id)
+    assert df["cycle"].tolist() == [c.cycle for c in cycle_ends]
+    assert [Genotype.parse(g) for g in df["genotype"]] == [c.genotype for c in cycle_ends]
+    expected = [0] + [distance(a.genotype, b.genotype) for a, b in zip(cycle_ends, cycle_ends[1:])]
+    assert df["distance_prev"].tolist() == expected
+    assert df["val_acc"].tolist() == pytest.approx([c.val_acc for c in cycle_ends])
+
+
+def _png_ok(data: bytes) -> bool:
+    """A structurally valid PNG: signature, IHDR first, every chunk's CRC right, IEND last."""
+    if not data.startswith(PNG_SIGNATURE):
+        return False
+    pos, kinds = len(PNG_SIGNATURE), []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            return False
+        kinds.append(kind)
+        pos += 12 + length
+    return kinds[0] == b"IHDR" and kinds[-1] == b"IEND"
+
+
+def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
+    import base64
+
+    uri, runs, failed = store
+    report, csv = tmp_path / "report", tmp_path / "runs.csv"
+    rc = main(["compare", "--tracking-uri", uri, "--report", str(report), "--csv", str(csv), "--log-to-mlflow", "--evolution"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{len(runs)} runs compared" in out and f"skipped 1 run(s)" in out and failed in out
+    assert "distinct genotypes" in out and "evolution of" in out
+    table = pd.read_csv(csv)
+    assert sorted(table["run_id"]) == sorted(runs)
+
+    page = (report / "index.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert "<script" not in page.lower()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    # 3 accuracy plots + op frequencies + evolution + one picture per distinct genotype
+    n_genotypes = len({e.genotype.canonical for _, _, e, _ in runs.values()})
+    assert len(images) == 5 + n_genotypes
+    assert all(_png_ok(base64.b64decode(b)) for b in images)
+    assert not re.search(r'<img[^>]+src="(?!data:image/png;base64,)', page)
+    for run_id in runs:
+        assert run_id in page
+    assert failed in page
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("asolab-comparisons")
+    assert exp is not None
+    [comparison_run] = client.search_runs([exp.experiment_id])
+    assert comparison_run.data.metrics["runs"] == len(runs)
+    assert {a.path for a in client.list_artifacts(comparison_run.info.run_id, "report")} >= {"report/index.html", "report/runs.csv"}
+    # The comparison run itself is never selected by a later comparison.
+    again = load_selection(uri)
+    assert comparison_run.info.run_id not in {r.run_id for r in again.records} | {s.run_id for s in again.skipped}
+
+
+def test_cli_diff_of_two_runs(store, capsys):
+    uri, runs, _ = store
+    (a, (_, _, ea, _)), (b, (_, _, eb, _)) = list(runs.items())[:2]
+    assert main(["compare", "--tracking-uri", uri, "--run", a, "--run", b, "--diff", a[:10], b]) == 0
+    out = capsys.readouterr().out
+    assert f"distance {distance(ea.genotype, eb.genotype)}" in out
+    for line in diff_lines(ea.genotype, eb.genotype):
+        assert line in out
+
+
+def test_write_report_with_a_single_genotype(tmp_path):
+    """Edge case: a selection where every run found the same genotype still renders."""
+    from asolab.compare.analysis import Comparison
+    from asolab.compare.select import RunRecord, Selection
+
+    rec = RunRecord("a" * 32, "only", "exp", "FINISHED", {"seed": "0"}, {}, {"final_val_acc": 0.5}, BASE)
+    sel = Selection("sqlite:///nowhere.db", [rec, RunRecord("b" * 32, "twin", "exp", "FINISHED", {"seed": "1"}, {}, {}, BASE)])
+    cmp = Comparison(sel, sel.table(), clusters(sel.records), op_frequencies([BASE, BASE]), pd.DataFrame(), [])
+    page = write_report(cmp, tmp_path).read_text()
+    assert "All compared runs share one genotype" in page
+    assert cmp.clusters["runs"].tolist() == [2]

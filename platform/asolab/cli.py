@@ -13,13 +13,15 @@ import sys
 from typing import Callable, Sequence
 
 from .compare.cli import add_parser as _add_compare
+from .study.cli import add_parser as _add_study
 from .config import ConfigError, load
 from .data import DataError
 from .runner.checkpoint import CheckpointError
+from .tracking.store import TrackingError
 
 log = logging.getLogger("asolab")
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError, TrackingError)
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +29,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", nargs="?", help="experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow (same as --set tracking.enabled=false)")
+    p.add_argument("--experiment", default=None, metavar="NAME", help="MLflow experiment (default: tracking.experiment, else the file's name)")
+    p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue this MLflow run from its last checkpoint")
     p.set_defaults(func=cmd_run)
 
 
@@ -37,13 +42,60 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load(args.file, args.overrides)
     recorder = Recorder()
-    runner = Runner(cfg, [ProgressObserver(enabled=not args.quiet), recorder])
-    runner.run()
-    print(summary_table(recorder.of("run_end")[-1]))
+    observers: list = [ProgressObserver(enabled=not args.quiet), recorder]
+    if not (cfg.tracking.enabled and not args.no_track):
+        if args.resume:
+            raise ConfigError("--resume needs tracking (the checkpoint lives in the MLflow run); drop --no-track")
+        Runner(cfg, observers).run()
+        print(summary_table(recorder.of("run_end")[-1]))
+        return 0
+    return _run_tracked(cfg, args, observers, recorder)
+
+
+def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> int:
+    """A run recorded in MLflow, checkpointed after every phase (so it can be resumed)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .progress import summary_table
+    from .runner import Runner
+    from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
+    from .tracking.store import download_checkpoint
+
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
+    tracker = MlflowTracker(
+        tracking_uri=uri, experiment=args.experiment, resume_run_id=args.resume, log_models=cfg.tracking.log_models
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="asolab-run-"))
+    try:
+        if args.resume:
+            path = download_checkpoint(uri, args.resume, workdir / "resume")
+            runner = Runner.resume(path, [*observers, tracker], checkpoint_dir=workdir)
+        else:
+            runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
+        try:
+            runner.run()
+        except KeyboardInterrupt:
+            if tracker.run_id:
+                print(f"asolab: run {tracker.run_id} stopped; continue it with: asolab run --resume {tracker.run_id}", file=sys.stderr)
+            raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
+    print(f"browse it: asolab ui   (run {tracker.run_id})")
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare]
+
+def _add_ui(sub: argparse._SubParsersAction) -> None:
+    from .tracking.ui import add_ui
+
+    add_ui(sub)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare, _add_ui, _add_study]
 
 
 def build_parser() -> argparse.ArgumentParser:

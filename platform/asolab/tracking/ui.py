@@ -1,0 +1,80 @@
+"""``asolab ui``: the MLflow UI on the project's tracking store.
+
+Starts ``mlflow server`` as a child process on ``127.0.0.1`` (the store holds
+file paths of this machine; expose it deliberately with ``--host``), prints
+the address, and stops the server on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from .store import artifact_root, check_reachable, resolve_tracking_uri, sqlite_path
+
+log = logging.getLogger(__name__)
+
+
+def add_ui(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ui", help="browse runs in the MLflow UI (serves the local tracking store)")
+    p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument(
+        "--tracking-uri", default="", help="store to serve (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)"
+    )
+    p.set_defaults(func=cmd_ui)
+
+
+def server_command(uri: str, host: str, port: int) -> list[str]:
+    """The ``mlflow server`` command line that serves ``uri``."""
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    root = artifact_root(uri)
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        cmd += ["--default-artifact-root", root.as_uri()]
+    if host not in ("127.0.0.1", "localhost"):
+        cmd += ["--allowed-hosts", "*"]
+    return cmd
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if sqlite_path(uri) is None:
+        # A remote tracking server already has its own UI.
+        check_reachable(uri)
+        print(f"runs are on the tracking server {uri}; open it in a browser")
+        return 0
+    check_reachable(uri)
+    # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
+    proc = subprocess.Popen(server_command(uri, args.host, args.port), start_new_session=True)
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,116 @@
+"""``asolab study``: run, resume, parallelise and summarise Optuna studies."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ..config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "study",
+        help="run (or resume) an Optuna study whose trials are asolab runs",
+        description="Run an Optuna study over experiment keys (Gumbel temperature, mutation strength, ...). "
+        "Re-running the same command resumes the study and adds trials until --n-trials are reached.",
+    )
+    p.add_argument("file", nargs="?", help="study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/")
+    p.add_argument("--n-trials", type=int, default=None, metavar="N", help="total trials the study should hold (default: the file's n_trials)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop starting trials after S seconds (default: the file's timeout; 0 = none)")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="K worker processes on this machine, each with cores // K torch threads")
+    p.add_argument("--storage", default="", metavar="URL",
+                   help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines")
+    p.add_argument("--study-name", default="", metavar="NAME", help="study name (default: the file's name)")
+    p.add_argument("--summary", action="store_true", help="print the best trials and where to find them; run nothing")
+    p.add_argument("--tracking-uri", default="", metavar="URI", help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)")
+    # internal: one worker process started by --workers
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_study)
+
+
+def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
+    values = ", ".join(f"{m}={v:.4g}" for m, v in zip(metrics, t.values)) if t.values else ""
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+    error = t.user_attrs.get("asolab.error", "")
+    extra = f"  ({error})" if error else ""
+    return f"trial {t.number:4d} {t.state.name:8s} {values}  [{params}]{extra}"
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    import optuna
+
+    from .config import load_study
+
+    if not getattr(args, "verbose", False):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cfg = load_study(args.file)
+    if args.n_trials is not None and args.n_trials < 1:
+        raise ConfigError(f"--n-trials must be >= 1 (got {args.n_trials})")
+    if args.summary:
+        return _summary(args, cfg)
+
+    def show(t: Any) -> None:
+        print(_trial_line(t, cfg.objective.metrics), flush=True)
+
+    if args.worker is not None:
+        from .run import run_worker
+
+        run_worker(cfg, args.worker, args.storage, args.study_name or cfg.name, args.tracking_uri, args.parent_run_id,
+                   args.n_trials if args.n_trials is not None else cfg.n_trials,
+                   args.timeout if args.timeout is not None else cfg.timeout, args.threads, show)
+        return 0
+    from .run import run_study
+
+    outcome = run_study(cfg, n_trials=args.n_trials, timeout=args.timeout, workers=args.workers,
+                        storage_url=args.storage, study_name=args.study_name, tracking_uri=args.tracking_uri,
+                        on_trial=show if args.workers == 1 else None)
+    _print_summary(cfg, outcome.study(cfg), outcome.storage_url, outcome.tracking_uri, outcome.parent_run_id)
+    return 0
+
+
+def _summary(args: argparse.Namespace, cfg: Any) -> int:
+    import optuna
+
+    from ..tracking import resolve_tracking_uri
+    from . import report
+    from .storage import make_storage, resolve_storage_url
+
+    url = resolve_storage_url(args.storage, cfg.storage.url)
+    name = args.study_name or cfg.name
+    try:
+        study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
+    except KeyError:
+        raise ConfigError(f"no study {name!r} in {url}; run `asolab study {args.file or ''}` first, or pass --storage/--study-name") from None
+    uri = resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
+    try:
+        parent = report.find_parent_run(uri, cfg, name) or ""
+    except Exception:  # the summary still helps without MLflow
+        parent = ""
+    _print_summary(cfg, study, url, uri, parent)
+    return 0
+
+
+def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> None:
+    import pandas as pd
+
+    from . import report
+
+    trials = study.get_trials(deepcopy=False)
+    counts = pd.Series([t.state.name for t in trials]).value_counts().to_dict() if trials else {}
+    frame = report.summary_frame(study, cfg)
+    title = "Pareto front" if len(study.directions) > 1 else "best trials"
+    print(f"study {study.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage {report.mask_password(url)}")
+    if frame.empty:
+        print("no complete trial yet")
+    else:
+        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+            print(f"{title}:\n{frame.to_string(index=False)}")
+    print(f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent or '(none yet)'} "
+          f"holds the plots (plots/) and one child run per trial.")
+    print(f"Browse: asolab ui   (or: mlflow ui --backend-store-uri {uri})")

@@ -1,0 +1,139 @@
+"""The objective: one Optuna trial is one asolab run, recorded as an MLflow child run.
+
+Thin glue, in the optuna-examples style: ``suggest -> experiment config ->
+Runner``. The runner knows nothing about Optuna; :class:`TrialReporter` is an
+observer that reports the validation accuracy after every cycle and raises
+``optuna.TrialPruned`` when the pruner says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from ..config import ExperimentConfig
+from ..data import DataBundle, load_data
+from ..runner import Runner
+from ..runner.cycle import resolve_device
+from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
+from ..tracking.layout import TAG_STUDY, TAG_TRIAL
+from .config import ParamSpec, StudyConfig, trial_overrides
+from .storage import ATTR_MLFLOW_RUN
+
+log = logging.getLogger(__name__)
+
+# what the pruner watches per cycle, for each objective metric
+_CYCLE_VALUE = {"val_acc": "val_acc", "val_loss": "val_loss", "params": "derived_params"}
+
+
+def suggest(trial: optuna.Trial, p: ParamSpec) -> Any:
+    """Sample one parameter from its declared distribution."""
+    if p.type == "categorical":
+        return trial.suggest_categorical(p.optuna_name, list(p.choices))
+    if p.type == "int":
+        return trial.suggest_int(p.optuna_name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    return trial.suggest_float(p.optuna_name, p.low, p.high, step=p.step, log=p.log)
+
+
+def trial_config(trial: optuna.Trial, cfg: StudyConfig, threads: int) -> ExperimentConfig:
+    """The experiment config of this trial: base + sampled values + the worker's thread share."""
+    sampled = {p.optuna_name: suggest(trial, p) for p in cfg.params}
+    overrides = trial_overrides(sampled, cfg)
+    for p in cfg.params:
+        if p.fraction_of:  # the value the run used, next to the fraction Optuna sampled
+            trial.set_user_attr(p.key, overrides[p.key])
+    base_threads = cfg.base.threads
+    overrides["threads"] = min(base_threads, threads) if base_threads else threads
+    return cfg.base.replace(**overrides)
+
+
+class TrialReporter(Observer):
+    """Reports the objective's per-cycle value to Optuna; prunes when told to."""
+
+    def __init__(self, trial: optuna.Trial, metric: str | None) -> None:
+        self.trial, self.metric = trial, metric
+
+    def on_cycle_end(self, event: CycleEnd) -> None:
+        if self.metric is None:
+            return
+        value = float(getattr(event, _CYCLE_VALUE[self.metric]))
+        self.trial.report(value, event.cycle)
+        if self.trial.should_prune():
+            log.info("trial %d pruned after cycle %d (%s = %.4f)", self.trial.number, event.cycle, self.metric, value)
+            raise optuna.TrialPruned(f"pruned after cycle {event.cycle} with {self.metric} = {value:.4f}")
+
+
+class RunLink(Observer):
+    """Stores the MLflow child run id in the trial as soon as the tracker created it."""
+
+    def __init__(self, trial: optuna.Trial, tracker: Any) -> None:
+        self.trial, self.tracker = trial, tracker
+
+    def on_run_start(self, event: RunStart) -> None:
+        if getattr(self.tracker, "run_id", None):
+            self.trial.set_user_attr(ATTR_MLFLOW_RUN, self.tracker.run_id)
+
+
+@dataclass
+class TrialContext:
+    """What every trial of one worker shares."""
+
+    cfg: StudyConfig
+    tracking_uri: str
+    parent_run_id: str
+    threads: int
+    _data: dict[str, DataBundle] = field(default_factory=dict)
+
+    def data_for(self, exp: ExperimentConfig) -> DataBundle:
+        """Load each data set once per worker (trials that tune data.* keys get their own)."""
+        device = resolve_device(exp.device)
+        key = repr((exp.data, exp.seed, str(device)))
+        if key not in self._data:
+            self._data[key] = load_data(exp.data, exp.seed, device)
+        return self._data[key]
+
+
+class _RunEndKeeper(Observer):
+    def __init__(self) -> None:
+        self.end: RunEnd | None = None
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.end = event
+
+
+def objective_values(end: RunEnd, metrics: tuple[str, ...]) -> list[float]:
+    """The trial's objective values, from the run's final evaluation (validation split)."""
+    table = {"val_acc": end.val_acc, "val_loss": end.val_loss, "params": end.derived_params, "test_acc": end.test_acc}
+    return [float(table[m]) for m in metrics]
+
+
+def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
+    """Run one trial and return its objective values.
+
+    Exceptions (``TrialPruned``, ``FloatingPointError`` on a NaN loss, anything
+    else) propagate after the tracker has closed the MLflow run; the study loop
+    tells Optuna and records the state.
+    """
+    from ..tracking import MlflowTracker
+
+    cfg = ctx.cfg
+    exp = trial_config(trial, cfg, ctx.threads)
+    tracker = MlflowTracker(
+        tracking_uri=ctx.tracking_uri,
+        experiment=cfg.mlflow_experiment,
+        run_name=f"{cfg.name}-trial-{trial.number:04d}",
+        parent_run_id=ctx.parent_run_id,
+        tags={TAG_STUDY: cfg.name, TAG_TRIAL: str(trial.number)},
+        log_models=exp.tracking.log_models,
+    )
+    first = cfg.objective.metrics[0]
+    # Optuna cannot prune multi-objective trials; single objectives report per cycle.
+    metric = first if not cfg.multi_objective and first in _CYCLE_VALUE else None
+    keeper = _RunEndKeeper()
+    observers = [tracker, RunLink(trial, tracker), keeper, TrialReporter(trial, metric)]
+    Runner(exp, observers, data=ctx.data_for(exp)).run()
+    assert keeper.end is not None
+    return objective_values(keeper.end, cfg.objective.metrics)

@@ -1,0 +1,287 @@
+"""The study in MLflow: one parent run per study, trial-state tags, plots, summary.
+
+The parent run is found again by its tags (``asolab.study`` = name and
+``asolab.study_parent`` = "true"), so re-running a study keeps adding child
+runs under the same expandable row in the MLflow UI. When a study invocation
+ends, the parent gets the best trial's value and parameters (as metrics with
+the number of finished trials as step, and as tags) and the study plots.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from .config import StudyConfig
+
+log = logging.getLogger(__name__)
+
+TAG_STUDY_PARENT = "asolab.study_parent"  # "true" on a study's parent run
+TAG_RUN_KIND = "asolab.kind"
+TAG_STORAGE = "asolab.study_storage"  # the Optuna storage URL (password masked)
+TAG_BEST_TRIAL = "asolab.best_trial"
+BEST_PREFIX = "best."  # parent metrics/tags: best.value, best.<param>
+PLOTS_DIR = "plots"
+CONTOUR_PARAMS = ("temperature.initial_temperature", "mutation.strength")
+
+
+def mask_password(url: str) -> str:
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        cred, host = rest.rsplit("@", 1)
+        user = cred.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def client(uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def find_parent_run(uri: str, cfg: StudyConfig, study_name: str) -> str | None:
+    c = client(uri)
+    exp = c.get_experiment_by_name(cfg.mlflow_experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{TAG_STUDY}` = '{study_name}' and tags.`{TAG_STUDY_PARENT}` = 'true'",
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def ensure_parent_run(uri: str, cfg: StudyConfig, study_name: str, storage_url: str) -> str:
+    """The study's parent run: found by its tags, else created; marked RUNNING."""
+    from ..tracking.store import ensure_experiment
+
+    c = client(uri)
+    run_id = find_parent_run(uri, cfg, study_name)
+    if run_id is not None:
+        c.update_run(run_id, status="RUNNING")
+        return run_id
+    exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
+    tags = {
+        TAG_STUDY: study_name,
+        TAG_STUDY_PARENT: "true",
+        TAG_RUN_KIND: "study",
+        TAG_STORAGE: mask_password(storage_url),
+        "asolab.study_directions": ",".join(cfg.objective.directions),
+        "asolab.study_objective": ",".join(cfg.objective.metrics),
+    }
+    run = c.create_run(exp_id, tags=tags, run_name=f"study-{study_name}")
+    run_id = run.info.run_id
+    from mlflow.entities import Param
+
+    params = [
+        Param("study.name", study_name),
+        Param("study.experiment", Path(cfg.experiment).name),
+        Param("study.objective", ",".join(cfg.objective.metrics)),
+        Param("study.sampler", cfg.sampler.name),
+        Param("study.pruner", cfg.pruner.name),
+        Param("study.seed", str(cfg.seed)),
+    ] + [Param(f"space.{p.optuna_name}", _describe(p)) for p in cfg.params]
+    c.log_batch(run_id, params=params)
+    if cfg.source and Path(cfg.source).exists():
+        c.log_artifact(run_id, cfg.source)
+    return run_id
+
+
+def _describe(p: Any) -> str:
+    if p.type == "categorical":
+        return f"categorical{list(p.choices)}"
+    scale = " log" if p.log else ""
+    frac = f" x {p.fraction_of}" if p.fraction_of else ""
+    return f"{p.type}[{p.low}, {p.high}]{scale}{frac}"[:500]
+
+
+def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str, trial: FrozenTrial) -> str:
+    """Write a finished trial's state, parameters and values to its MLflow child run.
+
+    A trial that failed before its run existed (e.g. while loading data) gets a
+    child run of its own so that the error is visible in the UI.
+    """
+    from mlflow.entities import Metric, Param, RunTag
+
+    from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
+
+    c = client(uri)
+    run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
+    if not run_id:
+        from ..tracking.store import ensure_experiment
+
+        exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
+        run = c.create_run(exp_id, run_name=f"{study_name}-trial-{trial.number:04d}",
+                           tags={"mlflow.parentRunId": parent_run_id, TAG_STUDY: study_name, TAG_TRIAL: str(trial.number)})
+        run_id = run.info.run_id
+        c.set_terminated(run_id, status="FAILED" if trial.state == TrialState.FAIL else "FINISHED")
+    tags = [RunTag(TAG_TRIAL_STATE, trial.state.name), RunTag(TAG_STUDY, study_name), RunTag(TAG_TRIAL, str(trial.number))]
+    error = trial.user_attrs.get(ATTR_ERROR)
+    if error:
+        tags.append(RunTag(TAG_ERROR, str(error)[:5000]))
+    params = [Param(f"trial.{k}", str(v)[:500]) for k, v in trial.params.items()]
+    now = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else 0
+    metrics = []
+    if trial.values is not None:
+        metrics = [Metric(f"objective.{m}", float(v), now, 0) for m, v in zip(cfg.objective.metrics, trial.values)]
+    c.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+    return run_id
+
+
+def mark_stale_run(uri: str, trial: FrozenTrial, reason: str) -> None:
+    """The MLflow run of a trial whose worker died: KILLED, with the reason."""
+    from .storage import ATTR_MLFLOW_RUN
+
+    run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
+    if not run_id:
+        return
+    c = client(uri)
+    c.set_tag(run_id, TAG_TRIAL_STATE, TrialState.FAIL.name)
+    c.set_tag(run_id, TAG_ERROR, f"stale trial: {reason}")
+    c.set_terminated(run_id, status="KILLED")
+
+
+# --------------------------------------------------------------------------- the parent's summary
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The best trial (one objective) or the Pareto front (two)."""
+    if not [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]:
+        return []
+    if len(study.directions) > 1:
+        return list(study.best_trials)
+    return [study.best_trial]
+
+
+def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_run_id: str) -> list[str]:
+    """Best value and parameters, trial counts and plots onto the parent; returns the plot names."""
+    from mlflow.entities import Metric, RunTag
+
+    c = client(uri)
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state.is_finished()]
+    step = len(finished)
+    now = int(max((t.datetime_complete.timestamp() for t in finished if t.datetime_complete), default=0) * 1000)
+    metrics = [Metric(f"trials.{s.name.lower()}", float(sum(t.state == s for t in trials)), now, step)
+               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+    tags: list[RunTag] = []
+    best = best_trials(study)
+    if len(study.directions) == 1 and best:
+        b = best[0]
+        metrics.append(Metric(f"{BEST_PREFIX}value", float(b.value), now, step))
+        metrics.append(Metric(f"{BEST_PREFIX}{cfg.objective.metrics[0]}", float(b.value), now, step))
+        tags.append(RunTag(TAG_BEST_TRIAL, str(b.number)))
+        for k, v in b.params.items():
+            tags.append(RunTag(f"{BEST_PREFIX}{k}", str(v)))
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                metrics.append(Metric(f"{BEST_PREFIX}{k}", float(v), now, step))
+    elif best:
+        tags.append(RunTag("asolab.pareto_trials", ",".join(str(t.number) for t in best)[:5000]))
+        metrics.append(Metric("pareto.size", float(len(best)), now, step))
+    c.log_batch(parent_run_id, metrics=metrics, tags=tags)
+    plots = log_plots(c, parent_run_id, cfg, study)
+    c.set_terminated(parent_run_id, status="FINISHED")
+    return plots
+
+
+def _save(ax: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+    fig.set_size_inches(max(fig.get_size_inches()[0], 7), max(fig.get_size_inches()[1], 5))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[str], list[str]]:
+    """Write the study's plots as PNG (matplotlib); returns (written, notes on skipped plots)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import optuna.visualization.matplotlib as vis
+    from optuna.importance import FanovaImportanceEvaluator
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    multi = len(study.directions) > 1
+    names = list(cfg.objective.metrics)
+    target = (lambda t: t.values[0]) if multi else None
+    target_name = names[0]
+    written: list[str] = []
+    notes: list[str] = []
+    params = [p.optuna_name for p in cfg.params]
+    contour = [c for c in CONTOUR_PARAMS if c in params]  # temperature x mutation strength when both are tuned
+    if len(contour) < 2:
+        contour = params[:2]
+
+    jobs: list[tuple[str, Any, int]] = [
+        ("optimization_history", lambda: vis.plot_optimization_history(study, target=target, target_name=target_name), 1),
+        ("param_importances", lambda: vis.plot_param_importances(
+            study, evaluator=FanovaImportanceEvaluator(seed=cfg.seed), target=target, target_name=target_name), 2),
+        ("slice", lambda: vis.plot_slice(study, params=params, target=target, target_name=target_name), 1),
+    ]
+    if len(contour) >= 2:
+        jobs.append(("contour", lambda: vis.plot_contour(study, params=contour, target=target, target_name=target_name), 2))
+    if multi:
+        jobs.append(("pareto_front", lambda: vis.plot_pareto_front(study, target_names=names), 1))
+    elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+        jobs.append(("intermediate_values", lambda: vis.plot_intermediate_values(study), 0))
+    for name, make, needs in jobs:
+        if len(complete) < needs:
+            notes.append(f"{name}: skipped, needs at least {needs} complete trial(s), the study has {len(complete)}")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
+                ax = make()
+            _save(ax, out / f"{name}.png")
+            written.append(f"{name}.png")
+        except Exception as exc:  # a plot must never fail the study
+            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
+            log.info("study plot %s skipped: %s", name, exc)
+    return written, notes
+
+
+def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="asolab-study-") as tmp:
+        out = Path(tmp) / PLOTS_DIR
+        out.mkdir()
+        written, notes = study_plots(cfg, study, out)
+        if notes:
+            (out / "NOTES.txt").write_text("\n".join(notes) + "\n")
+            for note in notes:
+                log.info("study %s: %s", study.study_name, note)
+        if any(out.iterdir()):
+            c.log_artifacts(run_id, str(out), PLOTS_DIR)
+    return written
+
+
+def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
+    """The best trials as a pandas DataFrame (the Pareto front for two objectives)."""
+    import pandas as pd
+
+    from .storage import ATTR_MLFLOW_RUN
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(study.directions) > 1:
+        trials = best_trials(study)
+        trials.sort(key=lambda t: t.values[0], reverse=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
+    else:
+        trials.sort(key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE)
+    rows = []
+    for t in trials[:top]:
+        row: dict[str, Any] = {"trial": t.number}
+        row.update({m: v for m, v in zip(cfg.objective.metrics, t.values)})
+        row.update(t.params)
+        row["seconds"] = round(t.duration.total_seconds(), 1) if t.duration else None
+        row["mlflow_run"] = t.user_attrs.get(ATTR_MLFLOW_RUN, "")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 from typing import TYPE_CHECKING, TextIO
@@ -49,6 +50,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..space.genotype import distance
 
     out = out or sys.stdout
+    # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.top < 0:
         raise CompareError(f"--top must be >= 0 (got {args.top})")
     selection = load_selection(

@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # never needs a screen
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..space.genotype import Genotype  # noqa: E402
@@ -100,6 +101,7 @@ def op_frequency_png(freq: pd.DataFrame) -> Optional[bytes]:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     freq[["normal", "reduce"]].plot.bar(ax=ax, color=["#1f77b4", "#d62728"])
     ax.set_ylabel("edges")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("")
     ax.set_title("operation frequency across the selected runs", fontsize=10)
     ax.tick_params(axis="x", labelrotation=35)
@@ -118,6 +120,8 @@ def evolution_png(comparison: Comparison) -> Optional[bytes]:
         ax.plot(df["cycle"], df["distance_prev"], marker="o", label=lab)
     ax.set_xlabel("cycle")
     ax.set_ylabel("distance from previous cycle")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title("genotype change per cycle", fontsize=10)
     ax.grid(alpha=0.3)
     if len(frames) <= 12:

@@ -90,7 +90,8 @@ class SearchConfig:
     """The ASO-SE cycle: epochs per phase and optimiser settings."""
 
     cycles: int = _field(3, ge=1, le=1000)
-    w_epochs: int = _field(2, ge=0, le=1000, help="W-training (warm-up) epochs per cycle")
+    warmup_epochs: int = _field(0, ge=0, le=1000, help="extra W-training epochs in the first cycle, before alphas are trained")
+    w_epochs: int = _field(2, ge=0, le=1000, help="W-training epochs per cycle")
     alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
     retrain_epochs: int = _field(2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle")
     final_epochs: int = _field(0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle")
@@ -101,6 +102,7 @@ class SearchConfig:
     alpha_lr: float = _field(3e-3, gt=0.0, le=10.0)
     alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0)
     grad_clip: float = _field(5.0, gt=0.0)
+    calibration_batches: int = _field(8, ge=0, le=10000, help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)")
 
 
 @dataclass(frozen=True)

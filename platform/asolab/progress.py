@@ -32,6 +32,7 @@ class ProgressObserver(Observer):
     def on_run_start(self, event: RunStart) -> None:
         s = event.config.search
         self.epochs = {"w_train": s.w_epochs, "alpha": s.alpha_epochs, "retrain": s.retrain_epochs, "final": s.final_epochs}
+        self.warmup = s.warmup_epochs
         d = event.data
         where = f" (resumed at cycle {event.resumed_from['cycle']})" if event.resumed_from else ""
         self._write(
@@ -45,7 +46,8 @@ class ProgressObserver(Observer):
             self._close()
             self.key = key
             label = PHASE_TITLES[event.phase] + ("" if event.phase == "final" else f" {event.cycle + 1}")
-            self.bar = tqdm(total=self.epochs[event.phase], desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
+            total = self.epochs[event.phase] + (self.warmup if key == (0, "w_train") else 0)
+            self.bar = tqdm(total=total, desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
         assert self.bar is not None
         self.bar.set_postfix(val_acc=f"{event.val_acc:.3f}", tau=f"{event.temperature:.2f}", img_s=f"{event.images_per_sec:.0f}")
         self.bar.update(1)

@@ -140,7 +140,7 @@ class Runner:
     @property
     def search_epochs(self) -> int:
         s = self.cfg.search
-        return s.cycles * (s.w_epochs + s.alpha_epochs + s.retrain_epochs)
+        return s.warmup_epochs + s.cycles * (s.w_epochs + s.alpha_epochs + s.retrain_epochs)
 
     @property
     def total_epochs(self) -> int:
@@ -149,7 +149,7 @@ class Runner:
     @property
     def weight_epochs(self) -> int:
         s = self.cfg.search
-        return s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
+        return s.warmup_epochs + s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
 
     def temperature(self) -> float:
         progress = min(1.0, self.position.global_epoch / max(1, self.search_epochs - 1))
@@ -242,12 +242,24 @@ class Runner:
         self.position.global_epoch += 1
         self.position.weight_epoch += int(trains_weights)
 
+    def _calibrate(self, genotype: Genotype) -> Genotype:
+        """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches."""
+        n = self.cfg.search.calibration_batches
+        if n:
+            batches = Batches(self.data.train.head(n * self.cfg.data.batch_size), self.cfg.data.batch_size)
+            self.net.recalibrate_batchnorm(genotype, (x for x, _ in batches))
+        return genotype
+
+    def _derive_calibrated(self) -> Genotype:
+        return self._calibrate(self.net.derive())
+
     def _w_train(self) -> None:
         def step(x, y, tau):
             return self._weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
 
-        for e in range(self.cfg.search.w_epochs):
-            self._epoch("w_train", e, self.data.train, step, self.net.derive)
+        epochs = self.cfg.search.w_epochs + (self.cfg.search.warmup_epochs if self.position.cycle == 0 else 0)
+        for e in range(epochs):
+            self._epoch("w_train", e, self.data.train, step, self._derive_calibrated)
 
     def _alpha_train(self) -> None:
         weights = self.net.weight_parameters()
@@ -255,7 +267,7 @@ class Runner:
             p.requires_grad_(False)
         try:
             for e in range(self.cfg.search.alpha_epochs):
-                self._epoch("alpha", e, self.data.val, self._alpha_step, self.net.derive)
+                self._epoch("alpha", e, self.data.val, self._alpha_step, self._derive_calibrated)
         finally:
             for p in weights:
                 p.requires_grad_(True)
@@ -265,6 +277,7 @@ class Runner:
         self.derived = self.net.derive()
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.genotype, edits = mutate(self.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
+        self._calibrate(self.genotype)
         self.emit(
             "on_mutation",
             MutationEvent(self.position.cycle, self.derived, self.genotype, tuple(edits), tau, self.cfg.mutation.strength),

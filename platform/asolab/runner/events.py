@@ -123,15 +123,34 @@ class Observer:
 
 
 class Recorder(Observer):
-    """Keeps every event in a list (handy for tests and notebooks)."""
+    """Keeps every event in order as ``(kind, event)`` (handy for tests and notebooks)."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
 
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("on_"):
-            return lambda event: self.events.append((name[3:], event))
-        return super().__getattribute__(name)
+    def on_run_start(self, event: RunStart) -> None:
+        self.events.append(("run_start", event))
+
+    def on_epoch_end(self, event: EpochEnd) -> None:
+        self.events.append(("epoch_end", event))
+
+    def on_mutation(self, event: MutationEvent) -> None:
+        self.events.append(("mutation", event))
+
+    def on_growth(self, event: GrowthEvent) -> None:
+        self.events.append(("growth", event))
+
+    def on_cycle_end(self, event: CycleEnd) -> None:
+        self.events.append(("cycle_end", event))
+
+    def on_checkpoint(self, event: CheckpointSaved) -> None:
+        self.events.append(("checkpoint", event))
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.events.append(("run_end", event))
+
+    def on_run_interrupted(self, event: RunInterrupted) -> None:
+        self.events.append(("run_interrupted", event))
 
     def of(self, kind: str) -> list[Any]:
         return [e for k, e in self.events if k == kind]

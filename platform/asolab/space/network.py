@@ -15,7 +15,7 @@ copy only for export.
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -147,21 +147,48 @@ class SearchNetwork(nn.Module):
         concat = tuple(range(2, self.spec.steps + 2))
         return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
 
-    def derived_parameters(self, genotype: Genotype) -> Iterator[nn.Parameter]:
-        """The weights the derived network uses: stem, preprocessing, kept ops, growth branches, gates, classifier."""
-        seen: set[int] = set()
+    def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
+        """The modules the derived network runs: stem, preprocessing, kept ops, classifier."""
         modules: list[nn.Module] = [self.stem, self.classifier]
-        for i, cell in enumerate(self.cells):
-            modules += [cell.preprocess0, cell.preprocess1, cell.branches, cell.branch_gates]
+        for cell in self.cells:
+            modules += [cell.preprocess0, cell.preprocess1]
             kind = "reduce" if cell.reduction else "normal"
             for k, node in enumerate(genotype.cell(kind)):
                 for op, j in node:
                     modules.append(cell.edges[edge_index(k, j)].ops[self.spec.primitives.index(op)])
-        params = [p for m in modules for p in m.parameters()] + list(self.gates.values())
+        return modules
+
+    def derived_parameters(self, genotype: Genotype) -> Iterator[nn.Parameter]:
+        """The weights the derived network uses (gates of residual cells included)."""
+        seen: set[int] = set()
+        params = [p for m in self.derived_modules(genotype) for p in m.parameters()] + list(self.gates.values())
         for p in params:
             if id(p) not in seen:
                 seen.add(id(p))
                 yield p
+
+    @torch.no_grad()
+    def recalibrate_batchnorm(self, genotype: Genotype, batches: Iterable[torch.Tensor]) -> None:
+        """Recompute the BatchNorm statistics along the genotype's path.
+
+        Running statistics gathered while paths were sampled mix the input
+        distributions of many paths; re-estimating them on a few training
+        batches makes the derived network's eval-mode accuracy reflect the
+        weights it inherited (standard practice in one-shot NAS).
+        """
+        norms = [m for mod in self.derived_modules(genotype) for m in mod.modules() if isinstance(m, nn.BatchNorm2d)]
+        momenta = [bn.momentum for bn in norms]
+        for bn in norms:
+            bn.reset_running_stats()
+            bn.momentum = None  # cumulative average over the batches below
+        was_training = self.training
+        self.train()
+        plans = self.genotype_plans(genotype)
+        for x in batches:
+            self(x, plans)
+        for bn, m in zip(norms, momenta):
+            bn.momentum = m
+        self.train(was_training)
 
     def count_derived(self, genotype: Genotype) -> int:
         return sum(p.numel() for p in self.derived_parameters(genotype))

@@ -1,0 +1,79 @@
+"""Experiment configs: loading, overrides, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from asolab import config
+from asolab.config import ConfigError
+
+
+def test_default_experiment_loads_and_is_frozen():
+    cfg = config.load()
+    assert cfg.name == "digits"
+    assert cfg.data.name == "digits"
+    with pytest.raises(AttributeError):
+        cfg.seed = 3  # type: ignore[misc]
+
+
+def test_set_overrides_parse_toml_values():
+    cfg = config.load(None, ["search.cycles=2", "temperature.schedule=cosine", "mutation.strength=0.5", "space.primitives=['skip_connect','sep_conv_3x3']"])
+    assert cfg.search.cycles == 2
+    assert cfg.temperature.schedule == "cosine"
+    assert cfg.mutation.strength == 0.5
+    assert cfg.space.primitives == ("skip_connect", "sep_conv_3x3")
+
+
+def test_int_is_accepted_for_float_fields():
+    assert config.load(None, ["temperature.initial_temperature=3"]).temperature.initial_temperature == 3.0
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "exp.toml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[search]\ncyclez = 3\n", ["exp.toml", "search.cyclez", "allowed", "cycles"]),
+        ("[serch]\ncycles = 3\n", ["exp.toml", "serch", "allowed", "search"]),
+        ("[search]\ncycles = 'three'\n", ["exp.toml", "search.cycles", "integer"]),
+        ("[mutation]\nstrength = 1.5\n", ["exp.toml", "mutation.strength", "[0.0, 1.0]"]),
+        ("[data]\nname = 'imagenet'\n", ["exp.toml", "data.name", "digits", "fashion_mnist"]),
+        ("[space]\nprimitives = ['sep_conv_9x9']\n", ["exp.toml", "space.primitives", "sep_conv_3x3"]),
+        ("[temperature]\ninitial_temperature = 1.0\nmin_temperature = 2.0\n", ["exp.toml", "min_temperature", "initial_temperature"]),
+        ("device = 'tpu'\n", ["exp.toml", "device", "cuda:N"]),
+        ("[data]\naugment = 1\n", ["exp.toml", "data.augment", "true or false"]),
+        ("seed = \n", ["exp.toml", "TOML"]),
+    ],
+)
+def test_bad_config_is_one_line_naming_file_key_and_allowed(tmp_path, text, words):
+    with pytest.raises(ConfigError) as info:
+        config.load(_write(tmp_path, text))
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_bad_override_names_the_key():
+    with pytest.raises(ConfigError, match=r"search\.w_epochs.*out of range"):
+        config.load(None, ["search.w_epochs=-1"])
+    with pytest.raises(ConfigError, match="unknown key 'search.nope'"):
+        config.load(None, ["search.nope=1"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        config.load(None, ["search.cycles"])
+
+
+def test_missing_experiment_lists_known_ones():
+    with pytest.raises(ConfigError, match="known experiments: .*digits"):
+        config.load("no_such_experiment")
+
+
+def test_flat_view_has_dotted_keys():
+    flat = config.load().flat()
+    assert flat["temperature.initial_temperature"] == 5.0
+    assert flat["seed"] == 0
+    assert config.from_dict(config.load().to_dict()) == config.load()

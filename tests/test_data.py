@@ -1,0 +1,63 @@
+"""Data sets: registry, deterministic splits, batched augmentation, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asolab import config
+from asolab.data import Augmentation, Batches, DataError, _translate, load_data
+
+
+def test_digits_splits_are_disjoint_deterministic_and_seeded():
+    a = load_data(config.DataConfig(), seed=0)
+    b = load_data(config.DataConfig(), seed=0)
+    c = load_data(config.DataConfig(), seed=1)
+    assert len(a.train) + len(a.val) + len(a.test) == 1797
+    assert torch.equal(a.val.x, b.val.x) and torch.equal(a.train.y, b.train.y)
+    assert not torch.equal(a.val.x, c.val.x)  # validation follows the seed
+    assert torch.equal(a.test.x, c.test.x)  # the test carve-out does not
+    rows = lambda s: {tuple(r.tolist()) for r in s.x.flatten(1)}  # noqa: E731
+    assert not rows(a.test) & rows(a.val)
+    assert a.in_channels == 1 and a.image_size == 8 and a.num_classes == 10
+
+
+def test_train_subset_limits_search_data_only():
+    d = load_data(config.DataConfig(train_subset=100), seed=0)
+    assert len(d.train) == 100 and len(d.full_train) > 1000
+
+
+def test_translation_moves_pixels_and_zero_fills():
+    x = torch.arange(1.0, 17.0).view(1, 1, 4, 4).repeat(2, 1, 1, 1)
+    out = _translate(x, torch.tensor([[1, 0], [0, -1]]))
+    # image 0 moved down one row, image 1 left one column; the gap is zero-filled
+    assert torch.equal(out[0, 0, 1:], x[0, 0, :-1]) and torch.equal(out[0, 0, 0], torch.zeros(4))
+    assert torch.equal(out[1, 0, :, :-1], x[1, 0, :, 1:]) and torch.equal(out[1, 0, :, -1], torch.zeros(4))
+    flipped = Augmentation(flip=True)(x, torch.Generator().manual_seed(0))
+    for img, src in zip(flipped, x):
+        assert torch.equal(img, src) or torch.equal(img, src.flip(2))
+
+
+def test_batches_cover_the_split_once_per_epoch(digits):
+    seen = torch.cat([y for _, y in Batches(digits.val, 50, torch.Generator().manual_seed(0))])
+    assert len(seen) == len(digits.val)
+    assert torch.equal(seen.sort().values, digits.val.y.sort().values)
+
+
+def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist") as info:
+        load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_missing_torchvision_set_without_download_says_how(tmp_path):
+    with pytest.raises(DataError, match="download = true"):
+        load_data(config.DataConfig(name="cifar10", data_dir=str(tmp_path)), seed=0)
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(), reason="dataset-fashion-mnist not installed")
+def test_fashion_mnist_reads_debian_idx_files():
+    d = load_data(config.DataConfig(name="fashion_mnist", val_fraction=0.1), seed=0)
+    assert len(d.test) == 10000 and len(d.train) + len(d.val) == 60000
+    assert d.image_size == 28 and d.num_classes == 10
+    assert abs(d.train.x.mean().item()) < 0.1  # normalised

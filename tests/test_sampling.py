@@ -1,0 +1,68 @@
+"""Gumbel-softmax sampling, temperature schedules and mutation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asolab.config import TemperatureConfig
+from asolab.evolution.mutation import mutate, num_edits
+from asolab.evolution.sampling import SCHEDULES, gumbel_softmax_st, temperature
+from asolab.space import PRIMITIVES, Genotype
+
+CFG = TemperatureConfig(initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8)
+
+
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "constant"])
+def test_schedule_endpoints_and_monotonicity(schedule):
+    cfg = TemperatureConfig(schedule=schedule, initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8)
+    assert temperature(0.0, cfg) == pytest.approx(5.0)
+    assert temperature(0.8, cfg) == pytest.approx(0.5)
+    assert temperature(1.0, cfg) == pytest.approx(0.5)
+    values = [temperature(p / 100, cfg) for p in range(101)]
+    assert all(b <= a + 1e-12 for a, b in zip(values, values[1:]))
+    assert values[40] < 5.0 and values[40] > 0.5
+
+
+def test_straight_through_sample_is_exactly_one_hot_and_passes_gradient():
+    logits = torch.randn(5, 8, requires_grad=True)
+    hard, index = gumbel_softmax_st(logits, 1.0)
+    assert torch.equal(hard.detach(), torch.nn.functional.one_hot(index, 8).float())
+    # the value multiplying the op output is 1, not softmax(one-hot) ~ 0.23
+    assert hard[torch.arange(5), index].detach().eq(1.0).all()
+    (hard[torch.arange(5), index] * torch.arange(5.0)).sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_gumbel_noise_lives_on_the_alphas_device():
+    # the meta device stands in for an accelerator: noise made on the CPU would fail or land there
+    logits = torch.zeros(3, 4, device="meta")
+    hard, index = gumbel_softmax_st(logits, 1.0)
+    assert hard.device.type == "meta" and index.device.type == "meta"
+
+
+def test_low_temperature_follows_the_alphas():
+    logits = torch.tensor([[0.0, 3.0, 0.0]])
+    picks = [int(gumbel_softmax_st(logits, 0.1)[1]) for _ in range(50)]
+    assert picks.count(1) > 35
+
+
+G = Genotype.parse(
+    "normal: sep_conv_3x3(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
+    "reduce: max_pool_3x3(0) max_pool_3x3(1) | skip_connect(2) max_pool_3x3(0) -> 2,3"
+)
+
+
+@pytest.mark.parametrize("strength, expected", [(0.0, 1), (0.25, 2), (0.5, 4), (1.0, 8)])
+def test_mutation_makes_k_edits_never_to_the_same_op_or_none(strength, expected):
+    assert num_edits(strength, G.num_edges) == expected
+    torch.manual_seed(0)
+    alphas = {k: torch.randn(5, len(PRIMITIVES)) for k in ("normal", "reduce")}
+    after, edits = mutate(G, alphas, PRIMITIVES, strength, 1.0)
+    assert len(edits) == expected
+    assert len({(e.cell, e.node, e.input) for e in edits}) == expected
+    for e in edits:
+        assert e.after != e.before and e.after != "none"
+    from asolab.space import distance
+
+    assert distance(G, after) == expected

@@ -1,0 +1,128 @@
+"""Search space: operations, genotypes, derivation and hard path sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asolab.config import SpaceConfig
+from asolab.space import OPS, PRIMITIVES, ArchSpec, Genotype, SearchNetwork, diff, distance
+from asolab.space.cells import edge_index
+
+
+@pytest.mark.parametrize("name", PRIMITIVES)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_every_primitive_keeps_shapes(name, stride):
+    op = OPS[name](6, stride, False)
+    x = torch.randn(2, 6, 8, 8)
+    assert op(x).shape == (2, 6, 8 // stride, 8 // stride)
+    if name != "none" and not (name == "skip_connect" and stride == 1):
+        # odd sizes too (7 -> 4 with stride 2)
+        assert op(torch.randn(2, 6, 7, 7)).shape[-1] == (7 if stride == 1 else 4)
+
+
+G = Genotype.parse(
+    "normal: sep_conv_3x3(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
+    "reduce: max_pool_3x3(0) max_pool_3x3(1) | skip_connect(2) max_pool_3x3(0) -> 2,3"
+)
+
+
+def test_genotype_string_and_json_round_trip():
+    assert Genotype.parse(str(G)) == G
+    assert Genotype.from_json(G.to_json()) == G
+    assert hash(Genotype.from_json(G.to_json())) == hash(G)
+    assert G.num_edges == 8
+
+
+def test_edge_order_does_not_matter_and_darts_lists_parse():
+    flat = {
+        "normal": [["skip_connect", 1], ["sep_conv_3x3", 0], ["sep_conv_3x3", 2], ["dil_conv_3x3", 0]],
+        "normal_concat": [2, 3],
+        "reduce": [["max_pool_3x3", 1], ["max_pool_3x3", 0], ["max_pool_3x3", 0], ["skip_connect", 2]],
+        "reduce_concat": [2, 3],
+    }
+    assert Genotype.from_dict(flat) == G
+
+
+def test_genotype_refuses_bad_input_index_and_bad_strings():
+    with pytest.raises(ValueError, match="reads input 3"):
+        Genotype(normal=((("skip_connect", 3), ("skip_connect", 0)),), normal_concat=(2,), reduce=((("skip_connect", 0),),), reduce_concat=(2,))
+    with pytest.raises(ValueError, match="not a genotype string"):
+        Genotype.parse("hello")
+
+
+def test_diff_and_distance():
+    h = G.replace_op("normal", 1, 2, "avg_pool_3x3")
+    changes = diff(G, h)
+    assert [(c.cell, c.node, c.input, c.before, c.after) for c in changes] == [("normal", 1, 2, ("sep_conv_3x3",), ("avg_pool_3x3",))]
+    assert distance(G, G) == 0 and distance(G, h) == distance(h, G) == 1
+    k = h.replace_op("reduce", 0, 0, "sep_conv_5x5")
+    assert distance(G, k) <= distance(G, h) + distance(h, k)
+
+
+def _net(primitives=PRIMITIVES, steps=2) -> SearchNetwork:
+    torch.manual_seed(0)
+    spec = ArchSpec.from_config(SpaceConfig(init_channels=4, layers=3, steps=steps, primitives=tuple(primitives)), 1, 10)
+    return SearchNetwork(spec)
+
+
+def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
+    net = _net()
+    p = list(PRIMITIVES)
+    with torch.no_grad():
+        for kind in ("normal", "reduce"):
+            a = net.alphas[kind]
+            a.zero_()
+            a[:, p.index("none")] = 10.0  # 'none' is never chosen, however strong
+            a[edge_index(0, 0), p.index("sep_conv_3x3")] = 3.0
+            a[edge_index(0, 1), p.index("skip_connect")] = 2.0
+            a[edge_index(1, 0), p.index("max_pool_3x3")] = 1.0
+            a[edge_index(1, 1), p.index("dil_conv_5x5")] = 4.0
+            a[edge_index(1, 2), p.index("avg_pool_3x3")] = 5.0
+    g = net.derive()
+    expected = ((("sep_conv_3x3", 0), ("skip_connect", 1)), (("dil_conv_5x5", 1), ("avg_pool_3x3", 2)))
+    assert g.normal == Genotype(expected, (2, 3), expected, (2, 3)).normal
+    assert g.reduce == g.normal and g.normal_concat == (2, 3)
+
+
+def _count_calls(net: SearchNetwork) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for cell in net.cells:
+        for mixed in cell.edges:
+            for op in mixed.ops:
+                counts[id(op)] = 0
+                op.register_forward_hook(lambda m, i, o, key=id(op): counts.__setitem__(key, counts[key] + 1))
+    return counts
+
+
+@pytest.mark.parametrize("differentiable", [False, True])
+def test_hard_sampling_runs_exactly_one_op_per_edge(differentiable):
+    net = _net()
+    counts = _count_calls(net)
+    net(torch.randn(2, 1, 8, 8), net.sample_plans(1.0, differentiable=differentiable))
+    edges = sum(len(cell.edges) for cell in net.cells)
+    assert sum(counts.values()) == edges
+    for cell in net.cells:
+        for mixed in cell.edges:
+            assert sum(counts[id(op)] for op in mixed.ops) == 1
+
+
+def test_genotype_plan_runs_only_the_genotype_edges():
+    net = _net()
+    counts = _count_calls(net)
+    net(torch.randn(2, 1, 8, 8), net.genotype_plans(G))
+    assert sum(counts.values()) == len(net.cells) * 4  # 2 nodes x 2 edges per cell
+
+
+def test_weights_and_alphas_partition_parameters_by_identity():
+    net = _net()
+    weights, alphas = net.weight_parameters(), net.alpha_parameters()
+    ids_w, ids_a = {id(p) for p in weights}, {id(p) for p in alphas}
+    assert not ids_w & ids_a
+    assert len(ids_w) == len(weights) and len(ids_a) == 2
+    assert ids_w | ids_a == {id(p) for p in net.parameters()}
+
+
+def test_derived_parameter_count_is_below_supernet():
+    net = _net()
+    assert 0 < net.count_derived(G) < net.num_weights()

@@ -299,3 +299,27 @@ def test_write_report_with_a_single_genotype(tmp_path):
     page = write_report(cmp, tmp_path).read_text()
     assert "All compared runs share one genotype" in page
     assert cmp.clusters["runs"].tolist() == [2]
+
+
+def test_study_selects_its_trial_runs_not_the_parent(store):
+    """A study's parent run (no genotype) only groups trials: --study compares the trials."""
+    uri, runs, _ = store
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("cmp-study")
+    try:
+        parent = client.create_run(exp_id, run_name="study-parent", tags={layout.TAG_STUDY: "s1"})
+        trials = []
+        for k, (_, _, end, _) in enumerate(list(runs.values())[:2]):
+            t = client.create_run(exp_id, run_name=f"trial-{k}", tags={layout.TAG_STUDY: "s1", layout.TAG_TRIAL: str(k), "mlflow.parentRunId": parent.info.run_id})
+            client.log_text(t.info.run_id, end.genotype.to_json(), layout.FINAL_GENOTYPE_ARTIFACT)
+            client.log_metric(t.info.run_id, "final_val_acc", end.val_acc)
+            client.set_terminated(t.info.run_id)
+            trials.append((t.info.run_id, end.genotype))
+        client.set_terminated(parent.info.run_id)
+        sel = load_selection(uri, study="s1")
+        assert sorted((r.run_id, r.genotype) for r in sel.records) == sorted(trials)
+        assert sel.skipped == []
+        with pytest.raises(CompareError, match="no runs tagged asolab.study='s2'"):
+            load_selection(uri, study="s2")
+    finally:
+        client.delete_experiment(exp_id)

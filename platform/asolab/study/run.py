@@ -78,7 +78,7 @@ def make_sampler(cfg: StudyConfig, worker: int = 0) -> optuna.samplers.BaseSampl
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=s.population_size)
     return optuna.samplers.TPESampler(
         seed=seed, n_startup_trials=s.n_startup_trials, multivariate=s.multivariate,
-        constant_liar=s.constant_liar, consider_endpoints=False,
+        constant_liar=s.constant_liar,
     )
 
 

@@ -13,8 +13,10 @@ and resumed has exactly one value per metric and step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import socket
 import subprocess
 import tempfile
@@ -25,12 +27,10 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import mlflow
-import mlflow.data
 import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
-import pandas as pd
 import torch
 from mlflow import MlflowClient
-from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 
 from .. import __version__
 from ..config import PROJECT_ROOT, ExperimentConfig, config_json
@@ -71,14 +71,22 @@ def git_commit() -> str:
 
 @contextmanager
 def _global_tracking_uri(uri: str) -> Iterator[None]:
-    # mlflow.pytorch.log_model talks to the global tracking URI; point it at ours briefly.
+    # mlflow.pytorch.log_model talks to the global tracking URI; point it at ours briefly
+    # and put back both the global and MLFLOW_TRACKING_URI (set_tracking_uri rewrites it).
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
     with _GLOBAL_URI_LOCK:
-        previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+        previous = getattr(tracking_utils, "_tracking_uri", None)
+        env = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(uri)
         try:
             yield
         finally:
-            mlflow.set_tracking_uri(previous or "")
+            mlflow.set_tracking_uri(previous)
+            if env is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def _one_line(exc: BaseException) -> str:
@@ -189,6 +197,8 @@ class MlflowTracker(Observer):
             else:
                 self._create(event)
             self.flush()
+            if self.log_models:
+                threading.Thread(target=_warm_model_logging, name="asolab-mlflow-warmup", daemon=True).start()
             log.info("MLflow run %s in %s", self.run_id, self.tracking_uri)
 
     def _create(self, event: RunStart) -> None:
@@ -222,10 +232,19 @@ class MlflowTracker(Observer):
         self._log_dataset(event.data)
 
     def _log_dataset(self, summary: dict[str, Any]) -> None:
-        # Counts as floats: MLflow warns about integer columns in inferred schemas.
-        frame = pd.DataFrame([{k: (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in summary.items()}])
-        ds = mlflow.data.from_pandas(frame, name=str(summary.get("name", "data")))
-        self._c.log_inputs(self.run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])])
+        # The entity is built directly from the split summary: mlflow.data.from_pandas
+        # would import and infer a schema for one row, costing a second per run.
+        text = json.dumps(summary, sort_keys=True, default=str)
+        schema = {"mlflow_colspec": [{"type": "double" if isinstance(v, (int, float)) else "string", "name": k} for k, v in summary.items()]}
+        dataset = Dataset(
+            name=str(summary.get("name", "data")),
+            digest=hashlib.sha256(text.encode()).hexdigest()[:8],
+            source_type="code",
+            source=json.dumps({"asolab.data": summary.get("name", "data")}),
+            schema=json.dumps(schema),
+            profile=json.dumps({k: v for k, v in summary.items() if k != "name"}, default=str),
+        )
+        self._c.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])])
 
     def _resume(self, run_id: str) -> None:
         client = self.client
@@ -363,10 +382,15 @@ class MlflowTracker(Observer):
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
+            # Created here rather than inside log_model, which would first probe for Databricks.
+            logged = self._c.create_logged_model(
+                self.experiment_id, name=L.MODEL_NAME, source_run_id=self.run_id, model_type="asolab-derived-network"
+            )
             with _global_tracking_uri(self.tracking_uri or ""):
                 info = mlflow.pytorch.log_model(
                     model,
                     name=L.MODEL_NAME,
+                    model_id=logged.model_id,
                     run_id=self.run_id,
                     step=step,
                     # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
@@ -400,6 +424,17 @@ class MlflowTracker(Observer):
     def _terminate(self, status: str) -> None:
         self._closed = True
         self._c.set_terminated(self.run_id, status=status)
+
+
+def _warm_model_logging() -> None:
+    """Build, while the run trains, the installed-packages map that log_model's
+    requirement check scans (seconds on a large environment, cached afterwards)."""
+    try:
+        from mlflow.utils import requirements_utils
+
+        requirements_utils._init_packages_to_modules_map()
+    except Exception:  # a private helper: if it moves, log_model just pays the cost itself
+        log.debug("could not pre-build MLflow's package map", exc_info=True)
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

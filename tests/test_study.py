@@ -138,7 +138,9 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     s = stores(tmp_path)
     argv = ["study", str(file), "--n-trials", "4", "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
     assert main(argv) == 0
-    assert len(load(tmp_path, "tm").get_trials()) == 4
+    resumed = load(tmp_path, "tm").get_trials()
+    assert len(resumed) == 4
+    assert all(resumed[3].params != t.params for t in resumed[:3]), "a resumed invocation must not replay old points"
     parent2, children2 = runs_of(tmp_path, "tm")
     assert parent2.info.run_id == parent.info.run_id and len(children2) == 4
     assert main(argv) == 0  # budget met: nothing to add
@@ -225,7 +227,7 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert sorted(int(r.data.tags[TAG_TRIAL]) for r in children) == [0, 1, 2, 3]
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
-    # workers sample with seed + k, so they do not propose the same point
+    # each worker's sampler seed differs, so they do not propose the same point
     assert len({t.params["mutation.strength"] for t in trials}) == 4
 
 

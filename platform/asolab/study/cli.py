@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", default="", metavar="URL",
                    help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines")
     p.add_argument("--study-name", default="", metavar="NAME", help="study name (default: the file's name)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="sampler seed (default: the file's seed); give each machine its own")
     p.add_argument("--summary", action="store_true", help="print the best trials and where to find them; run nothing")
     p.add_argument("--tracking-uri", default="", metavar="URI", help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)")
     # internal: one worker process started by --workers
@@ -50,6 +51,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = load_study(args.file)
+    if args.seed is not None:
+        if args.seed < 0:
+            raise ConfigError(f"--seed must be >= 0 (got {args.seed})")
+        cfg = cfg.replace(seed=args.seed)
     if args.n_trials is not None and args.n_trials < 1:
         raise ConfigError(f"--n-trials must be >= 1 (got {args.n_trials})")
     if args.summary:

@@ -8,7 +8,7 @@ pruner, the budget and where things are stored::
     experiment = "digits"             # base experiment (a bare name looks in experiments/)
     n_trials = 20                     # finished trials the study should reach in total
     timeout = 0                       # seconds per invocation (0 = no limit)
-    seed = 0                          # seeds the sampler (worker k uses seed + k)
+    seed = 0                          # seeds the sampler (mixed with the worker and the trials so far)
 
     [overrides]                       # fixed for every trial, same tables as an experiment file
     search.final_epochs = 0

@@ -5,7 +5,10 @@ The budget ``n_trials`` counts the study's trials in total (complete, pruned,
 failed, running; a stale trial whose parameters were retried counts once), so
 re-running the same command resumes the study and only tops it up. Workers are
 ``asolab study --worker`` subprocesses sharing the storage; each gets
-``max(1, cores // K)`` torch threads and the sampler seed ``seed + k``.
+``max(1, cores // K)`` torch threads. The sampler's seed mixes the study's
+``seed`` with the worker index and the number of trials already in the study,
+so parallel workers and resumed invocations do not replay the same points,
+while a given study state is reproducible.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -68,10 +73,14 @@ def threads_per_worker(workers: int) -> int:
     return max(1, cpu_cores() // max(1, workers))
 
 
-def make_sampler(cfg: StudyConfig, worker: int = 0) -> optuna.samplers.BaseSampler:
-    """The configured sampler with every setting explicit; worker k gets seed + k
-    so that parallel workers do not propose the same points."""
-    s, seed = cfg.sampler, cfg.seed + worker
+def sampler_seed(seed: int, worker: int = 0, trials_so_far: int = 0) -> int:
+    """Distinct, reproducible seeds per (study seed, worker, trials already in the study)."""
+    return int(np.random.SeedSequence([seed, worker, trials_so_far]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def make_sampler(cfg: StudyConfig, worker: int = 0, trials_so_far: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler with every setting explicit (Optuna 5 changed defaults)."""
+    s, seed = cfg.sampler, sampler_seed(cfg.seed, worker, trials_so_far)
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s.name == "nsga2":
@@ -102,9 +111,10 @@ def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int 
     """Create the study or load it (``load_if_exists``); enqueue ``[[enqueue]]`` points once."""
     storage = make_storage(storage_url, cfg.storage)
     try:
+        existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
         study = optuna.create_study(
             storage=storage, study_name=study_name, directions=list(cfg.objective.directions),
-            sampler=make_sampler(cfg, worker), pruner=make_pruner(cfg), load_if_exists=True,
+            sampler=make_sampler(cfg, worker, existing.get(study_name, 0)), pruner=make_pruner(cfg), load_if_exists=True,
         )
     except ValueError as exc:
         raise ConfigError(f"study {study_name!r} in {storage_url}: {exc}") from None
@@ -158,7 +168,10 @@ def optimize(
             _recover(study, cfg, ctx.tracking_uri)
             if used_budget(study) >= n_trials:
                 break
-            trial = study.ask()
+            with warnings.catch_warnings():
+                # asolab runs the heartbeat itself (storage.Heartbeat), not through Study.optimize
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+                trial = study.ask()
         with Heartbeat(study, trial, cfg.storage.heartbeat_interval):
             try:
                 values = run_trial(trial, ctx)
@@ -231,7 +244,7 @@ def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, 
         cmd = [
             sys.executable, "-m", "asolab.cli", "study", cfg.source, "--worker", str(k),
             "--storage", url, "--study-name", name, "--n-trials", str(budget), "--timeout", str(seconds),
-            "--tracking-uri", uri, "--parent-run-id", parent, "--threads", str(threads),
+            "--tracking-uri", uri, "--parent-run-id", parent, "--threads", str(threads), "--seed", str(cfg.seed),
         ]
         log.info("starting worker %d: %s", k, " ".join(cmd))
         procs.append(subprocess.Popen(cmd))

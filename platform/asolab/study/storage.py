@@ -4,7 +4,7 @@ The default storage is Optuna's ``JournalStorage`` on a ``JournalFileBackend``
 at ``mlruns/optuna-journal.log``: Optuna documents SQLite as unsafe for
 concurrent workers, while the journal file is safe for several processes on one
 machine. ``postgresql://`` / ``mysql://`` URLs (several machines) become an
-``RDBStorage`` with Optuna's heartbeat and ``RetryFailedTrialCallback``;
+``RDBStorage`` with Optuna's heartbeat and its retry callback;
 ``redis://`` becomes a journal on Redis; a path ending in ``.log`` (or
 ``journal:///path``) is a journal file.
 
@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -84,11 +85,13 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
 
             return JournalStorage(JournalRedisBackend(url))
         if is_rdb(url):
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module=__name__)
             return RDBStorage(
                 url,
                 heartbeat_interval=settings.heartbeat_interval,
                 grace_period=settings.grace_period,
-                failed_trial_callback=RetryFailedTrialCallback(max_retry=settings.max_retry),
+                **_retry_callback(settings.max_retry),
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             )
     except ConfigError:
@@ -99,6 +102,14 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
         f"study storage {url!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
         "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
+
+
+def _retry_callback(max_retry: int) -> dict[str, Any]:
+    """Optuna >= 4.9 renamed the stale-trial retry callback and its RDBStorage argument."""
+    new = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    if new is not None:
+        return {"heartbeat_stale_trial_callback": new(max_retry=max_retry)}
+    return {"failed_trial_callback": RetryFailedTrialCallback(max_retry=max_retry)}
 
 
 @contextlib.contextmanager

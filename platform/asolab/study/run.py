@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import optuna

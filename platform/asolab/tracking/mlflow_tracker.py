@@ -17,14 +17,17 @@ import hashlib
 import json
 import logging
 import os
+import queue
+import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import mlflow
 import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
@@ -45,6 +48,7 @@ from ..runner.events import (
     RunInterrupted,
     RunStart,
 )
+from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
 from .store import ensure_experiment, resolve_tracking_uri
@@ -56,6 +60,7 @@ _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
 _GLOBAL_URI_LOCK = threading.Lock()
+_PLOT_LOCK = threading.Lock()  # pyplot keeps global state; trackers of parallel trials share it
 
 
 def git_commit() -> str:
@@ -94,6 +99,47 @@ def _one_line(exc: BaseException) -> str:
     return text[:_MAX_TAG]
 
 
+class _Background:
+    """One daemon thread that does artifact work (pictures, files, checkpoints) in
+    submission order, off the training loop. An error surfaces on the next call."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.busy_seconds = 0.0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._raise()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-artifacts", daemon=True)
+            self._thread.start()
+        self._queue.put((fn, args))
+
+    def _loop(self) -> None:
+        while True:
+            fn, args = self._queue.get()
+            start = time.perf_counter()
+            try:
+                fn(*args)
+            except Exception as exc:
+                log.exception("MLflow artifact upload failed")
+                self._error = self._error or exc
+            finally:
+                self.busy_seconds += time.perf_counter() - start
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until everything submitted is written; re-raise the first failure."""
+        self._queue.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
 class MlflowTracker(Observer):
     """Records one run (new, resumed, or a study's child run) in MLflow.
 
@@ -122,19 +168,22 @@ class MlflowTracker(Observer):
         self.resume_run_id = resume_run_id
         self.extra_tags = dict(tags or {})
         self.log_models = log_models
-        self.run_id: Optional[str] = None
-        self.tracking_uri: Optional[str] = None
-        self.experiment_id: Optional[str] = None
-        self.client: Optional[MlflowClient] = None
+        self.run_id: str | None = None
+        self.tracking_uri: str | None = None
+        self.experiment_id: str | None = None
+        self.client: MlflowClient | None = None
         self._pending: list[Metric] = []
         self._pending_tags: dict[str, str] = {}
-        self._logged_max: dict[str, int] = {}  # per metric: highest step already in the store
-        self._step = 0  # global epochs done so far (step for events without their own)
-        self._phase_key: Optional[tuple[int, str]] = None
+        # per metric: the highest step already logged (read back from the store on resume);
+        # steps only grow, so anything at or below it is a replay or a repeat and is dropped
+        self._logged_max: dict[str, int] = {}
+        self._phase_key: tuple[int, str] | None = None
         self._mutation: dict[int, MutationEvent] = {}
         self._growth: dict[int, list[GrowthEvent]] = {}
         self._closed = False
-        self.log_seconds = 0.0  # time spent inside this observer (for the overhead benchmark)
+        self._background = _Background()
+        self._uploads = 0
+        self.log_seconds = 0.0  # time the training loop spent inside this observer
 
     # ------------------------------------------------------------------ helpers
 
@@ -145,31 +194,68 @@ class MlflowTracker(Observer):
 
     def _metric(self, key: str, value: float, step: int) -> None:
         if step <= self._logged_max.get(key, -1):
-            return  # already in the store from before the resume
+            return
+        self._logged_max[key] = step
         self._pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
 
     def _tag(self, key: str, value: str) -> None:
         self._pending_tags[key] = str(value)[:_MAX_TAG]
 
     def flush(self) -> None:
-        """Write buffered metrics and tags in as few requests as MLflow allows."""
+        """Queue buffered metrics and tags for writing, in as few requests as MLflow allows."""
         if self.run_id is None or (not self._pending and not self._pending_tags):
             return
         metrics, self._pending = self._pending, []
         tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
         self._pending_tags = {}
+        # On the artifact thread too, so that a checkpoint queued after these metrics
+        # is never in the store before them.
+        self._background.submit(self._write_batch, metrics, tags)
+
+    def _write_batch(self, metrics: list[Metric], tags: list[RunTag]) -> None:
         for i in range(0, max(len(metrics), 1), _BATCH):
             self._c.log_batch(self.run_id, metrics=metrics[i : i + _BATCH], tags=tags if i == 0 else ())
 
-    def _artifact_text(self, text: str, path: str) -> None:
-        self._c.log_text(self.run_id, text, path)
+    @property
+    def background_seconds(self) -> float:
+        """Time the artifact thread has spent working (beside the training loop)."""
+        return self._background.busy_seconds
 
-    def _artifact_bytes(self, data: bytes, path: str) -> None:
+    def _artifact_text(self, text: str, path: str) -> None:
+        self._background.submit(self._c.log_text, self.run_id, text, path)
+
+    def _artifact_png(self, genotype: Genotype, title: str, path: str) -> None:
+        self._background.submit(self._upload_png, genotype, title, path)
+
+    def _upload_png(self, genotype: Genotype, title: str, path: str) -> None:
         folder, _, name = path.rpartition("/")
         with tempfile.TemporaryDirectory(prefix="asolab-art-") as tmp:
             local = Path(tmp) / name
-            local.write_bytes(data)
+            with _PLOT_LOCK:
+                png = genotype_png(genotype, title=title)
+            local.write_bytes(png)
             self._c.log_artifact(self.run_id, str(local), folder or None)
+
+    def _upload_checkpoint(self, path: str) -> None:
+        # Upload a snapshot: the runner replaces checkpoint.pt after the next phase, and
+        # the store must never hold a checkpoint newer than the metrics flushed before it.
+        src = Path(path)
+        self._uploads += 1
+        snap_dir = src.parent / f".upload-{self._uploads}"
+        snap_dir.mkdir(parents=True, exist_ok=True)
+        snap = snap_dir / L.CHECKPOINT_ARTIFACT.rpartition("/")[2]
+        try:
+            os.link(src, snap)  # instant; keeps this version even after os.replace
+        except OSError:
+            shutil.copy2(src, snap)
+
+        def upload() -> None:
+            try:
+                self._c.log_artifact(self.run_id, str(snap), L.CHECKPOINT_DIR)
+            finally:
+                shutil.rmtree(snap_dir, ignore_errors=True)
+
+        self._background.submit(upload)
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -190,8 +276,6 @@ class MlflowTracker(Observer):
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             self.log_models = self.log_models and cfg.tracking.log_models
-            if event.resumed_from:
-                self._step = int(event.resumed_from.get("global_epoch", 0))
             if self.resume_run_id:
                 self._resume(self.resume_run_id)
             else:
@@ -259,7 +343,8 @@ class MlflowTracker(Observer):
         client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         resumed = int(run.data.tags.get(L.TAG_RESUMED, "0")) + 1
         self._tag(L.TAG_RESUMED, str(resumed))
-        self._tag(L.TAG_ERROR, "")  # a resumed run is no longer failed
+        if L.TAG_ERROR in run.data.tags:
+            client.delete_tag(run_id, L.TAG_ERROR)  # a resumed run is no longer failed
         log.info("resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max))
 
     # ------------------------------------------------------------------ per epoch / phase
@@ -285,7 +370,6 @@ class MlflowTracker(Observer):
             }
             for k, v in values.items():
                 self._metric(k, v, step)
-            self._step = step + 1
 
     def on_mutation(self, event: MutationEvent) -> None:
         with self._timed():
@@ -321,7 +405,7 @@ class MlflowTracker(Observer):
             step, c = event.global_epoch, event.cycle
             g = event.genotype
             self._artifact_text(g.to_json(), L.genotype_artifact(c))
-            self._artifact_bytes(genotype_png(g, title=f"cycle {c}: {g}"[:160]), L.cells_artifact(c))
+            self._artifact_png(g, f"cycle {c}: {g}"[:160], L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._metric("cycle_val_acc", event.val_acc, step)
             self._metric("cycle_val_loss", event.val_loss, step)
@@ -337,7 +421,7 @@ class MlflowTracker(Observer):
                 self._metric("growth_events", len(growth), step)
                 self._metric("growth_preservation_error", max(x.preservation_error for x in growth), step)
                 self._metric("growth_params_after", growth[-1].params_after, step)
-            self.flush()
+            # written with the retrain phase's metrics at its checkpoint (or the next flush)
 
     def on_checkpoint(self, event: CheckpointSaved) -> None:
         with self._timed():
@@ -345,7 +429,7 @@ class MlflowTracker(Observer):
             # replayed phase's steps are already there, and they are skipped.
             self._tag(L.TAG_PHASE, f"cycle {event.cycle} / after {event.phase}")
             self.flush()
-            self._c.log_artifact(self.run_id, event.path, L.CHECKPOINT_DIR)
+            self._upload_checkpoint(event.path)
 
     # ------------------------------------------------------------------ the end
 
@@ -370,6 +454,7 @@ class MlflowTracker(Observer):
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
             self.flush()
+            self._background.drain()
             if self.log_models and event.supernet is not None:
                 self._log_model(event, step)
             self._terminate("FINISHED")
@@ -405,21 +490,25 @@ class MlflowTracker(Observer):
     def on_run_interrupted(self, event: RunInterrupted) -> None:
         if self.run_id is None or self._closed:
             return
+        exc = event.error
+        # Never raises: the runner re-raises the original error, which must not be masked
+        # by a second one from a store that may itself be what failed.
         with self._timed():
-            exc = event.error
             try:
                 self.flush()
-            except Exception:  # the store itself may be what failed; still try to set the status
-                log.exception("could not flush metrics of run %s", self.run_id)
-            if isinstance(exc, KeyboardInterrupt):
-                self._terminate("KILLED")
-            elif type(exc).__name__ == "TrialPruned":
-                self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it
-            else:
-                try:
+                self._background.drain()
+            except Exception:
+                log.exception("could not write the last metrics or artifacts of run %s", self.run_id)
+            try:
+                if isinstance(exc, KeyboardInterrupt):
+                    self._terminate("KILLED")
+                elif type(exc).__name__ == "TrialPruned":
+                    self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it
+                else:
                     self._c.set_tag(self.run_id, L.TAG_ERROR, _one_line(exc))
-                finally:
                     self._terminate("FAILED")
+            except Exception:
+                log.exception("could not close run %s", self.run_id)
 
     def _terminate(self, status: str) -> None:
         self._closed = True

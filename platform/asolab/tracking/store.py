@@ -16,7 +16,7 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from ..config import PROJECT_ROOT
 
@@ -45,14 +45,14 @@ def resolve_tracking_uri(config_uri: str = "") -> str:
     return config_uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_tracking_uri()
 
 
-def sqlite_path(uri: str) -> Optional[Path]:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (None for any other scheme)."""
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri[len("sqlite:///"):])
 
 
-def artifact_root(uri: str) -> Optional[Path]:
+def artifact_root(uri: str) -> Path | None:
     """Where artifacts of a SQLite store live: ``artifacts/`` beside the database."""
     db = sqlite_path(uri)
     return None if db is None else db.parent / ARTIFACTS_DIRNAME
@@ -73,7 +73,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     if uri.startswith(("http://", "https://")):
         url = uri.rstrip("/") + "/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (user-given URI)
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
                 if resp.status >= 400:
                     raise TrackingError(f"tracking server {uri} answered HTTP {resp.status} on /health; {_fix_hint(uri)}")
         except urllib.error.HTTPError as exc:
@@ -98,7 +98,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         )
 
 
-def client(uri: str) -> "MlflowClient":
+def client(uri: str) -> MlflowClient:
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -108,7 +108,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "experiment"
 
 
-def ensure_experiment(mlflow_client: "MlflowClient", uri: str, name: str) -> str:
+def ensure_experiment(mlflow_client: MlflowClient, uri: str, name: str) -> str:
     """The id of experiment ``name``, created if needed (restored if deleted).
 
     In a SQLite store its artifacts go to ``artifacts/<name>/`` beside the

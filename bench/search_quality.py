@@ -1,0 +1,194 @@
+"""Search quality: the ASO-SE network vs baselines trained for the same budget.
+
+    python bench/search_quality.py                               # digits + Fashion-MNIST, seeds 0,1,2
+    python bench/search_quality.py --datasets digits --seeds 0,1,2
+    python bench/search_quality.py --datasets fashion_mnist --quick
+    python bench/search_quality.py --smoke
+
+Per data set and seed, three arms:
+
+* ``aso-se``   a full run of the experiment (experiments/<data set>.toml);
+* ``random``   a random genotype of the same space whose derived parameter
+  count is within 10% of the ASO-SE network's (genotypes are drawn until one
+  fits; the closest of 5000 draws otherwise);
+* ``initial``  the genotype derive() reads from the freshly initialised
+  alphas of the same seed (search without evolution).
+
+"Same training epochs" means: each baseline trains its fixed genotype from
+scratch (same seed, so the same initial weights for the ops it shares) for
+exactly the ASO-SE run's weight epochs, epoch by epoch in the same places --
+the W-training and W-retraining epochs of every cycle on the search split
+(``data.train_subset``), then ``search.final_epochs`` on the whole training
+split -- with the same SGD settings and cosine learning-rate schedule.
+Alpha epochs train no weights and are skipped (the baselines have no
+alphas). All arms are evaluated on the same test split. The headline (last
+line) is ASO-SE's mean test-accuracy margin over each baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Optional
+
+from _common import machine, table
+from asolab.config import ExperimentConfig, load, parse_override
+from asolab.data import load_data
+from asolab.runner import Runner
+from asolab.space.genotype import CELL_TYPES, Genotype
+
+ARMS = ("aso-se", "random", "initial")
+QUICK = {
+    "digits": {"search.cycles": 2, "search.final_epochs": 5, "space.init_channels": 8},
+    "fashion_mnist": {
+        "space.init_channels": 8, "data.train_subset": 2000, "data.val_fraction": 0.05, "search.cycles": 2,
+        "search.w_epochs": 1, "search.alpha_epochs": 1, "search.retrain_epochs": 1, "search.final_epochs": 2,
+    },
+}
+QUICK_FULL_TRAIN = {"fashion_mnist": 4000}  # --quick caps the final epochs' training split too
+SMOKE = {
+    "space.init_channels": 4, "search.cycles": 1, "search.w_epochs": 1, "search.alpha_epochs": 1,
+    "search.retrain_epochs": 1, "search.final_epochs": 1, "data.train_subset": 64, "data.val_fraction": 0.05,
+    "threads": 1,
+}
+
+
+class FixedGenotypeRunner(Runner):
+    """A runner whose genotype never changes: W-training trains the genotype's
+    path instead of sampled ones, alpha-training and mutation do nothing. The
+    epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
+
+    def __init__(self, cfg: ExperimentConfig, genotype: Optional[Genotype] = None, **kwargs) -> None:
+        super().__init__(cfg, **kwargs)
+        self.genotype = self.derived = genotype if genotype is not None else self.net.derive()
+
+    def _w_train(self) -> None:
+        epochs = self.cfg.search.w_epochs + (self.cfg.search.warmup_epochs if self.position.cycle == 0 else 0)
+        self._retrain("w_train", epochs, self.data.train)
+
+    def _alpha_train(self) -> None:
+        pass
+
+    def _mutate(self) -> None:
+        pass
+
+
+def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int) -> Genotype:
+    ops = [p for p in primitives if p != "none"]
+    cells = {kind: tuple(tuple((rng.choice(ops), j) for j in rng.sample(range(k + 2), 2)) for k in range(steps)) for kind in CELL_TYPES}
+    concat = tuple(range(2, steps + 2))
+    return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
+
+
+def matched_random(runner: Runner, target: int, seed: int, tolerance: float = 0.10, tries: int = 5000) -> tuple[Genotype, int]:
+    """A random genotype whose derived parameter count is within ``tolerance`` of ``target``."""
+    rng = random.Random(1000 + seed)
+    best: Optional[tuple[float, Genotype, int]] = None
+    for _ in range(tries):
+        g = random_genotype(rng, runner.spec.primitives, runner.spec.steps)
+        n = runner.net.count_derived(g)
+        gap = abs(n - target) / target
+        if best is None or gap < best[0]:
+            best = (gap, g, n)
+        if gap <= tolerance:
+            break
+    assert best is not None
+    return best[1], best[2]
+
+
+def run_seed(cfg: ExperimentConfig, full_train_cap: int) -> list[dict]:
+    data = load_data(cfg.data, cfg.seed, "cpu" if cfg.device == "auto" else cfg.device)
+    if full_train_cap:
+        data.full_train = data.full_train.head(full_train_cap)
+    results = []
+
+    def record(arm: str, runner: Runner, start: float) -> None:
+        res = runner.run()
+        results.append({
+            "dataset": cfg.data.name, "seed": cfg.seed, "arm": arm, "test_acc": res.test_acc, "val_acc": res.val_acc,
+            "params": res.derived_params, "seconds": time.perf_counter() - start, "genotype": str(res.genotype),
+            "weight_epochs": runner.weight_epochs,
+        })
+        r = results[-1]
+        print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} val {r['val_acc']:.4f} "
+              f"params {r['params']} {r['seconds']:.0f} s", flush=True)
+
+    start = time.perf_counter()
+    aso = Runner(cfg, data=data)
+    record("aso-se", aso, start)
+    target = results[0]["params"]
+    start = time.perf_counter()
+    base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
+    genotype, _ = matched_random(base, target, cfg.seed)
+    record("random", FixedGenotypeRunner(cfg, genotype, data=data), start)
+    start = time.perf_counter()
+    record("initial", FixedGenotypeRunner(cfg, data=data), start)
+    return results
+
+
+def summary(results: list[dict]) -> list[list[object]]:
+    rows = []
+    for name in dict.fromkeys(r["dataset"] for r in results):
+        for arm in ARMS:
+            rs = [r for r in results if r["dataset"] == name and r["arm"] == arm]
+            if not rs:
+                continue
+            accs = [100 * r["test_acc"] for r in rs]
+            std = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            rows.append([
+                name, arm, len(rs), f"{statistics.mean(accs):.2f} ± {std:.2f}",
+                f"{statistics.mean(r['params'] for r in rs):.0f}", f"{statistics.mean(r['seconds'] for r in rs):.0f}",
+                rs[0]["weight_epochs"],
+            ])
+    return rows
+
+
+def headline(results: list[dict]) -> str:
+    parts = []
+    for name in dict.fromkeys(r["dataset"] for r in results):
+        acc = {arm: [100 * r["test_acc"] for r in results if r["dataset"] == name and r["arm"] == arm] for arm in ARMS}
+        if not acc["aso-se"]:
+            continue
+        m = statistics.mean(acc["aso-se"])
+        margins = ", ".join(f"{m - statistics.mean(acc[a]):+.2f} vs {a}" for a in ARMS[1:] if acc[a])
+        parts.append(f"{name} {m:.2f}% ({margins})")
+    return "ASO-SE mean test accuracy and margin in points: " + "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", default="digits,fashion_mnist", help="comma-separated; each runs experiments/<name>.toml")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument("--quick", action="store_true", help="reduced sizes (fewer cycles, smaller supernet, capped splits)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--json", default="", help="also write every run's figures to this file")
+    args = ap.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results: list[dict] = []
+    print(f"# {machine()}", flush=True)
+    for name in args.datasets.split(","):
+        sets = {"device": "cpu", "tracking.enabled": False}
+        if args.quick:
+            sets.update(QUICK.get(name, {}))
+        if args.smoke:
+            sets.update(SMOKE)
+        cap = QUICK_FULL_TRAIN.get(name, 0) if args.quick else (256 if args.smoke else 0)
+        sets.update(parse_override(o) for o in args.overrides)
+        base_cfg = load(name, sets)
+        for seed in seeds:
+            results += run_seed(base_cfg.replace(seed=seed), cap)
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(results, fh, indent=1)
+    print(table(["data set", "arm", "seeds", "test acc % (mean ± std)", "params", "wall s", "weight epochs"], summary(results)))
+    print(headline(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Smoke tests of the benchmarks in bench/: each runs at a tiny size and prints
+its table with the headline last. No timing is asserted (speed lives in bench/)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _module(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(capsys, name: str, argv: list[str]) -> list[str]:
+    assert _module(name).main(argv) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_search_throughput(capsys):
+    lines = _run(capsys, "search_throughput", ["--smoke"])
+    assert lines[1].split()[:2] == ["step", "sampled"]
+    assert lines[2].startswith("W-training") and lines[3].startswith("alpha-training")
+    assert lines[-1].startswith("path sampling speed-up over the continuous relaxation (8 ops)")
+
+
+def test_data_pipeline(capsys):
+    lines = _run(capsys, "data_pipeline", ["--smoke", "--datasets", "digits"])
+    assert lines[1].startswith("data set") and lines[2].startswith("digits")
+    assert lines[-1].startswith("data pipeline share of W-training time")
+
+
+def test_memory_reads_rss_every_cycle(capsys):
+    lines = _run(capsys, "memory", ["--smoke", "--skip-default"])
+    cycles = [line for line in lines if "-cycle run, no growth" in line and " cycle " in line]
+    assert len(cycles) == 3
+    assert any("peak RSS" in line for line in lines)
+    assert lines[-1].startswith("RSS growth from cycle 2 to cycle 3")
+
+
+def test_speed_paths(capsys):
+    lines = _run(capsys, "speed_paths", ["--smoke"])
+    names = [line.split("  ")[0].strip() for line in lines[2:6]]
+    assert names == ["eager", "channels-last", "compile", "compile + channels-last"]
+    assert lines[-1].startswith("best over eager: inference")
+
+
+def test_search_quality_has_three_arms(capsys, tmp_path):
+    out = tmp_path / "q.json"
+    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)])
+    assert [line.split()[:2] for line in lines if line.startswith("digits ")] == [
+        ["digits", "aso-se"], ["digits", "random"], ["digits", "initial"]]
+    assert lines[-1].startswith("ASO-SE mean test accuracy and margin in points: digits")
+    assert out.exists()
+
+
+def test_search_quality_random_genotype_matches_budget():
+    q = _module("search_quality")
+    from asolab import config
+    from asolab.runner import Runner
+
+    runner = Runner(config.load(None, {"space.init_channels": 4, "tracking.enabled": False, "data.train_subset": 64}))
+    target = runner.net.count_derived(runner.net.derive())
+    genotype, params = q.matched_random(runner, target, seed=0)
+    assert abs(params - target) <= 0.10 * target
+    assert runner.net.count_derived(genotype) == params
+
+
+def test_tracking_overhead(capsys):
+    lines = _run(capsys, "tracking_overhead", ["--tiny"])
+    assert lines[-1].startswith("tracking overhead:")
+
+
+@pytest.mark.parametrize("name", ["search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
+def test_every_benchmark_documents_itself(name):
+    assert _module(name).__doc__.strip()

@@ -154,6 +154,7 @@ def test_run_records_everything(tracked, store, tmp_path):
     assert tags[L.TAG_FINAL_GENOTYPE] == str(end.genotype)
     assert run.data.metrics["test_acc"] == pytest.approx(end.test_acc)
     assert run.data.metrics["final_params"] == end.derived_params
+    assert run.data.metrics["final_peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
 
     # the final model loads back with the documented call and computes what the runner's network computes
     mlflow.set_tracking_uri(store)

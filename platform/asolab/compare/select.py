@@ -114,7 +114,7 @@ class RunRecord:
             "cycles": self.param("search.cycles", int),
             "genotype": self.genotype.canonical,
             "params": self.metric("final_params", "derived_params"),
-            "peak_rss_mb": self.metric("peak_rss_mb", "rss_mb"),
+            "peak_rss_mb": self.metric("final_peak_rss_mb", "peak_rss_mb", "rss_mb"),
             "val_acc": self.metric("final_val_acc", "cycle_val_acc", "val_acc"),
             "test_acc": self.metric("test_acc"),
             "status": self.status,

@@ -35,7 +35,10 @@ CYCLE_METRICS = (
     "rss_mb", "peak_rss_mb", "cuda_allocated_mb", "cuda_peak_mb", "mutation_edits",
 )
 # once, at the end (step = total epochs)
-FINAL_METRICS = ("final_val_acc", "final_val_loss", "test_acc", "test_loss", "final_params", "final_supernet_params", "run_seconds")
+FINAL_METRICS = (
+    "final_val_acc", "final_val_loss", "test_acc", "test_loss", "final_params", "final_supernet_params",
+    "run_seconds", "final_rss_mb", "final_peak_rss_mb", "final_cuda_allocated_mb", "final_cuda_peak_mb",
+)
 
 # ---------------------------------------------------------------- artifacts
 CONFIG_ARTIFACT = "config.json"

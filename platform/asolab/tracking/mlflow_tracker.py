@@ -446,9 +446,10 @@ class MlflowTracker(Observer):
                 "final_supernet_params": event.supernet_params,
                 "run_seconds": event.seconds,
             }
+            # Memory under final_* names: with no final epochs the run ends on the last
+            # cycle's step, where the per-cycle figures already hold that step.
+            finals.update({f"final_{k}": v for k, v in event.memory.items()})
             for k, v in finals.items():
-                self._metric(k, v, step)
-            for k, v in event.memory.items():
                 self._metric(k, v, step)
             self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))

@@ -76,6 +76,9 @@ class FixedGenotypeRunner(Runner):
     def _mutate(self) -> None:
         pass
 
+    def _final_genotype(self) -> Genotype:
+        return self.genotype
+
 
 def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int) -> Genotype:
     ops = [p for p in primitives if p != "none"]

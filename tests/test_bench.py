@@ -76,8 +76,10 @@ def test_search_quality_random_genotype_matches_budget():
 
 
 def test_tracking_overhead(capsys):
-    lines = _run(capsys, "tracking_overhead", ["--tiny"])
-    assert lines[-1].startswith("tracking overhead:")
+    lines = _run(capsys, "tracking_overhead", ["--tiny", "--repeats", "2"])
+    assert lines[-1].startswith("tracking overhead:") and "median of 2 interleaved pairs" in lines[-1]
+    pairs = [line.split() for line in lines if line[:1].isdigit()]
+    assert [p[0] for p in pairs] == ["0", "1"] and all(float(p[1]) > 0 and float(p[2]) > 0 for p in pairs)
 
 
 @pytest.mark.parametrize("name", ["search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])

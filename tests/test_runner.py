@@ -129,8 +129,26 @@ def test_events_cover_every_phase_and_cycle(tiny_cfg):
     mutations = rec.of("mutation")
     assert len(mutations) == 2 and all(m.before != m.after and m.edits for m in mutations)
     end = rec.of("run_end")[0]
-    assert end.genotype == cycles[-1].genotype and 0 <= end.test_acc <= 1
+    assert end.genotype in {c.genotype for c in cycles} and 0 <= end.test_acc <= 1
     assert epochs[0].temperature > epochs[-1].temperature
+
+
+@pytest.mark.parametrize("choice", ["best", "last", "derived"])
+def test_final_genotype_follows_the_configured_choice(tiny_cfg, choice):
+    cfg = dataclasses.replace(tiny_cfg, search=dataclasses.replace(tiny_cfg.search, cycles=3, final_genotype=choice))
+    rec = Recorder()
+    runner = Runner(cfg, [rec])
+    result = runner.run()
+    cycles, end = rec.of("cycle_end"), rec.of("run_end")[0]
+    accs = [c.val_acc for c in cycles]
+    expected = {
+        "best": cycles[max(range(len(accs)), key=lambda i: (accs[i], i))].genotype,
+        "last": cycles[-1].genotype,
+        # alphas do not move after the last mutation: derive() then is its unmutated input
+        "derived": rec.of("mutation")[-1].before,
+    }[choice]
+    assert end.genotype == result.genotype == expected
+    assert end.derived_params == runner.net.count_derived(expected)
 
 
 def test_checkpoint_resume_continues_identically(tiny_cfg, tmp_path):

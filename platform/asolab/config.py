@@ -35,6 +35,7 @@ ALL_PRIMITIVES = (
 )
 SCHEDULES = ("exponential", "cosine", "linear", "constant")
 GROWTH_POLICIES = ("none", "widen", "deepen", "branch", "cycle", "plateau")
+FINAL_GENOTYPES = ("best", "last", "derived")
 
 
 class ConfigError(ValueError):
@@ -103,6 +104,7 @@ class SearchConfig:
     alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0)
     grad_clip: float = _field(5.0, gt=0.0)
     calibration_batches: int = _field(8, ge=0, le=10000, help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)")
+    final_genotype: str = _field("best", choices=FINAL_GENOTYPES, help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated")
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ class Runner:
         self.genotype: Optional[Genotype] = None  # the genotype retrained in the current cycle
         self.derived: Optional[Genotype] = None  # what the alphas said before mutation
         self.cycle_val_acc: list[float] = []
+        self.cycle_genotypes: list[Genotype] = []  # each cycle's genotype, as evaluated at its end
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: Optional[dict[str, Any]] = None
         self._started = time.perf_counter()
@@ -352,6 +353,7 @@ class Runner:
         assert self.genotype is not None and self.derived is not None
         val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
         self.cycle_val_acc.append(val_acc)
+        self.cycle_genotypes.append(self.genotype)
         self.emit(
             "on_cycle_end",
             CycleEnd(
@@ -409,8 +411,23 @@ class Runner:
             raise
         return result
 
-    def _finish(self) -> RunResult:
+    def _final_genotype(self) -> Genotype:
+        """The network the final epochs train and the run reports (search.final_genotype)."""
         assert self.genotype is not None
+        choice = self.cfg.search.final_genotype
+        if choice == "derived":
+            return self._derive_calibrated()
+        if choice == "best" and self.cycle_genotypes:
+            # Mutation explores: the last cycle's edits may have made things worse, and
+            # its new ops have had only one retraining. Ties go to the later cycle.
+            best = max(range(len(self.cycle_val_acc)), key=lambda i: (self.cycle_val_acc[i], i))
+            if self.cycle_genotypes[best] != self.genotype:
+                log.info("final network: cycle %d's genotype (best validation accuracy)", best)
+                return self._calibrate(self.cycle_genotypes[best])
+        return self.genotype
+
+    def _finish(self) -> RunResult:
+        self.genotype = self._final_genotype()
         if self.cfg.search.final_epochs:
             self._retrain("final", self.cfg.search.final_epochs, self.data.full_train)
         val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
@@ -446,6 +463,7 @@ class Runner:
             "genotype": self.genotype.to_json() if self.genotype else "",
             "derived": self.derived.to_json() if self.derived else "",
             "cycle_val_acc": list(self.cycle_val_acc),
+            "cycle_genotypes": [g.to_json() for g in self.cycle_genotypes],
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
         }
@@ -477,6 +495,7 @@ class Runner:
         runner.genotype = Genotype.from_json(state["genotype"]) if state["genotype"] else None
         runner.derived = Genotype.from_json(state["derived"]) if state["derived"] else None
         runner.cycle_val_acc = list(state["cycle_val_acc"])
+        runner.cycle_genotypes = [Genotype.from_json(g) for g in state.get("cycle_genotypes", ())]
         ckpt.set_rng_state(state["rng"])
         runner.shuffle.set_state(state["shuffle_rng"])
         runner._resumed_from = dict(state["position"])

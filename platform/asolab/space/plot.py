@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
+from matplotlib.figure import Figure  # a bare Figure renders with Agg: never needs a screen or pyplot
 
-matplotlib.use("Agg")  # never needs a screen
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from .genotype import CELL_TYPES, Genotype  # noqa: E402
+from .genotype import CELL_TYPES, Genotype
 
 _COLOURS = {
     "sep_conv_3x3": "#1f77b4", "sep_conv_5x5": "#17becf", "dil_conv_3x3": "#2ca02c", "dil_conv_5x5": "#98df8a",
@@ -50,19 +46,20 @@ def _draw_cell(ax, genotype: Genotype, kind: str) -> None:
 def genotype_figure(genotype: Genotype, title: str = "") -> Figure:
     """A figure with the normal and the reduction cell side by side."""
     n = max(len(genotype.normal), len(genotype.reduce))
-    fig, axes = plt.subplots(1, 2, figsize=(2.2 * (n + 2), 3.0))
+    # A bare Figure, not pyplot: no global figure registry (trackers draw on their own
+    # thread), and fixed margins instead of tight_layout, which would draw it twice.
+    fig = Figure(figsize=(2.2 * (n + 2), 3.0))
+    axes = fig.subplots(1, 2)
     for ax, kind in zip(axes, CELL_TYPES):
         _draw_cell(ax, genotype, kind)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=0.82 if title else 0.9, wspace=0.05)
     return fig
 
 
 def genotype_png(genotype: Genotype, title: str = "") -> bytes:
-    """PNG bytes of :func:`genotype_figure` (the figure is closed afterwards)."""
-    fig = genotype_figure(genotype, title)
+    """PNG bytes of :func:`genotype_figure`."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    genotype_figure(genotype, title).savefig(buf, format="png", dpi=110)
     return buf.getvalue()

@@ -339,18 +339,24 @@ def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], source:
     return from_dict(merged, source)
 
 
-def resolve_experiment_path(path: str | Path | None) -> Path:
-    """A file path, or a bare name looked up in experiments/."""
+def resolve_named_file(path: str | Path | None, default: Path, folder: Path, kind: str) -> Path:
+    """``path`` if it exists, else a bare name looked up in ``folder`` (``.toml`` optional);
+    ``default`` when None. ``kind`` names the file in the error ("experiment", "study")."""
     if path is None:
-        return DEFAULT_EXPERIMENT
+        return default
     p = Path(path)
     if p.exists():
         return p
-    candidate = EXPERIMENTS_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+    candidate = folder / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
     if candidate.exists():
         return candidate
-    known = ", ".join(sorted(x.stem for x in EXPERIMENTS_DIR.glob("*.toml")))
-    raise ConfigError(f"experiment file {str(path)!r} not found; known experiments: {known}")
+    known = ", ".join(sorted(x.stem for x in folder.glob("*.toml")))
+    raise ConfigError(f"{kind} file {str(path)!r} not found; known {folder.name}: {known}")
+
+
+def resolve_experiment_path(path: str | Path | None) -> Path:
+    """A file path, or a bare name looked up in experiments/."""
+    return resolve_named_file(path, DEFAULT_EXPERIMENT, EXPERIMENTS_DIR, "experiment")
 
 
 def load(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> ExperimentConfig:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import PROJECT_ROOT, ConfigError, ExperimentConfig, flatten, load, resolve_experiment_path
+from ..config import PROJECT_ROOT, ConfigError, ExperimentConfig, flatten, load, resolve_experiment_path, resolve_named_file
 
 STUDIES_DIR = PROJECT_ROOT / "studies"
 DEFAULT_STUDY = STUDIES_DIR / "temperature_mutation.toml"
@@ -374,16 +374,7 @@ def _resolve_base(experiment: str, source: str) -> Path:
 
 def resolve_study_path(path: str | Path | None) -> Path:
     """A file path, or a bare name looked up in studies/ (default: temperature_mutation)."""
-    if path is None:
-        return DEFAULT_STUDY
-    p = Path(path)
-    if p.exists():
-        return p
-    candidate = STUDIES_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
-    if candidate.exists():
-        return candidate
-    known = ", ".join(sorted(x.stem for x in STUDIES_DIR.glob("*.toml")))
-    raise ConfigError(f"study file {str(path)!r} not found; known studies: {known}")
+    return resolve_named_file(path, DEFAULT_STUDY, STUDIES_DIR, "study")
 
 
 def load_study(path: str | Path | None = None) -> StudyConfig:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 from typing import Optional, TextIO
 
-import pandas as pd
 from tqdm import tqdm
 
 from .runner.events import CycleEnd, EpochEnd, GrowthEvent, MutationEvent, Observer, RunEnd, RunInterrupted, RunStart
@@ -94,6 +93,6 @@ def summary_table(end: RunEnd, extra: dict[str, object] | None = None) -> str:
         "wall time (s)": f"{end.seconds:.1f}",
         **(extra or {}),
     }
-    frame = pd.DataFrame({"value": list(rows.values())}, index=list(rows.keys()))
-    with pd.option_context("display.max_colwidth", 400, "display.width", 400):
-        return frame.to_string(header=False)
+    width = max(len(k) for k in rows)
+    # Left-aligned values: the genotype string is far longer than the numbers.
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows.items())

@@ -1,5 +1,5 @@
 """MLflow tracking against a real SQLite store: what a run records, resume after
-SIGKILL, an unreachable server, run states, ``asolab ui`` and the overhead bench."""
+SIGKILL, an unreachable server, run states and ``asolab ui``."""
 
 from __future__ import annotations
 

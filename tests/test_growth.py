@@ -236,7 +236,11 @@ def test_policy_kinds_and_plateau():
 
 
 def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
-    cfg = tiny_cfg.replace(**{"growth.policy": "cycle", "mutation.strength": 0.5, "search.cycles": 3})
+    # final_genotype = "last": the finished runner then holds exactly the state of its
+    # last checkpoint ("best" may pick and recalibrate an earlier cycle's genotype).
+    cfg = tiny_cfg.replace(
+        **{"growth.policy": "cycle", "mutation.strength": 0.5, "search.cycles": 3, "search.final_genotype": "last"}
+    )
     rec = Recorder()
     runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)
     start = runner.net.num_weights()

@@ -34,6 +34,7 @@ import mlflow.pytorch  # imported here, not at the run's end: its first import t
 import torch
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
 
 from .. import __version__
 from ..config import PROJECT_ROOT, ExperimentConfig, config_json
@@ -328,7 +329,15 @@ class MlflowTracker(Observer):
             schema=json.dumps(schema),
             profile=json.dumps({k: v for k, v in summary.items() if k != "name"}, default=str),
         )
-        self._c.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])])
+        inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])]
+        try:
+            self._c.log_inputs(self.run_id, datasets=inputs)
+        except MlflowException as exc:
+            # Runs of one experiment started at the same moment (study workers) race to
+            # insert the same dataset row; the loser's retry finds the winner's row.
+            if "UNIQUE constraint" not in str(exc) and "IntegrityError" not in str(exc):
+                raise
+            self._c.log_inputs(self.run_id, datasets=inputs)
 
     def _resume(self, run_id: str) -> None:
         client = self.client

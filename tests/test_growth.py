@@ -154,6 +154,23 @@ def test_every_growth_preserves_logits_on_random_and_digits_inputs(supernet, dig
     assert kinds == {"widen", "deepen", "branch"}
 
 
+def test_derived_network_counts_and_calibrates_growth_branches():
+    torch.manual_seed(0)
+    net = SearchNetwork(ArchSpec.from_config(config.SpaceConfig(init_channels=4, layers=3, steps=2), 1, 10))
+    g = net.derive()
+    before = net.count_derived(g)
+    grown = morphism.add_branch(net, 0, 1, 0, "sep_conv_3x3").net  # runs under every plan, genotype plans too
+    branch = grown.cells[0].branches[0]
+    expected = sum(p.numel() for p in branch.parameters()) + 1  # the op and its gate
+    assert grown.count_derived(g) == before + expected
+    deeper = morphism.deepen(grown, 1).net
+    assert deeper.count_derived(g) > grown.count_derived(g)
+    bn = next(m for m in grown.cells[0].branches[0].modules() if isinstance(m, nn.BatchNorm2d))
+    _warm_bn(grown, torch.randn(8, 1, 8, 8), plans=grown.genotype_plans(g))  # 3 batches of statistics
+    grown.recalibrate_batchnorm(g, [torch.randn(8, 1, 8, 8)])
+    assert int(bn.num_batches_tracked) == 1  # the branch's statistics were re-estimated with the path's
+
+
 def test_widening_reaches_residual_cells_branches_and_classifier():
     net = _supernet(config.ALL_PRIMITIVES)
     morph = morphism.widen_cell(net, 1, 12)  # cell 1 (reduction) feeds residual cell 2 and cells 3, 4

@@ -148,10 +148,11 @@ class SearchNetwork(nn.Module):
         return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
 
     def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
-        """The modules the derived network runs: stem, preprocessing, kept ops, classifier."""
+        """The modules the derived network runs: stem, preprocessing, kept ops,
+        growth branches (they run under every plan), classifier."""
         modules: list[nn.Module] = [self.stem, self.classifier]
         for cell in self.cells:
-            modules += [cell.preprocess0, cell.preprocess1]
+            modules += [cell.preprocess0, cell.preprocess1, *cell.branches]
             kind = "reduce" if cell.reduction else "normal"
             for k, node in enumerate(genotype.cell(kind)):
                 for op, j in node:
@@ -159,9 +160,10 @@ class SearchNetwork(nn.Module):
         return modules
 
     def derived_parameters(self, genotype: Genotype) -> Iterator[nn.Parameter]:
-        """The weights the derived network uses (gates of residual cells included)."""
+        """The weights the derived network uses (gates of residual cells and branches included)."""
         seen: set[int] = set()
-        params = [p for m in self.derived_modules(genotype) for p in m.parameters()] + list(self.gates.values())
+        gates = [*self.gates.values(), *(g for cell in self.cells for g in cell.branch_gates)]
+        params = [p for m in self.derived_modules(genotype) for p in m.parameters()] + gates
         for p in params:
             if id(p) not in seen:
                 seen.add(id(p))

@@ -39,7 +39,9 @@ def _write(tmp_path, text):
     [
         ("[search]\ncyclez = 3\n", ["exp.toml", "search.cyclez", "allowed", "cycles"]),
         ("[serch]\ncycles = 3\n", ["exp.toml", "serch", "allowed", "search"]),
-        ("[search]\ncycles = 'three'\n", ["exp.toml", "search.cycles", "integer"]),
+        ("[search]\ncycles = 'three'\n", ["exp.toml", "search.cycles", "integer", "[1, 1000]"]),
+        ("[search]\nweight_lr = nan\n", ["exp.toml", "search.weight_lr", "finite", "(0.0, 10.0]"]),
+        ("[temperature]\ninitial_temperature = inf\n", ["exp.toml", "temperature.initial_temperature", "finite"]),
         ("[mutation]\nstrength = 1.5\n", ["exp.toml", "mutation.strength", "[0.0, 1.0]"]),
         ("[data]\nname = 'imagenet'\n", ["exp.toml", "data.name", "digits", "fashion_mnist"]),
         ("[space]\nprimitives = ['sep_conv_9x9']\n", ["exp.toml", "space.primitives", "sep_conv_3x3"]),
@@ -65,6 +67,8 @@ def test_bad_override_names_the_key():
         config.load(None, ["search.nope=1"])
     with pytest.raises(ConfigError, match="expected section.key=value"):
         config.load(None, ["search.cycles"])
+    with pytest.raises(ConfigError, match=r"temperature\.initial_temperature must be a finite number"):
+        config.load(None, ["temperature.initial_temperature=nan"])
 
 
 def test_missing_experiment_lists_known_ones():

@@ -61,3 +61,33 @@ def test_fashion_mnist_reads_debian_idx_files():
     assert len(d.test) == 10000 and len(d.train) + len(d.val) == 60000
     assert d.image_size == 28 and d.num_classes == 10
     assert abs(d.train.x.mean().item()) < 0.1  # normalised
+
+
+def _write_idx(path, array):
+    import numpy as np
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-idx", "bad-gzip"])
+def test_corrupt_fashion_mnist_file_is_one_clear_error(tmp_path, damage):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 60), ("t10k", 20)):
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)))
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+    assert len(load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0).test) == 20
+    broken = tmp_path / "train-images-idx3-ubyte"
+    if damage == "truncated":
+        broken.write_bytes(broken.read_bytes()[:1000])
+    elif damage == "not-idx":
+        broken.write_bytes(b"<html>404 not found</html>")
+    else:
+        broken.unlink()
+        broken = tmp_path / "train-images-idx3-ubyte.gz"
+        broken.write_bytes(b"\x1f\x8b\x08garbage")
+    with pytest.raises(DataError, match="unreadable or truncated") as info:
+        load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0)
+    assert str(broken) in str(info.value) and "\n" not in str(info.value)

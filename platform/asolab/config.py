@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,7 +232,11 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if tp is None or not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
-        raise ConfigError(f"{where} must be {_type_name(tp)} (got {value!r})")
+        allowed = _allowed(meta)
+        raise ConfigError(f"{where} must be {_type_name(tp)}{' ' + allowed if allowed else ''} (got {value!r})")
+    if tp is float and not math.isfinite(value):
+        # nan compares false with every bound, so the range check below would let it through
+        raise ConfigError(f"{where} must be a finite number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})")
     out_of_range = (
         (meta.get("choices") and value not in meta["choices"])
         or (meta.get("ge") is not None and value < meta["ge"])

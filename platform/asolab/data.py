@@ -100,12 +100,18 @@ def _load_digits(cfg: DataConfig):
 
 
 def _read_idx(path: Path) -> np.ndarray:
+    """An IDX file of unsigned bytes (the MNIST format), gzipped or not."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+        if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":  # zero, zero, type 0x08 = unsigned byte
+            raise ValueError("not an IDX file of unsigned bytes")
+        ndim = raw[3]
+        dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+        return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"data file {path} is unreadable or truncated ({exc}); reinstall it or point data.data_dir at a good copy") from None
 
 
 def _find_idx(folder: Path, stem: str) -> Path:

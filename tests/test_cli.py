@@ -1,0 +1,34 @@
+"""`asolab run` on bad input: one line `asolab: error: ...` on stderr, exit status 2, nothing recorded."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow import MlflowClient
+
+from asolab.cli import main
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--set", "search.cycles=abc"], ["search.cycles", "integer", "[1, 1000]"]),
+        (["--set", "mutation.strength=2"], ["mutation.strength", "out of range", "[0.0, 1.0]"]),
+        (["--set", "search.weight_lr=nan"], ["search.weight_lr", "finite"]),
+        (["--set", "search.cyclez=3"], ["search.cyclez", "unknown key", "cycles"]),
+        (["no_such_experiment"], ["no_such_experiment", "known experiments", "digits"]),
+        (["--set", "data.name=fashion_mnist", "--set", "data.data_dir=/nonexistent"], ["fashion_mnist", "/nonexistent", "apt-get install"]),
+        (["--set", "data.name=cifar10", "--set", "data.data_dir=/nonexistent"], ["cifar10", "download = true"]),
+    ],
+)
+def test_bad_run_input_is_one_error_line_and_status_2(args, words, capsys, tmp_path):
+    store = tmp_path / "mlflow.db"
+    rc = main(["run", "--quiet", "--set", f"tracking.tracking_uri=sqlite:///{store}", *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("asolab: error: ") and "\n" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    if store.exists():  # the store may have been opened to check it; no run was started in it
+        client = MlflowClient(f"sqlite:///{store}")
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        assert client.search_runs(experiments) == []

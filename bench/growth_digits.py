@@ -1,6 +1,7 @@
 """Digits run with growth enabled: per growth event, params and accuracy before/after.
 
     python bench/growth_digits.py [--set key=value ...]
+    python bench/growth_digits.py --smoke        # a seconds-long run (the test suite's)
 
 Defaults: experiments/digits.toml with growth.policy = "cycle" and a shorter
 schedule; prints one line per growth event and a closing summary. Exits 1 if
@@ -30,13 +31,18 @@ DEFAULTS = {
     "search.retrain_epochs": 2,
     "search.final_epochs": 3,
 }
+SMOKE = {
+    "space.init_channels": 4, "search.w_epochs": 1, "search.alpha_epochs": 1, "search.retrain_epochs": 1,
+    "search.final_epochs": 0, "data.train_subset": 200,
+}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args()
-    overrides = dict(DEFAULTS)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
+    args = parser.parse_args(argv)
+    overrides = {**DEFAULTS, **(SMOKE if args.smoke else {})}
     overrides.update(dict(config.parse_override(o) for o in args.set))
     cfg = config.load(None, overrides)
     rec = Recorder()

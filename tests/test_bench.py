@@ -85,3 +85,11 @@ def test_tracking_overhead(capsys):
 @pytest.mark.parametrize("name", ["search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
+
+
+def test_growth_digits(capsys):
+    lines = _run(capsys, "growth_digits", ["--smoke"])
+    assert lines[0].split()[:3] == ["cycle", "kind", "where"]
+    kinds = [line.split()[1] for line in lines[1:-1]]
+    assert kinds and set(kinds) <= {"widen", "deepen", "branch"}
+    assert lines[-1].startswith("supernet params")

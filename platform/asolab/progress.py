@@ -58,7 +58,7 @@ class ProgressObserver(Observer):
     def on_growth(self, event: GrowthEvent) -> None:
         self._write(
             f"cycle {event.cycle + 1}: growth {event.kind} at {event.where}: params {event.params_before} -> {event.params_after}, "
-            f"max|dlogits| {event.preservation_error:.2e}"
+            f"max|dlogits| {event.preservation_error:.2e}, val_acc {event.val_acc_before:.4f} -> {event.val_acc_after:.4f}"
         )
 
     def on_cycle_end(self, event: CycleEnd) -> None:

@@ -7,6 +7,7 @@ never logged a genotype.
 
 from __future__ import annotations
 
+import html
 import itertools
 import random
 import re
@@ -16,13 +17,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from asolab import config
 from asolab.cli import main
-from asolab.compare.analysis import analyse, clusters, diff_frame, diff_lines, evolution, load_evolution, op_frequencies
+from asolab.compare.analysis import (
+    analyse, diff_frame, diff_lines, evolution, load_evolution, op_frequencies, val_acc_by_cycle,
+)
 from asolab.compare.report import write_report
-from asolab.compare.select import COLUMNS, CompareError, load_selection
+from asolab.compare.select import COLUMNS, CompareError, RunRecord, Selection, load_selection
 from asolab.runner import Runner
 from asolab.runner.events import Recorder
 from asolab.space.genotype import Genotype, distance
@@ -72,6 +76,33 @@ BASE = _g(
     "normal: sep_conv_3x3(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
     "reduce: max_pool_3x3(0) max_pool_3x3(1) | max_pool_3x3(0) skip_connect(2) -> 2,3"
 )
+
+
+def _genotype_run(client, exp_id, name, genotype=None, metrics=None, tags=None):
+    """A finished run recorded by hand: a final genotype artifact (unless None), metrics and tags."""
+    run_id = client.create_run(exp_id, run_name=name, tags=tags or {}).info.run_id
+    if genotype is not None:
+        client.log_text(run_id, genotype.to_json(), layout.FINAL_GENOTYPE_ARTIFACT)
+    for key, value in (metrics or {}).items():
+        client.log_metric(run_id, key, value)
+    client.set_terminated(run_id, "FINISHED" if genotype is not None else "FAILED")
+    return run_id
+
+
+@pytest.fixture
+def scratch_experiment(store):
+    """A fresh experiment in the shared store, deleted afterwards so other tests never see its runs."""
+    uri = store[0]
+    client = MlflowClient(tracking_uri=uri)
+    made = []
+
+    def make(name):
+        made.append(client.create_experiment(name))
+        return made[-1]
+
+    yield client, make
+    for exp_id in made:
+        client.delete_experiment(exp_id)
 
 
 # ---------------------------------------------------------------------- genotype analysis (no store)
@@ -134,10 +165,32 @@ def test_op_frequencies_and_clusters_count_edges_and_runs():
 def test_evolution_distances_between_consecutive_cycles():
     g1 = BASE.replace_op("normal", 0, 0, "avg_pool_3x3")
     g2 = g1.replace_op("reduce", 1, 2, "sep_conv_5x5")
-    df = evolution([(0, BASE), (1, g1), (2, g2), (3, g2)], [0.1, 0.2, 0.3])
+    df = evolution([(0, BASE), (1, g1), (2, g2), (3, g2)], {0: 0.1, 1: 0.2, 2: 0.3})
     assert df["distance_prev"].tolist() == [0, 1, 1, 0]
     assert df["changes"].iloc[1] == "normal node 0 input 0: sep_conv_3x3 -> avg_pool_3x3"
     assert df["val_acc"].iloc[:3].tolist() == [0.1, 0.2, 0.3] and pd.isna(df["val_acc"].iloc[3])
+    # A cycle whose genotype is missing takes no other cycle's accuracy with it.
+    gap = evolution([(0, BASE), (2, g2)], {0: 0.1, 1: 0.2, 2: 0.3})
+    assert gap["val_acc"].tolist() == [0.1, 0.3]
+
+
+def _metrics(name, step_values):
+    return [Metric(name, float(v), 1000 + k, step) for k, (step, v) in enumerate(step_values)]
+
+
+def test_cycle_val_acc_is_matched_to_cycles_by_step():
+    """The tracker logs cycle_val_acc one step past the cycle's last epoch; the epoch metric `cycle` says whose."""
+    epochs = _metrics("cycle", [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)])
+    accs = _metrics("cycle_val_acc", [(2, 0.5), (4, 0.6), (6, 0.7)])
+    assert val_acc_by_cycle(accs, epochs) == {0: 0.5, 1: 0.6, 2: 0.7}
+    # A cycle without epochs logs no value (its step is not new): the next cycle keeps its own number.
+    epochs = _metrics("cycle", [(0, 0), (1, 0), (2, 2), (3, 2)])
+    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(2, 0.5), (4, 0.7)]), epochs) == {0: 0.5, 2: 0.7}
+    # Final epochs after the last cycle (cycle = cycles) carry no cycle_val_acc.
+    epochs = _metrics("cycle", [(0, 0), (1, 1), (2, 2), (3, 2)])
+    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(1, 0.5), (2, 0.6)]), epochs) == {0: 0.5, 1: 0.6}
+    # Without a `cycle` history, the k-th value by step is cycle k.
+    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(9, 0.7), (3, 0.5)]), []) == {0: 0.5, 1: 0.7}
 
 
 # ---------------------------------------------------------------------- on the recorded store
@@ -184,6 +237,37 @@ def test_selection_by_experiment_filter_top_and_run(store):
     assert [r.run_id for r in picked.records] == [one] and [s.run_id for s in picked.skipped] == [failed]
 
 
+def test_top_by_a_metric_no_run_has_is_an_error(store, capsys):
+    """A misspelt --by would rank every run as missing and compare arbitrary ones."""
+    uri, runs, _ = store
+    with pytest.raises(CompareError, match=r"--by 'test_ac': no selected run has this metric \(did you mean 'test_acc'\?\)"):
+        load_selection(uri, top=2, by="test_ac")
+    assert main(["compare", "--tracking-uri", uri, "--top", "2", "--by", "no_such_metric"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asolab: error: --by 'no_such_metric': no selected run has this metric")
+    listed = err[0].split("the selected runs have: ")[1].split(", ")
+    assert {"final_val_acc", "test_acc", "cycle_val_acc"} <= set(listed)
+    # The same metric is fine without --top (it is only used for ranking).
+    assert len(load_selection(uri, by="no_such_metric").records) == len(runs)
+
+
+def test_top_counts_only_runs_with_a_genotype(store, scratch_experiment):
+    """--top K compares K runs even when better-ranked runs have no genotype to compare."""
+    uri, runs, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-top")
+    high = _genotype_run(client, exp_id, "best-but-no-genotype", metrics={"test_acc": 2.0})
+    low = _genotype_run(client, exp_id, "worst-and-no-genotype", metrics={"test_acc": -1.0})
+    sel = load_selection(uri, experiments=["cmp-beta", "cmp-top"], top=2, by="test_acc")
+    beta = sorted((e.test_acc for exp, _, e, _ in runs.values() if exp == "cmp-beta"), reverse=True)
+    assert [r.metric("test_acc") for r in sel.records] == pytest.approx(beta[:2])
+    # Skipped: the run ranked above the compared ones, not the one ranked below them.
+    assert [s.run_id for s in sel.skipped] == [high] and low not in str(sel.skipped)
+    lowest = load_selection(uri, experiments=["cmp-beta", "cmp-top"], top=1, by="test_acc", ascending=True)
+    assert [r.metric("test_acc") for r in lowest.records] == pytest.approx([beta[-1]])
+    assert [s.run_id for s in lowest.skipped] == [low]
+
+
 def test_unknown_experiment_is_a_clear_error(store, capsys):
     uri, _, _ = store
     with pytest.raises(CompareError, match=r"'nope' not found.*; known experiments: Default, cmp-alpha, cmp-beta$"):
@@ -225,6 +309,27 @@ def test_evolution_reads_every_cycle_genotype(store):
     assert df["val_acc"].tolist() == pytest.approx([c.val_acc for c in cycle_ends])
 
 
+def test_evolution_keeps_accuracies_on_their_cycles_when_a_cycle_artifact_is_corrupt(store, scratch_experiment, tmp_path):
+    """A copy of a real run whose cycle_000.json is garbage: cycle 1 still shows cycle 1's accuracy."""
+    uri, runs, _ = store
+    client, make = scratch_experiment
+    differing = [(rid, ends) for rid, (_, _, _, ends) in runs.items() if ends[0].val_acc != ends[1].val_acc]
+    assert differing, "every run scored the same in cycles 0 and 1: the test could not tell them apart"
+    source, cycle_ends = differing[0]
+    copy = client.create_run(make("cmp-corrupt"), run_name="corrupt-cycle-0").info.run_id
+    history = client.get_metric_history(source, "cycle_val_acc") + client.get_metric_history(source, "cycle")
+    client.log_batch(copy, metrics=history)
+    local = Path(client.download_artifacts(source, layout.GENOTYPE_DIR, str(tmp_path)))
+    for cycle in range(len(cycle_ends)):
+        text = "{not json" if cycle == 0 else (local / Path(layout.genotype_artifact(cycle)).name).read_text()
+        client.log_text(copy, text, layout.genotype_artifact(cycle))
+    client.set_terminated(copy)
+
+    df = load_evolution(client, copy)
+    assert df["cycle"].tolist() == [c.cycle for c in cycle_ends[1:]]
+    assert df["val_acc"].tolist() == pytest.approx([c.val_acc for c in cycle_ends[1:]])
+
+
 def _png_ok(data: bytes) -> bool:
     """A structurally valid PNG: signature, IHDR first, every chunk's CRC right, IEND last."""
     if not data.startswith(PNG_SIGNATURE):
@@ -241,6 +346,30 @@ def _png_ok(data: bytes) -> bool:
     return kinds[0] == b"IHDR" and kinds[-1] == b"IEND"
 
 
+_NETWORK = (
+    r"""\b(?:src|href|srcset|action|poster|data)\s*=\s*["']?\s*(?!data:|#)[^\s"'>]+""",  # any non-inline attribute target
+    r"""url\(\s*["']?\s*(?!data:)""",  # CSS url(...) other than a data URI
+    r"@import",  # CSS import
+    r"https?://|//[a-z0-9.-]+\.[a-z]{2,}",  # any absolute or protocol-relative address
+    r"<script|<link|<iframe|<object|<embed",  # elements that load something
+)
+
+
+def _network_references(page: str) -> list[str]:
+    """Everything in an HTML page that could load something from outside it."""
+    return [m.group(0) for pattern in _NETWORK for m in re.finditer(pattern, page, re.I)]
+
+
+def test_network_reference_check_catches_each_kind():
+    inline = '<img alt="x" src="data:image/png;base64,AAAA"><style>td { background: url(data:image/png;base64,AA) }</style>'
+    assert _network_references(inline) == []
+    for leak in (
+        '<img src="cells.png">', "<a href='//cdn.example.org/x'>", '<style>@import "theme.css";</style>',
+        "<style>body { background: url('bg.png') }</style>", "<p>see https://example.org</p>", "<script>1</script>",
+    ):
+        assert _network_references(leak), leak
+
+
 def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     import base64
 
@@ -255,8 +384,7 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert sorted(table["run_id"]) == sorted(runs)
 
     page = (report / "index.html").read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
-    assert "<script" not in page.lower()
+    assert _network_references(page) == []
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     # 3 accuracy plots + op frequencies + evolution + one picture per distinct genotype
     n_genotypes = len({e.genotype.canonical for _, _, e, _ in runs.values()})
@@ -288,17 +416,26 @@ def test_cli_diff_of_two_runs(store, capsys):
         assert line in out
 
 
-def test_write_report_with_a_single_genotype(tmp_path):
-    """Edge case: a selection where every run found the same genotype still renders."""
-    from asolab.compare.analysis import Comparison
-    from asolab.compare.select import RunRecord, Selection
-
-    rec = RunRecord("a" * 32, "only", "exp", "FINISHED", {"seed": "0"}, {}, {"final_val_acc": 0.5}, BASE)
-    sel = Selection("sqlite:///nowhere.db", [rec, RunRecord("b" * 32, "twin", "exp", "FINISHED", {"seed": "1"}, {}, {}, BASE)])
-    cmp = Comparison(sel, sel.table(), clusters(sel.records), op_frequencies([BASE, BASE]), pd.DataFrame(), [])
-    page = write_report(cmp, tmp_path).read_text()
+def test_write_report_with_a_single_genotype(store, scratch_experiment, tmp_path):
+    """Edge case: when every compared run found the same genotype, analyse() finds no diffs and the page says so."""
+    uri, runs, _ = store
+    client, make = scratch_experiment
+    source, (_, _, end, _) = next(iter(runs.items()))
+    exp_id = make("cmp-twins")
+    twin = _genotype_run(client, exp_id, "twin", end.genotype, {"final_val_acc": end.val_acc + 0.01})
+    comparison = analyse(load_selection(uri, run_ids=[source, twin]))
+    assert comparison.diffs == [] and comparison.clusters["runs"].tolist() == [2]
+    page = write_report(comparison, tmp_path / "same").read_text()
     assert "All compared runs share one genotype" in page
-    assert cmp.clusters["runs"].tolist() == [2]
+
+    # One run with another genotype: the page shows its diff instead.
+    other = BASE if BASE != end.genotype else BASE.replace_op("normal", 0, 0, "avg_pool_3x3")
+    odd = _genotype_run(client, exp_id, "odd", other, {"final_val_acc": 0.0})
+    comparison = analyse(load_selection(uri, run_ids=[source, twin, odd]))
+    page = write_report(comparison, tmp_path / "different").read_text()
+    assert "All compared runs share one genotype" not in page
+    assert [d.other.run_id for d in comparison.diffs] == [odd]
+    assert all(html.escape(line) in page for line in diff_lines(end.genotype, other))
 
 
 def test_study_selects_its_trial_runs_not_the_parent(store):
@@ -323,3 +460,79 @@ def test_study_selects_its_trial_runs_not_the_parent(store):
             load_selection(uri, study="s2")
     finally:
         client.delete_experiment(exp_id)
+
+
+def test_study_parent_runs_are_not_compared_unless_named(store, scratch_experiment):
+    """A study's parent run (made by the study module itself) groups trials and has no genotype."""
+    from asolab.study.config import StudyTrackingConfig, load_study
+    from asolab.study.report import ensure_parent_run
+
+    uri, runs, failed = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-parent")
+    cfg = load_study(None).replace(name="cmp-s", tracking=StudyTrackingConfig(experiment="cmp-parent"))
+    parent = ensure_parent_run(uri, cfg, "cmp-s", "sqlite:///optuna.db")
+    client.set_terminated(parent)
+    _, _, end, _ = next(iter(runs.values()))
+    trial = _genotype_run(client, exp_id, "trial-0", end.genotype, tags={layout.TAG_STUDY: "cmp-s", layout.TAG_TRIAL: "0"})
+
+    def seen(sel):
+        return {r.run_id for r in sel.records} | {s.run_id for s in sel.skipped}
+
+    everything = load_selection(uri)
+    assert trial in seen(everything) and parent not in seen(everything)
+    assert [s.run_id for s in everything.skipped] == [failed]
+    assert seen(load_selection(uri, experiments=["cmp-parent"])) == {trial}
+    assert seen(load_selection(uri, study="cmp-s")) == {trial}
+    named = load_selection(uri, run_ids=[parent, trial])
+    assert [r.run_id for r in named.records] == [trial] and [s.run_id for s in named.skipped] == [parent]
+
+
+def _terminal_rows(out: str) -> list[dict[str, str]]:
+    """The runs table printed by `asolab compare`: the lines after the summary line, up to the blank line."""
+    lines = out.splitlines()[1:]
+    table = lines[: lines.index("")]
+    header = table[0].split()
+    return [dict(zip(header, line.split(), strict=True)) for line in table[1:]]
+
+
+def test_terminal_table_shows_run_id_and_temperature_settings(store, capsys):
+    uri, runs, _ = store
+    client = MlflowClient(tracking_uri=uri)
+    assert main(["compare", "--tracking-uri", uri]) == 0
+    rows = _terminal_rows(capsys.readouterr().out)
+    assert len(rows) == len(runs)
+    for row in rows:
+        [run_id] = [r for r in runs if r.startswith(row["id"])]
+        params = client.get_run(run_id).data.params
+        assert len(row["id"]) == 8 and row["run_name"] == client.get_run(run_id).info.run_name
+        assert row["sched"] == params["temperature.schedule"]
+        assert float(row["tau0"]) == pytest.approx(float(params["temperature.initial_temperature"]), rel=1e-3)
+        assert float(row["tau_min"]) == pytest.approx(float(params["temperature.min_temperature"]), rel=1e-3)
+        assert float(row["strength"]) == pytest.approx(float(params["mutation.strength"]), rel=1e-3)
+    assert sorted(row["id"] for row in rows) == sorted(r[:8] for r in runs)
+
+
+def test_ambiguous_run_reference_is_an_error_listing_the_matches():
+    twin_a = RunRecord("abc1" + "0" * 28, "alpha", "exp", "FINISHED", {}, {}, {}, BASE)
+    twin_b = RunRecord("abc2" + "0" * 28, "beta", "exp", "FINISHED", {}, {}, {}, BASE)
+    sel = Selection("sqlite:///nowhere.db", [twin_a, twin_b])
+    with pytest.raises(CompareError, match=r"'abc' is ambiguous: it matches 2 selected runs: abc10+ \(alpha, exp\), abc20+ \(beta, exp\)"):
+        sel.record("abc")
+    assert sel.record("abc2") is twin_b and sel.record("alpha") is twin_a and sel.record(twin_b.run_id) is twin_b
+    with pytest.raises(CompareError, match="'abd' is not among the selected runs"):
+        sel.record("abd")
+
+
+def test_cli_diff_with_an_ambiguous_run_name_is_one_error_line(store, scratch_experiment, capsys):
+    uri, runs, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-names")
+    _, _, end, _ = next(iter(runs.values()))
+    same_name = [_genotype_run(client, exp_id, "same-name", end.genotype) for _ in range(2)]
+    assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-names", "--diff", "same-name", same_name[0]]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asolab: error: run 'same-name' is ambiguous: it matches 2 selected runs")
+    assert all(run_id in err[0] for run_id in same_name)
+    assert captured.out == ""  # resolved before anything is printed

@@ -12,12 +12,14 @@ Hamming distance, hence a metric.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pandas as pd
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ..config import ALL_PRIMITIVES
@@ -141,31 +143,58 @@ def diffs_to_best(records: Sequence[RunRecord]) -> list[GenotypeDiff]:
     return out
 
 
-def evolution(cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Sequence[float] = ()) -> pd.DataFrame:
+def evolution(cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Mapping[int, float] | None = None) -> pd.DataFrame:
     """The genotype at each cycle and its edit distance from the previous cycle's.
 
     Columns: ``cycle``, ``distance_prev`` (NaN-free integer; 0 for the first
-    cycle), ``changes`` (the diff lines joined by ``; ``), ``val_acc`` (from
-    ``cycle_val_acc`` when given, by position), ``genotype``.
+    cycle), ``changes`` (the diff lines joined by ``; ``), ``val_acc`` (the
+    cycle's entry in ``cycle_val_acc``, keyed by cycle number, else NaN),
+    ``genotype``.
     """
+    accs = cycle_val_acc or {}
     rows = []
     prev: Optional[Genotype] = None
-    for k, (cycle, g) in enumerate(cycles):
+    for cycle, g in cycles:
         rows.append({
             "cycle": cycle,
             "distance_prev": distance(prev, g) if prev is not None else 0,
             "changes": "; ".join(diff_lines(prev, g)) if prev is not None else "",
-            "val_acc": cycle_val_acc[k] if k < len(cycle_val_acc) else math.nan,
+            "val_acc": accs.get(cycle, math.nan),
             "genotype": g.canonical,
         })
         prev = g
     return pd.DataFrame(rows, columns=["cycle", "distance_prev", "changes", "val_acc", "genotype"])
 
 
+def val_acc_by_cycle(values: Sequence[Metric], epoch_cycles: Sequence[Metric]) -> dict[int, float]:
+    """Match ``cycle_val_acc`` values to cycle numbers by step.
+
+    The tracker logs ``cycle_val_acc`` at the global epoch reached when the
+    cycle ends, one step past that cycle's last epoch, and logs the epoch
+    metric ``cycle`` (the cycle number) at every epoch. So a value belongs to
+    the cycle of the last epoch before its step. Matching by step, not by
+    position, keeps every value on its own cycle when a cycle artifact is
+    missing or does not parse. Without a ``cycle`` history (a store written by
+    other means) the k-th value by step is cycle k.
+    """
+    values = sorted(values, key=lambda m: (m.step, m.timestamp))  # a re-logged step: the latest wins
+    if not epoch_cycles:
+        ordinal = {step: k for k, step in enumerate(sorted({m.step for m in values}))}
+        return {ordinal[m.step]: m.value for m in values}
+    epochs = sorted((m.step, int(m.value)) for m in epoch_cycles)
+    epoch_steps = [step for step, _ in epochs]
+    out = {}
+    for m in values:
+        k = bisect.bisect_left(epoch_steps, m.step)  # epochs[k - 1] is the last epoch before m.step
+        # No epoch before it: only cycle 0 can have ended (a cycle without epochs).
+        out[epochs[k - 1][1] if k else 0] = m.value
+    return out
+
+
 def load_evolution(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc`` history."""
-    history = sorted(client.get_metric_history(run_id, "cycle_val_acc"), key=lambda m: (m.step, m.timestamp))
-    return evolution(cycle_genotypes(client, run_id), [m.value for m in history])
+    accs = val_acc_by_cycle(client.get_metric_history(run_id, "cycle_val_acc"), client.get_metric_history(run_id, "cycle"))
+    return evolution(cycle_genotypes(client, run_id), accs)
 
 
 @dataclass

@@ -13,10 +13,15 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
 
 TERMINAL_COLUMNS = (
-    "run_name", "experiment", "dataset", "seed", "initial_temperature", "mutation_strength",
-    "cycles", "params", "peak_rss_mb", "val_acc", "test_acc", "cluster",
+    "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature", "min_temperature",
+    "mutation_strength", "cycles", "params", "peak_rss_mb", "val_acc", "test_acc", "cluster",
 )
-_SHORT = {"initial_temperature": "tau0", "mutation_strength": "strength", "peak_rss_mb": "peak_mb"}
+# Short headers keep the table within a terminal's width; the CSV and report keep the full names.
+_SHORT = {
+    "run_id": "id", "schedule": "sched", "initial_temperature": "tau0", "min_temperature": "tau_min",
+    "mutation_strength": "strength", "peak_rss_mb": "peak_mb",
+}
+RUN_ID_PREFIX = 8  # enough to tell runs apart, and accepted by --diff
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", "-r", dest="runs", action="append", default=[], metavar="RUN_ID", help="a run id (repeatable)")
     p.add_argument("--filter", default="", metavar="EXPR", help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"")
     p.add_argument("--study", default="", metavar="NAME", help="the trial runs of an Optuna study")
-    p.add_argument("--top", type=int, default=0, metavar="K", help="keep the K best runs by --by")
+    p.add_argument("--top", type=int, default=0, metavar="K", help="compare the K best runs by --by (runs without a genotype take no place)")
     p.add_argument("--by", default="final_val_acc", metavar="METRIC", help="metric for --top (default final_val_acc; highest first)")
     p.add_argument("--ascending", action="store_true", help="for --top: lowest first (losses, parameters)")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="print the edge-by-edge diff of two selected runs (id, id prefix or run name)")
@@ -60,6 +65,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     if not selection.records and not selection.skipped:
         raise CompareError(f"no runs match the selection ({selection.description}) in {selection.tracking_uri}")
+    # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a late surprise.
+    diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
     want_evolution = bool(args.evolution or args.report or args.log_to_mlflow)
     comparison = analyse(selection, with_evolution=want_evolution)
 
@@ -78,8 +85,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     print(f"    {line}", file=out)
         print("\noperation frequencies (edges):", file=out)
         print(comparison.op_frequencies.to_string(), file=out)
-    if args.diff:
-        a, b = (selection.record(x) for x in args.diff)
+    if diff_pair:
+        a, b = diff_pair
         lines = diff_lines(a.genotype, b.genotype)
         print(f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}", file=out)
         for line in lines or ["(identical genotypes)"]:
@@ -117,8 +124,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def terminal_table(table: "pd.DataFrame", clusters: "pd.DataFrame") -> str:
-    """The runs table for a terminal: short headers, a cluster number instead of the genotype."""
+    """The runs table for a terminal: short headers, an id prefix, a cluster number instead of the genotype."""
     cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
-    t = table.assign(cluster=table["genotype"].map(cluster_of))
+    t = table.assign(cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX])
     t = t[[c for c in TERMINAL_COLUMNS if c in t.columns]].rename(columns=_SHORT)
     return t.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")

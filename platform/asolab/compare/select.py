@@ -10,6 +10,7 @@ never a crash.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -35,6 +36,10 @@ COMPARISON_EXPERIMENT = "asolab-comparisons"
 # Comparison runs carry asolab.kind = comparison, so that compare never selects them.
 TAG_KIND = getattr(layout, "TAG_RUN_KIND", "asolab.kind")
 KIND_COMPARISON = "comparison"
+# A study's parent run (tagged by asolab.study.report, which is not imported here
+# because it loads optuna) only groups the trial runs and has no genotype.
+TAG_STUDY_PARENT = "asolab.study_parent"
+KIND_STUDY = "study"
 _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 
 # Table columns, in order: (column, where it comes from).
@@ -150,11 +155,20 @@ class Selection:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
         return df
 
-    def record(self, run_id: str) -> RunRecord:
-        for r in self.records:
-            if r.run_id == run_id or r.run_id.startswith(run_id) or r.run_name == run_id:
-                return r
-        raise CompareError(f"run {run_id!r} is not among the selected runs ({len(self.records)} selected)")
+    def record(self, ref: str) -> RunRecord:
+        """The selected run that ``ref`` names: a run id, an id prefix or a run name.
+
+        A full id always wins; otherwise ``ref`` must name exactly one run, so that
+        ``--diff`` never silently compares a run the user did not mean.
+        """
+        exact = [r for r in self.records if r.run_id == ref]
+        matches = exact or [r for r in self.records if r.run_id.startswith(ref) or r.run_name == ref]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise CompareError(f"run {ref!r} is not among the selected runs ({len(self.records)} selected)")
+        listed = ", ".join(f"{r.run_id} ({r.run_name}, {r.experiment})" for r in matches)
+        raise CompareError(f"run {ref!r} is ambiguous: it matches {len(matches)} selected runs: {listed}; give more of the run id")
 
 
 # ---------------------------------------------------------------------- selection
@@ -205,6 +219,12 @@ def _and(*parts: str) -> str:
     return " and ".join(f"({p})" if " or " in p.lower() else p for p in parts if p)
 
 
+def is_bookkeeping(run: Run) -> bool:
+    """A run that only groups others (a comparison run, a study's parent run): no genotype of its own."""
+    tags = run.data.tags
+    return tags.get(TAG_KIND) in (KIND_COMPARISON, KIND_STUDY) or tags.get(TAG_STUDY_PARENT) == "true"
+
+
 def find_runs(
     client: MlflowClient,
     *,
@@ -212,43 +232,57 @@ def find_runs(
     run_ids: Sequence[str] = (),
     filter_string: str = "",
     study: str = "",
-    top: int = 0,
-    by: str = "final_val_acc",
-    ascending: bool = False,
 ) -> list[Run]:
     """The MLflow runs the selection names, in a stable order, without duplicates.
 
     Explicit ``run_ids`` are always included; experiments, filter and study
     select by search (every experiment except the comparisons one when no
-    experiment is named). ``top`` keeps the best ``top`` runs by metric ``by``.
+    experiment is named), which leaves out comparison and study-parent runs.
     """
     runs: list[Run] = [_get_run(client, rid) for rid in run_ids]
     if experiments or filter_string or study or not run_ids:
         exp_ids = _experiment_ids(client, experiments)
         study_filter = f"tags.`{layout.TAG_STUDY}` = '{study}'" if study else ""
-        found = _search(client, exp_ids.values(), _and(filter_string, study_filter))
+        found = [r for r in _search(client, exp_ids.values(), _and(filter_string, study_filter)) if not is_bookkeeping(r)]
         if study:
-            # A study's parent run only groups its trials; compare the trials.
-            trials = [r for r in found if layout.TAG_TRIAL in r.data.tags]
-            found = trials or found
+            # A parent run without the parent tag (made by hand or by an older version)
+            # carries the study tag too: prefer the runs that are trials.
+            found = [r for r in found if layout.TAG_TRIAL in r.data.tags] or found
         if study and not found:
             raise CompareError(f"no runs tagged {layout.TAG_STUDY}={study!r} in {_store_name(client)}")
         runs.extend(found)
-    seen: set[str] = set()
-    unique = []
-    for r in runs:
-        if r.info.run_id not in seen and r.data.tags.get(TAG_KIND) != KIND_COMPARISON:
-            seen.add(r.info.run_id)
-            unique.append(r)
+    unique = list({r.info.run_id: r for r in runs}.values())  # a run named and also found: once
     unique.sort(key=lambda r: (r.info.experiment_id, r.info.start_time or 0, r.info.run_id))
-    if top:
-        def key(r: Run) -> tuple[bool, float]:
-            v = r.data.metrics.get(by)
-            missing = v is None or math.isnan(v)
-            return (missing, 0.0 if missing else (v if ascending else -v))
-
-        unique = sorted(unique, key=key)[:top]
     return unique
+
+
+def _metric_value(run: Run, name: str) -> Optional[float]:
+    """The run's latest value of metric ``name``; None when it was never logged or is NaN."""
+    v = run.data.metrics.get(name)
+    return None if v is None or math.isnan(v) else float(v)
+
+
+def rank_by_metric(runs: Sequence[Run], by: str, ascending: bool = False) -> list[Run]:
+    """``runs`` best first by metric ``by`` (highest first unless ``ascending``); runs without it last.
+
+    When no run has the metric at all (most often a misspelt name), ranking
+    would return the runs in arbitrary order, so that is an error naming the
+    metric and the metrics the runs do have.
+    """
+    if runs and all(_metric_value(r, by) is None for r in runs):
+        known = sorted({m for r in runs for m in r.data.metrics})
+        close = difflib.get_close_matches(by, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CompareError(
+            f"--by {by!r}: no selected run has this metric{hint}; "
+            f"the selected runs have: {', '.join(known) or '(no metrics)'}"
+        )
+
+    def key(r: Run) -> tuple[bool, float]:
+        v = _metric_value(r, by)
+        return (v is None, 0.0 if v is None else (v if ascending else -v))
+
+    return sorted(runs, key=key)  # stable: ties keep the selection's order
 
 
 # ---------------------------------------------------------------------- artifacts
@@ -331,16 +365,23 @@ def load_selection(
     by: str = "final_val_acc",
     ascending: bool = False,
 ) -> Selection:
-    """Select runs and read each one's records; runs without a genotype are skipped."""
+    """Select runs and read each one's records; runs without a genotype are skipped.
+
+    With ``top``, the ``top`` best runs by metric ``by`` that have a genotype are
+    compared; skipped runs are those ranked above the last compared one.
+    """
     uri = resolve_tracking_uri(tracking_uri)
     client = open_store(uri)
-    runs = find_runs(
-        client, experiments=experiments, run_ids=run_ids, filter_string=filter_string,
-        study=study, top=top, by=by, ascending=ascending,
-    )
+    runs = find_runs(client, experiments=experiments, run_ids=run_ids, filter_string=filter_string, study=study)
+    if top:
+        runs = rank_by_metric(runs, by, ascending)
     names = experiment_names(client, runs)
     selection = Selection(uri, description=describe(experiments, run_ids, filter_string, study, top, by))
     for run in runs:
+        # --top counts compared runs: a run without a genotype does not take a place,
+        # and runs ranked below the K-th compared one are never read.
+        if top and len(selection.records) == top:
+            break
         name = run.info.run_name or run.data.tags.get("mlflow.runName", "")
         exp = names[run.info.experiment_id]
         try:

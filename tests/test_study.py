@@ -3,13 +3,21 @@ tiny digits runs (2 cycles of one epoch per phase, 4 channels, 300 examples)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
@@ -17,11 +25,26 @@ from optuna.trial import TrialState
 from asolab.cli import main
 from asolab.config import ConfigError
 from asolab.study import load_study, run_study
+from asolab.study import report
+from asolab.study import run as study_run
 from asolab.study.config import in_range
 from asolab.study.objective import suggest
 from asolab.study.report import TAG_STUDY_PARENT
 from asolab.study.run import open_study
-from asolab.study.storage import ATTR_MLFLOW_RUN, ATTR_OWNER, ATTR_RETRY_OF, ATTR_STALE
+from asolab.study.storage import (
+    ATTR_HEARTBEAT,
+    ATTR_MLFLOW_RUN,
+    ATTR_OWNER,
+    ATTR_OWNER_STARTED,
+    ATTR_RETRY_OF,
+    ATTR_STALE,
+    Heartbeat,
+    budget_lock,
+    owner_id,
+    process_started,
+    recover_stale_trials,
+    used_budget,
+)
 from asolab.tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
 
 pytestmark = pytest.mark.slow
@@ -79,10 +102,10 @@ def load(tmp_path: Path, name: str) -> optuna.Study:
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna-journal.log"))))
 
 
-def runs_of(tmp_path: Path, name: str) -> tuple[object, list]:
+def runs_of(tmp_path: Path, name: str, experiment: str = "") -> tuple[object, list]:
     """(parent run, child runs) of a study in the tmp MLflow store."""
     c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = c.get_experiment_by_name(f"study-{name}")
+    exp = c.get_experiment_by_name(experiment or f"study-{name}")
     runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{name}'")
     parents = [r for r in runs if r.data.tags.get(TAG_STUDY_PARENT) == "true"]
     assert len(parents) == 1, "one parent run per study"
@@ -152,6 +175,17 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     assert "4 trials (4 complete)" in out and "best trials" in out and parent.info.run_id in out
     assert f"{study.best_value:.4g}" in out
 
+    # A tracking store that cannot be read is not "no parent run yet".
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    assert main(["study", str(file), "--summary", "--storage", s["storage_url"], "--tracking-uri", closed]) == 0
+    out = capsys.readouterr().out
+    assert "could not be read" in out and "not reachable" in out and "(none yet)" not in out
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["study", str(file), "--summary", "--storage", s["storage_url"], "--tracking-uri", empty]) == 0
+    assert "parent run (none yet)" in capsys.readouterr().out
+
 
 def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
     file = write_study(tmp_path, "pr", """
@@ -162,13 +196,16 @@ def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
         name = "threshold"
         lower = 1.01          # no accuracy reaches it: every trial is pruned after its first cycle
         """ + SPACE)
-    run_study(load_study(file), **stores(tmp_path))
-    trials = load(tmp_path, "pr").get_trials()
+    # --study-name differs from the file's name: trial runs carry the study's actual name
+    run_study(load_study(file), study_name="pr-renamed", **stores(tmp_path))
+    trials = load(tmp_path, "pr-renamed").get_trials()
     assert [t.state for t in trials] == [TrialState.PRUNED] * 2
     assert all(list(t.intermediate_values) == [0] for t in trials)
-    _, children = runs_of(tmp_path, "pr")
+    _, children = runs_of(tmp_path, "pr-renamed", experiment="study-pr")
     assert len(children) == 2
+    assert sorted(r.info.run_name for r in children) == ["pr-renamed-trial-0000", "pr-renamed-trial-0001"]
     for run in children:
+        assert run.data.tags[TAG_STUDY] == "pr-renamed"
         assert run.data.tags[TAG_TRIAL_STATE] == "PRUNED"
         assert run.info.status == "FINISHED"
         assert "val_acc" in run.data.metrics  # what it logged before pruning is kept
@@ -295,6 +332,10 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
         "[params.mutation.strength]\nlow = 0.0\nhigh = 2.0": "high corner",
         'objective = { metrics = ["val_acc", "params"] }\n[params.mutation.strength]\nlow = 0.0\nhigh = 1.0': "pruner.name",
         "n_trialz = 3": "n_trialz",
+        'objective = { metrics = ["test_acc"] }': "use val_acc",
+        "storage = { heartbeat_interval = 60, grace_period = 60 }": "storage.heartbeat_interval (60) must be less than storage.grace_period",
+        "n_trials = 0\ntimeout = 0": "needs a time budget",
+        "n_trials = -1": "n_trials must be an integer >= 0",
     }
     for i, (body, needle) in enumerate(cases.items()):
         file = write_study(tmp_path, f"bad{i}", body + "\n")
@@ -303,3 +344,276 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
         message = str(err.value)
         assert str(file) in message and needle in message and "\n" not in message, message
     assert main(["study", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_cli_refuses_bad_budgets_names_and_sqlite_workers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    file = write_study(tmp_path, "cli", "n_trials = 2\n" + SPACE)
+    s = stores(tmp_path)
+    base = ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+    sqlite = f"sqlite:///{tmp_path / 'optuna.db'}"
+    cases = {
+        ("--timeout", "-5"): "--timeout must be >= 0 seconds",
+        ("--n-trials", "-1"): "--n-trials must be >= 0",
+        ("--n-trials", "0"): "needs a time budget",  # the file has no timeout
+        ("--study-name", "it's"): "no quotes, backslashes",
+        ("--study-name", "a\\b"): "no quotes, backslashes",
+        ("--study-name", "a'b", "--summary"): "no quotes, backslashes",
+        ("--workers", "2", "--storage", sqlite): "Optuna documents SQLite as unsafe for concurrent workers",
+    }
+    for extra, needle in cases.items():
+        capsys.readouterr()
+        assert main(base + list(extra)) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("asolab: error: ") and needle in err and err.count("\n") == 1, err
+    # refused before anything was created
+    assert not (tmp_path / "optuna-journal.log").exists() and not (tmp_path / "optuna.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+    quoted = tmp_path / "quoted.toml"
+    quoted.write_text(file.read_text().replace('name = "cli"', 'name = "it\'s"'))
+    with pytest.raises(ConfigError, match=r"quoted\.toml: name .*no quotes"):
+        load_study(quoted)
+
+
+def test_time_budget_alone(tmp_path: Path) -> None:
+    file = write_study(tmp_path, "timed", """
+        n_trials = 0          # no trial limit: the time budget decides
+        timeout = 1
+        [overrides]
+        search.cycles = 1
+        [sampler]
+        name = "random"
+        [pruner]
+        name = "none"
+        """ + SPACE)
+    s = stores(tmp_path)
+    assert main(["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]) == 0
+    trials = load(tmp_path, "timed").get_trials()
+    assert trials and all(t.state == TrialState.COMPLETE for t in trials)
+    # no trial starts once the budget is spent (a trial running then finishes)
+    assert all(t.datetime_start < trials[0].datetime_start + timedelta(seconds=1) for t in trials)
+
+
+def test_failed_workers_end_with_an_error_and_keep_the_others_trials(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    file = write_study(tmp_path, "crash", """
+        n_trials = 1
+        [overrides]
+        search.cycles = 1
+        [sampler]
+        name = "random"
+        [pruner]
+        name = "none"
+        """ + SPACE)
+    killed: list[int] = []
+
+    def kill_worker_0() -> None:  # as the OOM killer would
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for child in psutil.Process().children():
+                try:
+                    cmd = child.cmdline()
+                except psutil.Error:
+                    continue
+                if "--worker" in cmd and cmd[cmd.index("--worker") + 1] == "0":
+                    child.send_signal(signal.SIGKILL)
+                    killed.append(child.pid)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_worker_0)
+    killer.start()
+    s = stores(tmp_path)
+    try:
+        code = main(["study", str(file), "--workers", "2", "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]])
+    finally:
+        killer.join()
+    assert killed
+    assert code == 2
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("asolab: error: 1 of the study's worker processes failed (worker 0: killed by SIGKILL)"), last
+    assert "1 trials (1 complete)" in captured.out  # the summary of what was recorded comes first
+    trials = load(tmp_path, "crash").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE]
+    parent, children = runs_of(tmp_path, "crash")
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials.complete"] == 1
+    assert [r.data.tags[TAG_TRIAL_STATE] for r in children] == ["COMPLETE"]
+
+
+def age_heartbeats(db: Path) -> None:
+    """Make every Optuna heartbeat in an RDB storage look a long time old."""
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE trial_heartbeats SET heartbeat = '2000-01-01 00:00:00.000000'")
+
+
+RDB_STORAGE = """
+[storage]
+heartbeat_interval = 1
+grace_period = 5
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
+def test_dead_trial_on_an_rdb_storage_is_failed_marked_and_retried(tmp_path: Path) -> None:
+    file = write_study(tmp_path, "rdb", """
+        n_trials = 1
+        [overrides]
+        search.cycles = 1
+        [sampler]
+        name = "random"
+        [pruner]
+        name = "none"
+        """ + RDB_STORAGE + SPACE)
+    cfg = load_study(file)
+    url, uri = f"sqlite:///{tmp_path / 'optuna.db'}", stores(tmp_path)["tracking_uri"]
+    # A worker on another machine started trial 0 and its MLflow run, then died.
+    study = open_study(cfg, url, "rdb")
+    parent = report.ensure_parent_run(uri, cfg, "rdb", url)
+    trial = study.ask()
+    params = {p.optuna_name: suggest(trial, p) for p in cfg.params}
+    c = MlflowClient(uri)
+    dead_run = c.create_run(c.get_run(parent).info.experiment_id, run_name="rdb-trial-0000",
+                            tags={"mlflow.parentRunId": parent, TAG_STUDY: "rdb", TAG_TRIAL: "0"}).info.run_id
+    trial.set_user_attr(ATTR_MLFLOW_RUN, dead_run)
+    trial.set_user_attr(ATTR_OWNER, "another-host:4242")
+    assert Heartbeat(study, trial, 1).beat()  # its last heartbeat...
+    age_heartbeats(tmp_path / "optuna.db")  # ...was long ago
+
+    run_study(cfg, storage_url=url, tracking_uri=uri)
+    trials = optuna.load_study(study_name="rdb", storage=url).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    retry = trials[1]
+    assert retry.params == pytest.approx(params)
+    assert retry.user_attrs[ATTR_RETRY_OF] == 0
+    # the retry's own attributes, not the dead trial's copied ones
+    assert retry.user_attrs[ATTR_OWNER] == owner_id()
+    assert retry.user_attrs[ATTR_MLFLOW_RUN] != dead_run
+    dead = c.get_run(dead_run)
+    assert dead.info.status == "KILLED"
+    assert dead.data.tags[TAG_TRIAL_STATE] == "FAIL" and "heartbeat" in dead.data.tags[TAG_ERROR]
+    _, children = runs_of(tmp_path, "rdb")
+    by_trial = {r.data.tags[TAG_TRIAL]: r for r in children}
+    assert by_trial["1"].info.run_id == retry.user_attrs[ATTR_MLFLOW_RUN]
+    assert by_trial["1"].data.tags[TAG_TRIAL_STATE] == "COMPLETE"
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
+def test_a_retry_chain_counts_once_against_the_budget(tmp_path: Path) -> None:
+    file = write_study(tmp_path, "chain", RDB_STORAGE + "max_retry = 2\n" + SPACE)
+    cfg = load_study(file)
+    study = open_study(cfg, f"sqlite:///{tmp_path / 'optuna.db'}", "chain")
+    for attempt in range(3):  # the trial, then its two retries, all on machines that die
+        trial = study.ask()
+        if attempt == 0:
+            for p in cfg.params:
+                suggest(trial, p)
+        else:  # a waiting retry carries none of the dead attempt's attributes
+            assert trial.user_attrs[ATTR_RETRY_OF] == attempt - 1
+            assert ATTR_MLFLOW_RUN not in trial.user_attrs and ATTR_OWNER not in trial.user_attrs
+        trial.set_user_attr(ATTR_MLFLOW_RUN, f"run-{attempt}")
+        trial.set_user_attr(ATTR_OWNER, "another-host:4242")
+        assert Heartbeat(study, trial, 1).beat()
+        age_heartbeats(tmp_path / "optuna.db")
+        stale = recover_stale_trials(study, cfg.storage)
+        assert [(s.trial.number, s.trial.user_attrs[ATTR_MLFLOW_RUN]) for s in stale] == [(attempt, f"run-{attempt}")]
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 3  # max_retry = 2: no third retry
+    assert used_budget(study) == 1  # one set of parameters, tried three times
+
+
+def test_a_live_owner_on_this_host_is_never_stale(tmp_path: Path) -> None:
+    file = write_study(tmp_path, "live", SPACE)
+    cfg = load_study(file)
+    study = open_study(cfg, stores(tmp_path)["storage_url"], "live")
+    long_ago = time.time() - 10_000
+    alive, away, reused = study.ask(), study.ask(), study.ask()
+    newcomer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        owners = {
+            alive: (owner_id(), process_started(os.getpid())),
+            away: ("another-host:4242", long_ago),
+            # the owner died and its pid now belongs to a process that started later
+            reused: (f"{socket.gethostname()}:{newcomer.pid}", process_started(newcomer.pid) - 100),
+        }
+        for trial, (owner, started) in owners.items():
+            trial.set_user_attr(ATTR_OWNER, owner)
+            trial.set_user_attr(ATTR_OWNER_STARTED, started)
+            trial.set_user_attr(ATTR_HEARTBEAT, long_ago)
+        stale = {s.trial.number: s.reason for s in recover_stale_trials(study, cfg.storage)}
+    finally:
+        newcomer.kill()
+        newcomer.wait()
+    assert set(stale) == {away.number, reused.number}
+    assert "no heartbeat" in stale[away.number]
+    assert "gone" in stale[reused.number]
+    states = {t.number: t.state for t in load(tmp_path, "live").get_trials()}
+    assert states[alive.number] == TrialState.RUNNING  # busy, not dead: however old its heartbeat
+    assert states[away.number] == states[reused.number] == TrialState.FAIL
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
+def test_heartbeat_keeps_beating_after_a_failed_beat(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="asolab.study.storage")
+    file = write_study(tmp_path, "beat", RDB_STORAGE + SPACE)
+    cfg = load_study(file)
+    db = tmp_path / "optuna.db"
+    study = open_study(cfg, f"sqlite:///{db}", "beat")
+    trial = study.ask()
+
+    def wait_for(check: object, seconds: float = 10) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if check():  # type: ignore[operator]
+                return True
+            time.sleep(0.1)
+        return False
+
+    def last_beat() -> str:
+        with sqlite3.connect(db) as con:
+            return con.execute("SELECT heartbeat FROM trial_heartbeats").fetchone()[0]
+
+    with Heartbeat(study, trial, cfg.storage.heartbeat_interval):
+        with sqlite3.connect(db) as con:  # the database loses its heartbeat table for a while
+            con.execute("ALTER TABLE trial_heartbeats RENAME TO heartbeats_away")
+        assert wait_for(lambda: "heartbeat of trial 0 failed" in caplog.text)
+        with sqlite3.connect(db) as con:
+            con.execute("ALTER TABLE heartbeats_away RENAME TO trial_heartbeats")
+        age_heartbeats(db)
+        assert wait_for(lambda: not last_beat().startswith("2000")), "the heartbeat stopped after a failed beat"
+
+
+def test_a_trial_failed_elsewhere_is_not_told_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="asolab.study.run")
+    file = write_study(tmp_path, "told", SPACE)
+    cfg = load_study(file)
+    study = open_study(cfg, stores(tmp_path)["storage_url"], "told")
+    trial = study.ask()
+    load(tmp_path, "told").tell(trial.number, state=TrialState.FAIL)  # another worker judged it stale
+    frozen = study_run._tell(study, trial, [0.5])
+    assert frozen.state == TrialState.FAIL
+    assert "already holds it as FAIL" in caplog.text
+    other = study.ask()  # a genuine mistake still raises
+    with pytest.raises(ValueError):
+        study_run._tell(study, other, [0.5, 0.5], state=TrialState.COMPLETE)
+
+
+def test_budget_lock_serialises_workers_whatever_the_storage(tmp_path: Path) -> None:
+    url = "postgresql://optuna@db.example/optuna"
+    events: list[str] = []
+    held = threading.Event()
+
+    def other_worker() -> None:
+        with budget_lock(url):
+            held.set()
+            time.sleep(0.5)
+            events.append("other leaves")
+
+    for lock_url, expected in ((url, ["other leaves", "this enters"]), (url + "2", ["this enters", "other leaves"])):
+        events.clear()
+        held.clear()
+        worker = threading.Thread(target=other_worker)
+        worker.start()
+        assert held.wait(10)
+        with budget_lock(lock_url):  # the same storage waits; another storage has its own lock
+            events.append("this enters")
+        worker.join()
+        assert events == expected

@@ -10,11 +10,11 @@ from typing import Any
 
 from .config import StudyConfig, load_study
 
-__all__ = ["StudyConfig", "StudyOutcome", "load_study", "run_study"]
+__all__ = ["StudyConfig", "StudyOutcome", "WorkersFailed", "load_study", "run_study"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("run_study", "StudyOutcome"):
+    if name in ("run_study", "StudyOutcome", "WorkersFailed"):
         from . import run
 
         return getattr(run, name)

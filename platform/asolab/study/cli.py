@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
+from .config import check_study_name
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "Re-running the same command resumes the study and adds trials until --n-trials are reached.",
     )
     p.add_argument("file", nargs="?", help="study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/")
-    p.add_argument("--n-trials", type=int, default=None, metavar="N", help="total trials the study should hold (default: the file's n_trials)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop starting trials after S seconds (default: the file's timeout; 0 = none)")
+    p.add_argument("--n-trials", type=int, default=None, metavar="N",
+                   help="total trials the study should hold (default: the file's n_trials; 0 = no limit, needs a timeout)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="stop starting trials after S seconds (default: the file's timeout; 0 = none)")
     p.add_argument("--workers", type=int, default=1, metavar="K", help="K worker processes on this machine, each with cores // K torch threads")
     p.add_argument("--storage", default="", metavar="URL",
                    help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines")
@@ -55,8 +58,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         if args.seed < 0:
             raise ConfigError(f"--seed must be >= 0 (got {args.seed})")
         cfg = cfg.replace(seed=args.seed)
-    if args.n_trials is not None and args.n_trials < 1:
-        raise ConfigError(f"--n-trials must be >= 1 (got {args.n_trials})")
+    if args.study_name:
+        check_study_name(args.study_name)
     if args.summary:
         return _summary(args, cfg)
 
@@ -67,14 +70,17 @@ def cmd_study(args: argparse.Namespace) -> int:
         from .run import run_worker
 
         run_worker(cfg, args.worker, args.storage, args.study_name or cfg.name, args.tracking_uri, args.parent_run_id,
-                   args.n_trials if args.n_trials is not None else cfg.n_trials,
-                   args.timeout if args.timeout is not None else cfg.timeout, args.threads, show)
+                   args.n_trials, args.timeout, args.threads, show)
         return 0
-    from .run import run_study
+    from .run import WorkersFailed, run_study
 
-    outcome = run_study(cfg, n_trials=args.n_trials, timeout=args.timeout, workers=args.workers,
-                        storage_url=args.storage, study_name=args.study_name, tracking_uri=args.tracking_uri,
-                        on_trial=show if args.workers == 1 else None)
+    try:
+        outcome = run_study(cfg, n_trials=args.n_trials, timeout=args.timeout, workers=args.workers,
+                            storage_url=args.storage, study_name=args.study_name, tracking_uri=args.tracking_uri,
+                            on_trial=show if args.workers == 1 else None)
+    except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error
+        _print_summary(cfg, exc.outcome.study(cfg), exc.outcome.storage_url, exc.outcome.tracking_uri, exc.outcome.parent_run_id)
+        raise
     _print_summary(cfg, outcome.study(cfg), outcome.storage_url, outcome.tracking_uri, outcome.parent_run_id)
     return 0
 
@@ -82,7 +88,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 def _summary(args: argparse.Namespace, cfg: Any) -> int:
     import optuna
 
-    from ..tracking import resolve_tracking_uri
+    from ..tracking import check_reachable, resolve_tracking_uri
     from . import report
     from .storage import make_storage, resolve_storage_url
 
@@ -94,9 +100,11 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
         raise ConfigError(f"no study {name!r} in {url}; run `asolab study {args.file or ''}` first, or pass --storage/--study-name") from None
     uri = resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
     try:
-        parent = report.find_parent_run(uri, cfg, name) or ""
-    except Exception:  # the summary still helps without MLflow
-        parent = ""
+        check_reachable(uri)
+        parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
+    except Exception as exc:  # the summary still helps without MLflow, but must not hide why
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        parent = f"(unknown: the MLflow store could not be read: {reason})"
     _print_summary(cfg, study, url, uri, parent)
     return 0
 
@@ -116,6 +124,6 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     else:
         with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
             print(f"{title}:\n{frame.to_string(index=False)}")
-    print(f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent or '(none yet)'} "
+    print(f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent} "
           f"holds the plots (plots/) and one child run per trial.")
     print(f"Browse: asolab ui   (or: mlflow ui --backend-store-uri {uri})")

@@ -6,7 +6,7 @@ pruner, the budget and where things are stored::
 
     name = "temperature_mutation"     # default: the file's stem
     experiment = "digits"             # base experiment (a bare name looks in experiments/)
-    n_trials = 20                     # finished trials the study should reach in total
+    n_trials = 20                     # trials the study should hold in total (0 = no limit, needs a timeout)
     timeout = 0                       # seconds per invocation (0 = no limit)
     seed = 0                          # seeds the sampler (mixed with the worker and the trials so far)
 
@@ -44,8 +44,9 @@ DEFAULT_STUDY = STUDIES_DIR / "temperature_mutation.toml"
 SAMPLERS = ("tpe", "random", "nsga2")
 PRUNERS = ("median", "percentile", "hyperband", "threshold", "none")
 PARAM_TYPES = ("float", "int", "categorical")
-# objective metric -> Optuna direction; values come from the run's RunResult
-OBJECTIVES = {"val_acc": "maximize", "val_loss": "minimize", "params": "minimize", "test_acc": "maximize"}
+# objective metric -> Optuna direction; values come from the run's RunResult. The
+# test split is reported, never optimised, so test_acc is not an objective.
+OBJECTIVES = {"val_acc": "maximize", "val_loss": "minimize", "params": "minimize"}
 FRACTION_SUFFIX = "_fraction"
 
 
@@ -112,8 +113,9 @@ class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
     url: str = ""  # '' = JournalStorage in mlruns/optuna-journal.log
-    heartbeat_interval: int = 60  # seconds between a running trial's heartbeats
+    heartbeat_interval: int = 60  # seconds between a running trial's heartbeats (< grace_period)
     grace_period: int = 180  # a RUNNING trial silent this long is stale: failed and retried
+    # (a trial whose owner process is alive on this host is never failed on the journal)
     max_retry: int = 1  # how often a stale trial's parameters are retried
 
 
@@ -294,17 +296,18 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         if key not in _TOP_KEYS:
             raise ConfigError(f"{source}: unknown key '{key}'; allowed: {', '.join(_TOP_KEYS)}")
     name = data.get("name", "study")
-    if not isinstance(name, str) or not name or any(c in name for c in "'\"\\"):
-        raise ConfigError(f"{source}: name must be a non-empty string without quotes (got {name!r})")
+    check_study_name(name, f"{source}: name")
     experiment = data.get("experiment", "digits")
     if not isinstance(experiment, str):
         raise ConfigError(f"{source}: experiment must be a string naming an experiment file (got {experiment!r})")
     n_trials = data.get("n_trials", 10)
-    if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 1:
-        raise ConfigError(f"{source}: n_trials must be an integer >= 1 (got {n_trials!r})")
+    if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 0:
+        raise ConfigError(f"{source}: n_trials must be an integer >= 0 (got {n_trials!r}; 0 = no limit, needs a timeout)")
     timeout = data.get("timeout", 0)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
         raise ConfigError(f"{source}: timeout must be a number of seconds >= 0 (got {timeout!r})")
+    if n_trials == 0 and timeout == 0:
+        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: set timeout > 0 (seconds) or n_trials >= 1")
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"{source}: seed must be an integer >= 0 (got {seed!r})")
@@ -317,6 +320,8 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         raise ConfigError(f"{source}: base experiment: {exc}") from None
 
     objective = _table(ObjectiveConfig, data.get("objective", {}), source, "objective", {})
+    if "test_acc" in objective.metrics:
+        raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, which is reported, never optimised; use val_acc")
     bad = [m for m in objective.metrics if m not in OBJECTIVES]
     if bad or not 1 <= len(objective.metrics) <= 2 or len(set(objective.metrics)) != len(objective.metrics):
         raise ConfigError(f"{source}: objective.metrics must list one or two distinct metrics; allowed: {', '.join(OBJECTIVES)}")
@@ -328,6 +333,10 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         "reduction_factor": _at_least(2)})
     storage = _table(StorageConfig, data.get("storage", {}), source, "storage", {
         "heartbeat_interval": _at_least(1), "grace_period": _at_least(1), "max_retry": _at_least(0)})
+    if storage.heartbeat_interval >= storage.grace_period:
+        raise ConfigError(
+            f"{source}: storage.heartbeat_interval ({storage.heartbeat_interval}) must be less than storage.grace_period "
+            f"({storage.grace_period}), or live trials would be failed as stale between two heartbeats")
     tracking = _table(StudyTrackingConfig, data.get("tracking", {}), source, "tracking", {})
     if len(objective.metrics) > 1 and pruner.name != "none":
         raise ConfigError(f"{source}: pruner.name = {pruner.name!r}: Optuna cannot prune multi-objective trials; use pruner.name = 'none'")
@@ -360,6 +369,18 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         n_trials=n_trials, timeout=float(timeout), seed=seed, overrides=overrides, enqueue=tuple(enqueue),
         objective=objective, sampler=sampler, pruner=pruner, storage=storage, tracking=tracking,
     )
+
+
+def check_study_name(name: Any, where: str = "--study-name") -> str:
+    """A study name goes into MLflow filter strings (``tags.`asolab.study` = '<name>'``),
+    so quotes and backslashes, which would break or change the filter, are refused."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where} must be a non-empty string (got {name!r})")
+    bad = sorted({c for c in name if c in "'\"\\`" or not c.isprintable()})
+    if bad:
+        raise ConfigError(f"{where} {name!r} contains {' '.join(repr(c) for c in bad)}; "
+                          "use letters, digits and - _ . (no quotes, backslashes or control characters)")
+    return name
 
 
 def _resolve_base(experiment: str, source: str) -> Path:

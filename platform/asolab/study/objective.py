@@ -9,6 +9,7 @@ observer that reports the validation accuracy after every cycle and raises
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +80,15 @@ class RunLink(Observer):
 
 @dataclass
 class TrialContext:
-    """What every trial of one worker shares."""
+    """What every trial of one worker shares.
+
+    ``study_name`` is the study's actual name (``--study-name`` may differ from
+    the file's ``name``): trial runs are named and tagged with it, so that the
+    study's parent run and ``--summary`` find them.
+    """
 
     cfg: StudyConfig
+    study_name: str
     tracking_uri: str
     parent_run_id: str
     threads: int
@@ -105,9 +112,14 @@ class _RunEndKeeper(Observer):
 
 
 def objective_values(end: RunEnd, metrics: tuple[str, ...]) -> list[float]:
-    """The trial's objective values, from the run's final evaluation (validation split)."""
-    table = {"val_acc": end.val_acc, "val_loss": end.val_loss, "params": end.derived_params, "test_acc": end.test_acc}
-    return [float(table[m]) for m in metrics]
+    """The trial's objective values, from the run's final evaluation (validation split;
+    the test split is reported in the trial's run, never returned to Optuna)."""
+    table = {"val_acc": end.val_acc, "val_loss": end.val_loss, "params": end.derived_params}
+    values = [float(table[m]) for m in metrics]
+    for m, v in zip(metrics, values):
+        if not math.isfinite(v):  # Optuna would fail the trial without saying why
+            raise FloatingPointError(f"objective {m} is {v}")
+    return values
 
 
 def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
@@ -124,9 +136,9 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     tracker = MlflowTracker(
         tracking_uri=ctx.tracking_uri,
         experiment=cfg.mlflow_experiment,
-        run_name=f"{cfg.name}-trial-{trial.number:04d}",
+        run_name=f"{ctx.study_name}-trial-{trial.number:04d}",
         parent_run_id=ctx.parent_run_id,
-        tags={TAG_STUDY: cfg.name, TAG_TRIAL: str(trial.number)},
+        tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
         log_models=exp.tracking.log_models,
     )
     first = cfg.objective.metrics[0]

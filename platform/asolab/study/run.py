@@ -3,8 +3,11 @@ process or in K worker processes on this machine.
 
 The budget ``n_trials`` counts the study's trials in total (complete, pruned,
 failed, running; a stale trial whose parameters were retried counts once), so
-re-running the same command resumes the study and only tops it up. Workers are
-``asolab study --worker`` subprocesses sharing the storage; each gets
+re-running the same command resumes the study and only tops it up; ``n_trials``
+0 means no limit, and then ``timeout`` (seconds per invocation) must be set.
+Workers are ``asolab study --worker`` subprocesses sharing the storage; a worker
+that exits non-zero makes the invocation end with :class:`WorkersFailed` after
+the parent run recorded what the others did. Each worker gets
 ``max(1, cores // K)`` torch threads. The sampler's seed mixes the study's
 ``seed`` with the worker index and the number of trials already in the study,
 so parallel workers and resumed invocations do not replay the same points,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,13 +32,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
 from . import report
-from .config import StudyConfig
+from .config import StudyConfig, check_study_name
 from .objective import TrialContext, run_trial
 from .storage import (
     ATTR_ERROR,
-    ATTR_STALE,
     Heartbeat,
     budget_lock,
+    is_sqlite,
     make_storage,
     recover_stale_trials,
     resolve_storage_url,
@@ -44,6 +48,29 @@ from .storage import (
 log = logging.getLogger(__name__)
 
 TrialCallback = Callable[[FrozenTrial], None]
+
+
+class WorkersFailed(ConfigError):
+    """``--workers`` processes that exited non-zero; ``outcome`` is what the study recorded.
+
+    A ConfigError, so the CLI ends with its one-line error and exit status 2.
+    """
+
+    def __init__(self, outcome: "StudyOutcome", failed: list[tuple[int, int]]) -> None:
+        self.outcome, self.failed = outcome, failed
+        super().__init__(
+            f"{len(failed)} of the study's worker processes failed ({', '.join(_exit_text(k, c) for k, c in failed)}); "
+            f"the trials recorded so far are kept; re-run the same command to resume study {outcome.study_name!r}"
+        )
+
+
+def _exit_text(worker: int, code: int) -> str:
+    if code < 0:
+        try:
+            return f"worker {worker}: killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"worker {worker}: exit status {code}"
 
 
 @dataclass
@@ -129,22 +156,73 @@ def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int 
     return study
 
 
-def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
+def resolve_budget(cfg: StudyConfig, n_trials: int | None, timeout: float | None) -> tuple[int, float]:
+    """``--n-trials`` / ``--timeout`` over the file's values, checked: (trials, seconds)."""
+    budget = cfg.n_trials if n_trials is None else n_trials
+    seconds = cfg.timeout if timeout is None else timeout
+    if budget < 0:
+        raise ConfigError(f"--n-trials must be >= 0 (got {budget}; 0 = no trial limit, with a --timeout)")
+    if seconds < 0:
+        raise ConfigError(f"--timeout must be >= 0 seconds (got {seconds:g}; 0 = no time limit)")
+    if budget == 0 and seconds == 0:
+        raise ConfigError(f"--n-trials 0 means no trial limit and needs a time budget: give --timeout S or set timeout in {cfg.source}")
+    return budget, float(seconds)
+
+
+def _trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
+          state: TrialState | None = None) -> FrozenTrial:
+    """Tell Optuna how a trial ended.
+
+    If another worker failed the trial as stale meanwhile (its heartbeats did
+    not get through), that verdict stands and its parameters are retried: a
+    finished trial cannot be told again, so this is logged, not raised.
+    """
+    try:
+        return study.tell(trial, values, state=state)
+    except (ValueError, RuntimeError):
+        frozen = _trial_by_number(study, trial.number)
+        if not frozen.state.is_finished():
+            raise
+        log.error("trial %d ended here as %s, but the storage already holds it as %s (%s); its result here is dropped",
+                  trial.number, state.name if state else "COMPLETE", frozen.state.name,
+                  frozen.user_attrs.get(ATTR_ERROR, "finished by another worker"))
+        return frozen
+
+
+def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
     one_line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:
         log.debug("could not record the error of trial %d", trial.number, exc_info=True)
-    study.tell(trial, state=TrialState.FAIL)
     log.warning("trial %d failed: %s", trial.number, one_line)
+    return _tell(study, trial, state=TrialState.FAIL)
 
 
 def _recover(study: optuna.Study, cfg: StudyConfig, uri: str) -> None:
-    for t in recover_stale_trials(study, cfg.storage):
+    for s in recover_stale_trials(study, cfg.storage):
         try:
-            report.mark_stale_run(uri, t, str(study._storage.get_trial(t._trial_id).user_attrs.get(ATTR_STALE, "worker gone")))
+            report.mark_stale_run(uri, s.trial, s.reason)
         except Exception:  # the MLflow record is a courtesy; the study goes on
-            log.warning("could not mark the MLflow run of stale trial %d", t.number, exc_info=True)
+            log.warning("could not mark the MLflow run of stale trial %d", s.trial.number, exc_info=True)
+
+
+def _run_one(study: optuna.Study, trial: optuna.Trial, ctx: TrialContext) -> FrozenTrial:
+    """Run a trial and tell Optuna how it ended: COMPLETE, PRUNED or FAIL."""
+    try:
+        values = run_trial(trial, ctx)
+    except optuna.TrialPruned:
+        return _tell(study, trial, state=TrialState.PRUNED)
+    except Exception as exc:  # NaN loss, divergence, out of memory: recorded, the study goes on
+        return _tell_failure(study, trial, exc)
+    except BaseException as exc:  # Ctrl-C: the trial failed, the study stops
+        _tell_failure(study, trial, exc)
+        raise
+    return _tell(study, trial, values)
 
 
 def optimize(
@@ -156,7 +234,8 @@ def optimize(
     timeout: float,
     on_trial: Optional[TrialCallback] = None,
 ) -> list[int]:
-    """Run trials until the study holds ``n_trials`` or ``timeout`` seconds passed.
+    """Run trials until the study holds ``n_trials`` (0 = no limit) or ``timeout``
+    seconds (0 = none) passed; a trial that runs when time is up finishes.
 
     Every trial is told to Optuna as COMPLETE, PRUNED or FAIL; a failing trial
     (NaN loss, divergence, out of memory, ...) is recorded and the study goes on.
@@ -166,25 +245,14 @@ def optimize(
     while not (timeout and time.monotonic() - start >= timeout):
         with budget_lock(storage_url):
             _recover(study, cfg, ctx.tracking_uri)
-            if used_budget(study) >= n_trials:
+            if n_trials and used_budget(study) >= n_trials:
                 break
             with warnings.catch_warnings():
                 # asolab runs the heartbeat itself (storage.Heartbeat), not through Study.optimize
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
                 trial = study.ask()
         with Heartbeat(study, trial, cfg.storage.heartbeat_interval):
-            try:
-                values = run_trial(trial, ctx)
-            except optuna.TrialPruned:
-                study.tell(trial, state=TrialState.PRUNED)
-            except Exception as exc:  # NaN loss, divergence, out of memory: recorded, the study goes on
-                _tell_failure(study, trial, exc)
-            except BaseException as exc:  # Ctrl-C: the trial failed, the study stops
-                _tell_failure(study, trial, exc)
-                raise
-            else:
-                study.tell(trial, values if len(values) > 1 else values[0])
-        frozen = study._storage.get_trial(trial._trial_id)
+            frozen = _run_one(study, trial, ctx)
         try:
             report.record_trial(ctx.tracking_uri, cfg, study.study_name, ctx.parent_run_id, frozen)
         except Exception:
@@ -206,36 +274,48 @@ def run_study(
     tracking_uri: str = "",
     on_trial: Optional[TrialCallback] = None,
 ) -> StudyOutcome:
-    """Run (or resume) a study until it holds ``n_trials`` trials; returns where it is recorded."""
+    """Run (or resume) a study until it holds ``n_trials`` trials or ``timeout`` passed.
+
+    Returns where it is recorded; raises :class:`WorkersFailed` (after recording)
+    when worker processes exited non-zero.
+    """
     from ..tracking import check_reachable, resolve_tracking_uri
 
-    name = study_name or cfg.name
+    name = check_study_name(study_name) if study_name else cfg.name
     url = resolve_storage_url(storage_url, cfg.storage.url)
-    uri = resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
-    check_reachable(uri)
-    budget = n_trials if n_trials is not None else cfg.n_trials
-    seconds = timeout if timeout is not None else cfg.timeout
+    budget, seconds = resolve_budget(cfg, n_trials, timeout)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1 (got {workers})")
+    if workers > 1 and is_sqlite(url):
+        raise ConfigError(
+            f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite as unsafe for "
+            "concurrent workers; use the default journal storage (omit --storage, or give a path ending in .log) or PostgreSQL")
+    uri = resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
+    check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
     outcome = StudyOutcome(name, url, uri, parent, cfg.mlflow_experiment)
     _recover(study, cfg, uri)
     before = {t.number for t in study.get_trials(deepcopy=False)}
+    failed: list[tuple[int, int]] = []
     try:
         if workers == 1:
-            ctx = TrialContext(cfg, uri, parent, threads_per_worker(1))
+            ctx = TrialContext(cfg, name, uri, parent, threads_per_worker(1))
             optimize(cfg, study, ctx, url, budget, seconds, on_trial)
         else:
-            _run_workers(cfg, workers, url, name, uri, parent, budget, seconds)
+            failed = _run_workers(cfg, workers, url, name, uri, parent, budget, seconds)
     finally:
         outcome.new_trials = sorted(t.number for t in study.get_trials(deepcopy=False) if t.number not in before)
         outcome.plots = report.finish_parent_run(uri, cfg, study, parent)
+    if failed:
+        raise WorkersFailed(outcome, failed)
     return outcome
 
 
-def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, parent: str, budget: int, seconds: float) -> None:
-    """K ``asolab study --worker`` processes on this machine, sharing the storage."""
+def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, parent: str,
+                 budget: int, seconds: float) -> list[tuple[int, int]]:
+    """K ``asolab study --worker`` processes on this machine, sharing the storage;
+    returns (worker, exit status) of those that failed."""
     if not cfg.source or not os.path.exists(cfg.source):
         raise ConfigError("--workers needs the study to come from a file (workers re-read it)")
     threads = threads_per_worker(workers)
@@ -256,19 +336,20 @@ def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, 
         for p in procs:
             p.wait()
         raise
-    bad = [(k, c) for k, c in enumerate(codes) if c != 0]
-    if bad:
-        log.warning("workers exited with status %s", ", ".join(f"{k}: {c}" for k, c in bad))
+    return [(k, c) for k, c in enumerate(codes) if c != 0]
 
 
 def run_worker(
     cfg: StudyConfig, worker: int, storage_url: str, study_name: str, tracking_uri: str,
-    parent_run_id: str, n_trials: int, timeout: float, threads: int, on_trial: Optional[TrialCallback] = None,
+    parent_run_id: str, n_trials: int | None, timeout: float | None, threads: int,
+    on_trial: Optional[TrialCallback] = None,
 ) -> list[int]:
-    """One worker process: trials until the shared budget is met."""
+    """One worker process: trials until the shared budget is met (None: the file's budget)."""
+    check_study_name(study_name)
+    n_trials, timeout = resolve_budget(cfg, n_trials, timeout)
     study = open_study(cfg, storage_url, study_name, worker)
-    ctx = TrialContext(cfg, tracking_uri, parent_run_id, threads)
+    ctx = TrialContext(cfg, study_name, tracking_uri, parent_run_id, threads)
     return optimize(cfg, study, ctx, storage_url, n_trials, timeout, on_trial)
 
 
-__all__ = ["StudyOutcome", "make_pruner", "make_sampler", "open_study", "optimize", "run_study", "run_worker", "threads_per_worker"]
+__all__ = ["StudyOutcome", "WorkersFailed", "make_pruner", "make_sampler", "open_study", "optimize", "run_study", "run_worker", "threads_per_worker"]

@@ -3,33 +3,43 @@
 The default storage is Optuna's ``JournalStorage`` on a ``JournalFileBackend``
 at ``mlruns/optuna-journal.log``: Optuna documents SQLite as unsafe for
 concurrent workers, while the journal file is safe for several processes on one
-machine. ``postgresql://`` / ``mysql://`` URLs (several machines) become an
-``RDBStorage`` with Optuna's heartbeat and its retry callback;
+machine. ``postgresql://`` / ``mysql://`` / ``sqlite://`` URLs become an
+``RDBStorage`` with Optuna's heartbeat and a stale-trial retry callback;
 ``redis://`` becomes a journal on Redis; a path ending in ``.log`` (or
 ``journal:///path``) is a journal file.
 
-Optuna 5 has heartbeats only for RDB storages, so for journals asolab does the
-equivalent itself: a running trial records its owner (``host:pid``) and a
-heartbeat time in its user attributes; when a worker starts (and before each
-new trial) RUNNING trials whose owner process is gone on this host, or whose
-heartbeat is older than the grace period, are failed and their parameters are
-enqueued again (at most ``max_retry`` times).
+Crash recovery, when a worker starts and before each new trial. A running
+trial records its owner (``host:pid``) in its user attributes, and a thread
+beats while it runs: Optuna's heartbeat on RDB storages (Optuna 5 has none for
+journals), the ``asolab.heartbeat`` attribute on journals. A RUNNING trial is
+stale, and failed, when
+
+- its owner is on this host and that process is gone (at once, any storage);
+- its owner is elsewhere and its heartbeat is older than ``grace_period``
+  (journals: asolab's check; RDB storages: Optuna's ``fail_stale_trials``).
+
+A trial whose owner is alive on this host is never failed. A stale trial's
+parameters are retried in a new trial (at most ``max_retry`` times).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryFailedTrialCallback
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import PROJECT_ROOT, ConfigError
@@ -41,12 +51,14 @@ log = logging.getLogger(__name__)
 JOURNAL_NAME = "optuna-journal.log"
 
 ATTR_OWNER = "asolab.owner"  # host:pid of the worker running the trial
+ATTR_OWNER_STARTED = "asolab.owner_started"  # its process start time: tells a reused pid apart
 ATTR_HEARTBEAT = "asolab.heartbeat"  # unix time of the trial's last heartbeat (journal storages)
 ATTR_RETRY_OF = "asolab.retry_of"  # number of the stale trial whose parameters this trial retries
-ATTR_RETRIES = "asolab.retries"  # how many times these parameters were retried
 ATTR_STALE = "asolab.stale"  # why a trial was failed as stale (its worker died)
 ATTR_MLFLOW_RUN = "asolab.mlflow_run_id"  # the trial's MLflow child run
 ATTR_ERROR = TAG_ERROR  # one line: why the trial failed
+# Attributes of one attempt at running a trial: a retry must not inherit them.
+RUN_ATTRS = (ATTR_OWNER, ATTR_OWNER_STARTED, ATTR_HEARTBEAT, ATTR_RETRY_OF, ATTR_STALE, ATTR_MLFLOW_RUN, ATTR_ERROR)
 
 
 def default_storage_url() -> str:
@@ -71,6 +83,10 @@ def is_rdb(url: str) -> bool:
     return url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 
+def is_sqlite(url: str) -> bool:
+    return url.split(":", 1)[0].split("+", 1)[0] == "sqlite"
+
+
 def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     """Open the storage a URL names; a bad URL is a one-line ConfigError."""
     path = journal_path(url)
@@ -85,15 +101,16 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
 
             return JournalStorage(JournalRedisBackend(url))
         if is_rdb(url):
-            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
-            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module=__name__)
-            return RDBStorage(
-                url,
-                heartbeat_interval=settings.heartbeat_interval,
-                grace_period=settings.grace_period,
-                **_retry_callback(settings.max_retry),
-                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-            )
+            with warnings.catch_warnings():
+                # Optuna flags the heartbeat arguments as experimental; asolab relies on them knowingly.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    heartbeat_interval=settings.heartbeat_interval,
+                    grace_period=settings.grace_period,
+                    **{_RETRY_KWARG: RetryStaleTrial(settings.max_retry)},
+                    engine_kwargs={"pool_pre_ping": True} if not is_sqlite(url) else None,
+                )
     except ConfigError:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
@@ -104,31 +121,80 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     )
 
 
-def _retry_callback(max_retry: int) -> dict[str, Any]:
-    """Optuna >= 4.9 renamed the stale-trial retry callback and its RDBStorage argument."""
-    new = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    if new is not None:
-        return {"heartbeat_stale_trial_callback": new(max_retry=max_retry)}
-    return {"failed_trial_callback": RetryFailedTrialCallback(max_retry=max_retry)}
+# Optuna 4.9 renamed the stale-trial retry callback and its RDBStorage argument.
+if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+    _OptunaRetry, _RETRY_KWARG = optuna.storages.RetryHeartbeatStaleTrialCallback, "heartbeat_stale_trial_callback"
+else:
+    _OptunaRetry, _RETRY_KWARG = optuna.storages.RetryFailedTrialCallback, "failed_trial_callback"
+
+
+class RetryStaleTrial:
+    """Retries a stale trial's parameters: Optuna's retry callback, minus the dead attempt.
+
+    Optuna's callback copies every user attribute into the retry. The dead
+    attempt's MLflow run id, owner, heartbeat and error must not come along: a
+    retry that failed before creating its own MLflow run would otherwise write
+    into the dead trial's run, and it would look owned by a dead worker. The
+    retry gets ``asolab.retry_of`` = the number of the trial it retries; Optuna
+    keeps the whole chain in the ``retry_history`` system attribute.
+    """
+
+    def __init__(self, max_retry: int) -> None:
+        self.max_retry = max_retry
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._optuna = _OptunaRetry(max_retry=max_retry)
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        attempt = len(trial.system_attrs.get("retry_history", [])) + 1
+        if attempt > self.max_retry:
+            log.warning("trial %d's parameters are not retried (storage.max_retry = %d reached)", trial.number, self.max_retry)
+            return
+        clean = copy.deepcopy(trial)
+        clean.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in RUN_ATTRS}
+        clean.user_attrs[ATTR_RETRY_OF] = trial.number
+        self._optuna(study, clean)
+        log.warning("trial %d's parameters are retried in a new trial (retry %d of %d)", trial.number, attempt, self.max_retry)
+
+
+def optuna_heartbeat(study: optuna.Study) -> Any | None:
+    """The study's storage when Optuna keeps heartbeats in it (RDB storages), else None.
+
+    Reads ``study._storage``: Optuna has no public accessor, and wraps RDB
+    storages in a cache, so ``isinstance(..., RDBStorage)`` would not tell.
+    """
+    storage = study._storage
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return storage if interval is not None and interval() is not None else None
+
+
+def lock_path(url: str) -> Path:
+    """This machine's budget lock file for a storage (any kind), keyed by the storage."""
+    journal = journal_path(url)
+    key = f"journal:{journal.resolve()}" if journal is not None else url
+    return Path(tempfile.gettempdir()) / f"asolab-study-{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
 
 
 @contextlib.contextmanager
 def budget_lock(url: str) -> Iterator[None]:
-    """Serialise "count trials, then ask for one" among the workers of one machine.
+    """Serialise "count trials, then ask for one" among the workers of this machine.
 
-    Only journal files get a lock (a file beside the journal); with a shared
-    database several machines may overshoot the trial budget by a trial or two.
+    A lock file in the temporary directory, named after the storage, so that K
+    workers on one machine never overshoot ``n_trials`` whatever the storage;
+    several machines sharing a database may overshoot by a trial or two.
     """
-    path = journal_path(url)
-    if path is None:
-        yield
-        return
     try:
         import fcntl
     except ImportError:  # Windows: no flock; the budget may overshoot slightly
         yield
         return
-    with open(str(path) + ".asolab-lock", "a") as fh:
+    try:
+        fh = open(lock_path(url), "a")
+    except OSError as exc:
+        log.warning("no budget lock (%s); parallel workers may overshoot n_trials", exc)
+        yield
+        return
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -140,30 +206,42 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
+def process_started(pid: int) -> float:
+    """A process's start time as psutil computes it (the same way for every process of a host)."""
+    import psutil
+
+    return psutil.Process(pid).create_time()
+
+
+def _owner_alive(pid: int, owner_started: float | None) -> bool:
+    """Whether the worker process that owns a trial still runs on this host.
+
+    A zombie is gone; so is a process that started at another time than the
+    owner did: the owner's pid was reused by another program.
+    """
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        # a second of slack: the boot time psutil adds moves when the clock is set
+        return owner_started is None or abs(proc.create_time() - float(owner_started)) < 1.0
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:  # exists, but we may not look at it
         return True
-    return True
-
-
-def _owner_gone(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Numbers of failed trials whose parameters another trial retries."""
     out: set[int] = set()
     for t in trials:
-        n = t.user_attrs.get(ATTR_RETRY_OF)
-        if n is None:  # set by Optuna's RetryFailedTrialCallback (RDB storages)
-            n = t.system_attrs.get("failed_trial")
-        if n is not None:
-            out.add(int(n))
+        if ATTR_RETRY_OF in t.user_attrs:
+            out.add(int(t.user_attrs[ATTR_RETRY_OF]))
+        # Optuna's "failed_trial" names only the first trial of a retry chain;
+        # "retry_history" names every trial of it, the middle ones included.
+        out.update(int(n) for n in t.system_attrs.get("retry_history", []))
     return out
 
 
@@ -176,80 +254,129 @@ def used_budget(study: optuna.Study) -> int:
     return sum(1 for t in trials if t.state in counted or (t.state == TrialState.FAIL and t.number not in retried))
 
 
-def recover_stale_trials(study: optuna.Study, settings: StorageConfig, now: float | None = None) -> list[FrozenTrial]:
-    """Fail RUNNING trials whose worker died and enqueue their parameters again.
+@dataclass(frozen=True)
+class StaleTrial:
+    """A trial failed because its worker died: ``trial`` is its last RUNNING state
+    (with its MLflow run id), ``reason`` one line for the MLflow run."""
 
-    RDB storages do this with Optuna's own heartbeat (``fail_stale_trials``);
-    journal storages with the owner and heartbeat attributes asolab writes.
-    Returns the trials that were failed here.
+    trial: FrozenTrial
+    reason: str
+
+
+def _stale_reason(t: FrozenTrial, grace_period: int, now: float, check_heartbeat: bool) -> str:
+    """Why a RUNNING trial is stale, or '' when it is not."""
+    owner = str(t.user_attrs.get(ATTR_OWNER, ""))
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        # Ask the OS rather than the heartbeat: a live owner may only be slow to
+        # beat (a busy machine, a slow disk), and failing its trial would run it twice.
+        alive = _owner_alive(int(pid), t.user_attrs.get(ATTR_OWNER_STARTED))
+        return "" if alive else f"worker {owner} is gone"
+    if not check_heartbeat:  # RDB storages: Optuna's heartbeat decides
+        return ""
+    beat = t.user_attrs.get(ATTR_HEARTBEAT, t.datetime_start.timestamp() if t.datetime_start else None)
+    if beat is not None and now - float(beat) > grace_period:
+        return f"no heartbeat for {now - float(beat):.0f} s (grace period {grace_period} s)"
+    return ""
+
+
+def _fail_stale(study: optuna.Study, t: FrozenTrial, reason: str, retry: RetryStaleTrial) -> bool:
+    """Fail one stale trial and retry its parameters; False if another worker got there first."""
+    storage = study._storage  # Optuna has no public way to set attributes of a trial this process did not ask for
+    try:
+        storage.set_trial_user_attr(t._trial_id, ATTR_STALE, reason)
+        storage.set_trial_user_attr(t._trial_id, ATTR_ERROR, f"stale trial: {reason}")
+        failed = study.tell(t.number, state=TrialState.FAIL)
+    except (RuntimeError, ValueError):  # already finished: another worker failed it
+        return False
+    retry(study, failed)
+    return True
+
+
+def _fail_optuna_stale(study: optuna.Study, running: dict[int, FrozenTrial], grace_period: int) -> list[StaleTrial]:
+    """Optuna's heartbeat check (RDB storages): the trials it failed, of those RUNNING before.
+
+    ``fail_stale_trials`` says nothing about what it failed, so compare with the
+    trials RUNNING before it: one now FAIL without ``asolab.error`` was failed
+    here (a trial that failed in its worker always carries that attribute).
     """
-    storage = study._storage
-    if isinstance(storage, RDBStorage):
-        if storage.is_heartbeat_enabled():
-            optuna.storages.fail_stale_trials(study)
-        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # runs the storage's RetryStaleTrial for each
+    return [
+        StaleTrial(running[t.number], f"no heartbeat for over {grace_period} s (Optuna heartbeat)")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if t.number in running and ATTR_ERROR not in t.user_attrs
+    ]
+
+
+def recover_stale_trials(study: optuna.Study, settings: StorageConfig, now: float | None = None) -> list[StaleTrial]:
+    """Fail the RUNNING trials whose worker died and retry their parameters.
+
+    Returns the trials failed here, so that their MLflow runs can say so.
+    """
     now = time.time() if now is None else now
-    failed: list[FrozenTrial] = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = str(t.user_attrs.get(ATTR_OWNER, ""))
-        beat = t.user_attrs.get(ATTR_HEARTBEAT)
-        if beat is None and t.datetime_start is not None:
-            beat = t.datetime_start.timestamp()
-        reason = ""
-        if owner and _owner_gone(owner):
-            reason = f"worker {owner} is gone"
-        elif beat is not None and now - float(beat) > settings.grace_period:
-            reason = f"no heartbeat for {now - float(beat):.0f} s (grace period {settings.grace_period} s)"
-        if not reason:
-            continue
-        try:
-            storage.set_trial_user_attr(t._trial_id, ATTR_STALE, reason)
-            storage.set_trial_user_attr(t._trial_id, ATTR_ERROR, f"stale trial: {reason}")
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        except (RuntimeError, ValueError):  # another worker got there first
-            continue
-        log.warning("trial %d of study %s failed as stale: %s", t.number, study.study_name, reason)
-        retries = int(t.user_attrs.get(ATTR_RETRIES, 0))
-        if retries < settings.max_retry:
-            study.enqueue_trial(dict(t.params), user_attrs={ATTR_RETRY_OF: t.number, ATTR_RETRIES: retries + 1})
-            log.warning("trial %d's parameters are enqueued again (retry %d of %d)", t.number, retries + 1, settings.max_retry)
-        failed.append(t)
-    return failed
+    rdb = optuna_heartbeat(study)
+    retry = RetryStaleTrial(settings.max_retry)
+    running = {t.number: t for t in study.get_trials(deepcopy=True, states=(TrialState.RUNNING,))}
+    stale: list[StaleTrial] = []
+    for t in running.values():
+        reason = _stale_reason(t, settings.grace_period, now, check_heartbeat=rdb is None)
+        if reason and _fail_stale(study, t, reason, retry):
+            stale.append(StaleTrial(t, reason))
+    if rdb is not None:
+        stale += _fail_optuna_stale(study, running, settings.grace_period)
+    for s in stale:
+        log.warning("trial %d of study %s failed as stale: %s", s.trial.number, study.study_name, s.reason)
+    return stale
 
 
 class Heartbeat:
-    """While a trial runs: Optuna's heartbeat thread on RDB storages, asolab's on journals."""
+    """While a trial runs, a thread beats every ``interval`` seconds: Optuna's
+    heartbeat on RDB storages, the ``asolab.heartbeat`` attribute on journals.
+
+    A failed beat (a network blip, a locked database) is logged and the thread
+    keeps beating: stopping would let the live trial be failed as stale. It
+    stops when the block ends, or when the storage says the trial has finished.
+    """
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float) -> None:
         self.study, self.trial, self.interval = study, trial, interval
+        self._rdb = optuna_heartbeat(study)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._optuna_ctx: Any = None
 
     def __enter__(self) -> "Heartbeat":
-        storage = self.study._storage
         self.trial.set_user_attr(ATTR_OWNER, owner_id())
-        if isinstance(storage, RDBStorage):
-            from optuna.storages._heartbeat import get_heartbeat_thread
-
-            self._optuna_ctx = get_heartbeat_thread(self.trial._trial_id, storage)
-            self._optuna_ctx.__enter__()
-            return self
-        self.trial.set_user_attr(ATTR_HEARTBEAT, time.time())
-        self._thread = threading.Thread(target=self._beat, name=f"asolab-heartbeat-{self.trial.number}", daemon=True)
+        self.trial.set_user_attr(ATTR_OWNER_STARTED, process_started(os.getpid()))
+        self.beat()  # at once: a worker killed before its first interval is found too
+        self._thread = threading.Thread(target=self._run, name=f"asolab-heartbeat-{self.trial.number}", daemon=True)
         self._thread.start()
         return self
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
+    def beat(self) -> bool:
+        """One heartbeat; False once the trial has finished (no more beats needed)."""
+        try:
+            if self._rdb is not None:
+                self._rdb.record_heartbeat(self.trial._trial_id)
+            else:  # not trial.set_user_attr: that also writes the Trial's cache, which the trial's thread reads
                 self.study._storage.set_trial_user_attr(self.trial._trial_id, ATTR_HEARTBEAT, time.time())
-            except Exception:  # the trial finished meanwhile
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Told meanwhile, here or by another worker that judged it stale
+            # (the trial's own tell then reports that clash): nothing to keep alive.
+            log.debug("trial %d has finished; its heartbeat stops", self.trial.number)
+            return False
+        except Exception as exc:
+            log.warning("heartbeat of trial %d failed (%s: %s); trying again in %s s",
+                        self.trial.number, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", self.interval)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.beat():
                 return
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._optuna_ctx is not None:
-            self._optuna_ctx.__exit__(*exc)

@@ -5,9 +5,12 @@
     python bench/search_quality.py --datasets fashion_mnist --quick
     python bench/search_quality.py --smoke
 
-Per data set and seed, three arms:
+Per data set and seed, four arms:
 
 * ``aso-se``   a full run of the experiment (experiments/<data set>.toml);
+* ``aso-arch`` the genotype that ASO-SE run ended with, trained from scratch
+  like the baselines: the architecture's quality without the search's
+  weight sharing (the standard NAS protocol of re-training the result);
 * ``random``   a random genotype of the same space whose derived parameter
   count is within 10% of the ASO-SE network's (genotypes are drawn until one
   fits; the closest of 5000 draws otherwise);
@@ -41,7 +44,8 @@ from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.space.genotype import CELL_TYPES, Genotype
 
-ARMS = ("aso-se", "random", "initial")
+ARMS = ("aso-se", "aso-arch", "random", "initial")
+BASELINES = ("random", "initial")
 QUICK = {
     "digits": {"search.cycles": 2, "search.final_epochs": 5, "space.init_channels": 8},
     "fashion_mnist": {
@@ -125,6 +129,8 @@ def run_seed(cfg: ExperimentConfig, full_train_cap: int) -> list[dict]:
     record("aso-se", aso, start)
     target = results[0]["params"]
     start = time.perf_counter()
+    record("aso-arch", FixedGenotypeRunner(cfg, Genotype.parse(results[0]["genotype"]), data=data), start)
+    start = time.perf_counter()
     base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
     genotype, _ = matched_random(base, target, cfg.seed)
     record("random", FixedGenotypeRunner(cfg, genotype, data=data), start)
@@ -157,7 +163,9 @@ def headline(results: list[dict]) -> str:
         if not acc["aso-se"]:
             continue
         m = statistics.mean(acc["aso-se"])
-        margins = ", ".join(f"{m - statistics.mean(acc[a]):+.2f} vs {a}" for a in ARMS[1:] if acc[a])
+        margins = ", ".join(f"{m - statistics.mean(acc[a]):+.2f} vs {a}" for a in BASELINES if acc[a])
+        if acc["aso-arch"]:
+            margins += f"; its genotype from scratch {statistics.mean(acc['aso-arch']):.2f}%"
         parts.append(f"{name} {m:.2f}% ({margins})")
     return "ASO-SE mean test accuracy and margin in points: " + "; ".join(parts)
 

@@ -54,13 +54,17 @@ def test_speed_paths(capsys):
     assert lines[-1].startswith("best over eager: inference")
 
 
-def test_search_quality_has_three_arms(capsys, tmp_path):
+def test_search_quality_has_four_arms(capsys, tmp_path):
+    import json
+
     out = tmp_path / "q.json"
     lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)])
     assert [line.split()[:2] for line in lines if line.startswith("digits ")] == [
-        ["digits", "aso-se"], ["digits", "random"], ["digits", "initial"]]
+        ["digits", "aso-se"], ["digits", "aso-arch"], ["digits", "random"], ["digits", "initial"]]
     assert lines[-1].startswith("ASO-SE mean test accuracy and margin in points: digits")
-    assert out.exists()
+    runs = {r["arm"]: r for r in json.loads(out.read_text())}
+    assert runs["aso-arch"]["genotype"] == runs["aso-se"]["genotype"]  # the search's result, retrained from scratch
+    assert runs["aso-arch"]["weight_epochs"] == runs["aso-se"]["weight_epochs"]
 
 
 def test_search_quality_random_genotype_matches_budget():

@@ -15,11 +15,11 @@ journals), the ``asolab.heartbeat`` attribute on journals. A RUNNING trial is
 stale, and failed, when
 
 - its owner is on this host and that process is gone (at once, any storage);
-- its owner is elsewhere and its heartbeat is older than ``grace_period``
-  (journals: asolab's check; RDB storages: Optuna's ``fail_stale_trials``).
+- its heartbeat is older than ``grace_period``: on journals asolab checks this
+  for owners on other hosts only (a live local owner is never failed); on RDB
+  storages Optuna's ``fail_stale_trials`` checks every trial.
 
-A trial whose owner is alive on this host is never failed. A stale trial's
-parameters are retried in a new trial (at most ``max_retry`` times).
+A stale trial's parameters are retried in a new trial (at most ``max_retry`` times).
 """
 
 from __future__ import annotations

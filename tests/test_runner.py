@@ -4,6 +4,7 @@ failure modes of earlier ASO-SE implementations as regression tests."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -178,3 +179,149 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt"):
         Runner.resume(bad)
+
+
+class _StopAt(Exception):
+    """Raised by _Stopper: the run 'dies' right after a given checkpoint."""
+
+
+class _Stopper(Recorder):
+    def __init__(self, cycle: int, phase: str) -> None:
+        super().__init__()
+        self.at = (cycle, phase)
+
+    def on_checkpoint(self, event):
+        super().on_checkpoint(event)
+        if (event.cycle, event.phase) == self.at:
+            raise _StopAt
+
+
+def _growth_summary(events):
+    return [(g.cycle, g.kind, g.where, g.params_before, g.params_after, g.preservation_error) for g in events]
+
+
+def test_checkpoints_name_the_cycle_their_phase_belonged_to(tiny_cfg, tmp_path):
+    rec = Recorder()
+    Runner(tiny_cfg, [rec], checkpoint_dir=tmp_path).run()
+    saved = [(c.cycle, c.phase) for c in rec.of("checkpoint")]
+    phases = ["w_train", "alpha", "mutate", "retrain"]
+    assert saved == [(0, p) for p in phases] + [(1, p) for p in phases] + [(2, "final")]
+
+
+def test_resume_after_mutate_still_reports_the_cycles_mutation_and_growth(tiny_cfg, tmp_path):
+    """Killed during retraining: the cycle's end still carries its edits and growth."""
+    cfg = tiny_cfg.replace(**{"growth.policy": "widen"})
+    full = Recorder()
+    Runner(cfg, [full]).run()
+    with pytest.raises(_StopAt):
+        Runner(cfg, [_Stopper(1, "mutate")], checkpoint_dir=tmp_path).run()
+    rec = Recorder()
+    Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
+    assert rec.of("run_start")[0].resumed_from["next"] == "retrain"
+    assert rec.of("mutation") == [] and rec.of("growth") == []  # nothing of the mutation is replayed
+    (end,) = rec.of("cycle_end")
+    (ref,) = [c for c in full.of("cycle_end") if c.cycle == 1]
+    assert end.mutation_edits == ref.mutation_edits == len(full.of("mutation")[1].edits) > 0
+    assert end.growth and _growth_summary(end.growth) == _growth_summary(ref.growth)
+    assert _growth_summary(ref.growth) == _growth_summary([g for g in full.of("growth") if g.cycle == 1])
+
+
+def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 1})
+    full = Runner(cfg).run()
+    # killed during the final epochs: resume from the last cycle's checkpoint trains them again
+    with pytest.raises(_StopAt):
+        Runner(cfg, [_Stopper(1, "retrain")], checkpoint_dir=tmp_path / "a").run()
+    rec = Recorder()
+    again = Runner.resume(tmp_path / "a" / "checkpoint.pt", [rec], checkpoint_dir=tmp_path / "a").run()
+    assert rec.of("run_start")[0].resumed_from["next"] == "final"
+    assert [e.phase for e in rec.of("epoch_end")] == ["final"]
+    assert (again.genotype, again.test_acc) == (full.genotype, full.test_acc)
+    assert [(c.cycle, c.phase) for c in rec.of("checkpoint")] == [(2, "final")]
+    # killed during the evaluation: the final checkpoint holds the trained final network
+    rec = Recorder()
+    last = Runner.resume(tmp_path / "a" / "checkpoint.pt", [rec]).run()
+    assert rec.of("run_start")[0].resumed_from["next"] == "evaluation"
+    assert rec.of("epoch_end") == [] and rec.of("checkpoint") == []
+    assert (last.genotype, last.test_acc, last.val_acc) == (full.genotype, full.test_acc, full.val_acc)
+    # the run's wall time carries over from the checkpoint (both earlier processes)
+    saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["seconds"]
+    assert last.seconds > saved > again.seconds - saved > 0
+
+
+def _save_edited(src, dst, edit):
+    state = torch.load(src, weights_only=True)
+    edit(state)
+    torch.save(state, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda s: s.pop("alpha_opt"), id="missing-key"),
+        pytest.param(lambda s: s["model"].pop(next(iter(s["model"]))), id="weights-missing"),
+        pytest.param(lambda s: s["spec"].update(num_classes=7), id="weights-of-another-spec"),
+        pytest.param(lambda s: s["position"].update(step=3), id="unknown-position-field"),
+    ],
+)
+def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_cfg, tmp_path, edit):
+    from asolab.runner.checkpoint import CheckpointError
+
+    with pytest.raises(_StopAt):
+        Runner(tiny_cfg, [_Stopper(0, "alpha")], checkpoint_dir=tmp_path).run()
+    Runner.resume(tmp_path / "checkpoint.pt")  # the untouched checkpoint restores
+    bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", edit)
+    with pytest.raises(CheckpointError, match="incomplete or from another asolab version") as info:
+        Runner.resume(bad)
+    assert "\n" not in str(info.value) and str(bad) in str(info.value)
+
+
+def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
+    from asolab.config import ConfigError
+    from asolab.runner.cycle import check_cuda_index
+
+    check_cuda_index("cuda", 0)
+    check_cuda_index("cuda:0", 1)
+    check_cuda_index("cuda:1", 2)
+    with pytest.raises(ConfigError, match=r"'cuda:1' but this machine has 1 CUDA device\(s\) \(cuda:0\)"):
+        check_cuda_index("cuda:1", 1)
+    with pytest.raises(ConfigError, match=r"has 2 CUDA device\(s\) \(cuda:0 to cuda:1\)"):
+        check_cuda_index("cuda:7", 2)
+    with pytest.raises(ConfigError, match="not valid"):
+        check_cuda_index("cuda:x", 2)
+
+
+def test_skipped_growth_is_a_warning(tiny_cfg, digits, caplog):
+    cfg = tiny_cfg.replace(**{"growth.policy": "widen", "search.cycles": 1, "growth.max_params": 1})
+    with caplog.at_level(logging.WARNING, logger="asolab"):
+        Runner(cfg, data=digits).run()
+    (record,) = [r for r in caplog.records if "growth" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "growth.max_params" in record.getMessage()
+
+
+def test_an_observer_failing_on_the_start_still_sees_the_interruption(tiny_cfg):
+    class FailOnStart(Recorder):
+        def on_run_start(self, event):
+            super().on_run_start(event)
+            raise RuntimeError("store down")
+
+    rec = FailOnStart()
+    with pytest.raises(RuntimeError, match="store down"):
+        Runner(tiny_cfg, [rec]).run()
+    assert [k for k, _ in rec.events] == ["run_start", "run_interrupted"]
+
+
+def test_a_diverging_loss_is_a_one_line_cli_error(capsys):
+    from asolab.cli import main
+
+    # lr 10 with weight decay 1 multiplies every weight by -9 per step: the loss overflows
+    diverge = {
+        "threads": 1, "space.init_channels": 4, "search.cycles": 1, "search.w_epochs": 1, "search.alpha_epochs": 0,
+        "search.retrain_epochs": 0, "data.train_subset": 200, "data.batch_size": 8, "growth.policy": "none",
+        "search.weight_lr": 10, "search.weight_lr_min": 10, "search.weight_decay": 1,
+    }
+    argv = ["run", "--quiet", "--no-track"] + [a for k, v in diverge.items() for a in ("--set", f"{k}={v}")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "loss became nan" in err

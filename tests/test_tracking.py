@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +19,7 @@ import mlflow
 import mlflow.pytorch
 import pytest
 import torch
-from asolab.cli import main
+from asolab.cli import main, resume_command
 from asolab.config import PROJECT_ROOT, load
 from asolab.runner import Runner
 from asolab.runner.events import Observer, Recorder
@@ -133,10 +135,30 @@ def test_run_records_everything(tracked, store, tmp_path):
         mutation = _json_artifact(client, tracker.run_id, L.mutation_artifact(ev.cycle), tmp_path)
         (mev,) = [m for m in recorder.of("mutation") if m.cycle == ev.cycle]
         assert len(mutation["edits"]) == len(mev.edits) and Genotype.from_dict(mutation["after"]) == mev.after
-    for key in ("cycle_val_acc", "supernet_params", "derived_params", "rss_mb", "peak_rss_mb", "mutation_edits"):
+    for key in ("cycle_val_acc", "cycle_val_loss", "supernet_params", "derived_params", "rss_mb", "peak_rss_mb", "mutation_edits"):
         hist = _history(client, tracker.run_id, key)
-        assert [m.step for m in hist][:2] == [c.global_epoch for c in cycles], key
-    assert [m.value for m in _history(client, tracker.run_id, "derived_params")][:2] == [c.derived_params for c in cycles]
+        assert [m.step for m in hist] == [c.global_epoch for c in cycles], key
+    per_cycle = {
+        "derived_params": [c.derived_params for c in cycles],
+        "supernet_params": [c.supernet_params for c in cycles],
+        "cycle_val_loss": [c.val_loss for c in cycles],
+        "mutation_edits": [c.mutation_edits for c in cycles],
+    }
+    for key, expected in per_cycle.items():
+        assert [m.value for m in _history(client, tracker.run_id, key)] == pytest.approx(expected), key
+    assert [c.mutation_edits for c in cycles] == [len(m.edits) for m in recorder.of("mutation")]
+    # growth metrics at the end of every cycle that grew, from the cycle's own growth events
+    grown = [c for c in cycles if c.growth]
+    assert grown, "growth.policy=widen should grow the network"
+    growth_metrics = {
+        "growth_events": [len(c.growth) for c in grown],
+        "growth_preservation_error": [max(g.preservation_error for g in c.growth) for c in grown],
+        "growth_params_after": [c.growth[-1].params_after for c in grown],
+    }
+    for key, expected in growth_metrics.items():
+        hist = _history(client, tracker.run_id, key)
+        assert [m.step for m in hist] == [c.global_epoch for c in grown], key
+        assert [m.value for m in hist] == pytest.approx(expected), key
     assert tags[L.TAG_GENOTYPE] == str(tracked["result"].genotype)
 
     growth = recorder.of("growth")
@@ -154,6 +176,25 @@ def test_run_records_everything(tracked, store, tmp_path):
     assert run.data.metrics["test_acc"] == pytest.approx(end.test_acc)
     assert run.data.metrics["final_params"] == end.derived_params
     assert run.data.metrics["final_peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
+    finals = {
+        "test_loss": end.test_loss,
+        "final_val_acc": end.val_acc,
+        "final_val_loss": end.val_loss,
+        "final_supernet_params": end.supernet_params,
+        "run_seconds": end.seconds,
+    }
+    for key, expected in finals.items():
+        (metric,) = client.get_metric_history(tracker.run_id, key)
+        assert (metric.step, metric.value) == (TOTAL_EPOCHS, pytest.approx(expected)), key
+    assert 0 < end.seconds < 600
+
+    # the stored checkpoint is the one after the final stage: it holds the trained final network
+    assert tags[L.TAG_PHASE] == "after final stage"
+    state = torch.load(client.download_artifacts(tracker.run_id, L.CHECKPOINT_ARTIFACT, str(tmp_path)), weights_only=True)
+    assert state["position"]["cycle"] == cfg.search.cycles and state["position"]["global_epoch"] == TOTAL_EPOCHS
+    assert Genotype.from_json(state["genotype"]) == end.genotype
+    net = tracked["runner"].net.state_dict()
+    assert all(torch.equal(state["model"][k], v.cpu()) for k, v in net.items())
 
     # the final model loads back with the documented call and computes what the runner's network computes
     mlflow.set_tracking_uri(store)
@@ -168,45 +209,123 @@ def test_run_records_everything(tracked, store, tmp_path):
     assert tags[L.TAG_MODEL_URI].startswith("models:/")
 
 
-def test_sigkill_then_resume_is_exactly_once(tracked, store, tmp_path):
-    """Kill -9 after the second checkpoint (mid-cycle), resume: same run, no step lost or doubled."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+# The killed process: `asolab run` that stops in cycle 0's retraining, after the
+# tracker has stored everything it was handed (the "after mutate" checkpoint
+# included) and with that retraining epoch's metrics still in its buffer; it
+# then waits to be killed. argv: the marker file to create, then asolab's arguments.
+_FREEZE_IN_RETRAINING = """
+import pathlib, sys, time
+from asolab.cli import main, resume_command
+from asolab.runner import Runner
+from asolab.runner.events import Observer
+
+class Freeze(Observer):
+    def __init__(self, runner):
+        self.runner = runner
+
+    def on_epoch_end(self, event):
+        if (event.cycle, event.phase) == (0, "retrain"):
+            for obs in self.runner.observers:
+                if hasattr(obs, "_background"):
+                    obs._background.drain()
+            pathlib.Path(sys.argv[1]).touch()
+            time.sleep(600)
+
+init = Runner.__init__
+
+def with_freeze(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.observers.append(Freeze(self))
+
+Runner.__init__ = with_freeze
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _steps(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
+    run = client.get_run(run_id)
+    return {key: sorted(m.step for m in client.get_metric_history(run_id, key)) for key in run.data.metrics}
+
+
+def test_sigkill_in_retraining_then_resume_is_exactly_once(tracked, store, tmp_path):
+    """kill -9 in mid-cycle (cycle 0's retraining), resume: the same run, with exactly
+    the metric steps of an uninterrupted run, none lost, none doubled."""
+    marker = tmp_path / "frozen"
     args = ["run", "--quiet", "--experiment", "resume-test", *_set_args([*TINY, f"tracking.tracking_uri={store}"])]
-    proc = subprocess.Popen([sys.executable, "-m", "asolab.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    client = MlflowClient(store)
-    run_id = None
-    deadline = time.time() + 240
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FREEZE_IN_RETRAINING, str(marker), *args],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
     try:
-        while time.time() < deadline and proc.poll() is None:
-            exp = client.get_experiment_by_name("resume-test")
-            runs = client.search_runs([exp.experiment_id]) if exp else []
-            if runs and runs[0].data.tags.get(L.TAG_PHASE, "").endswith("after alpha"):
-                time.sleep(0.5)  # let the checkpoint upload finish and retraining begin
-                run_id = runs[0].info.run_id
-                break
-            time.sleep(0.2)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not marker.exists():
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert run_id is not None, "the run never reached its second checkpoint"
-    killed = client.get_run(run_id)
+        out = proc.communicate()[0].decode()
+    assert marker.exists(), f"the run never reached cycle 0's retraining:\n{out[-3000:]}"
+    client = MlflowClient(store)
+    (killed,) = client.search_runs([client.get_experiment_by_name("resume-test").experiment_id])
+    run_id = killed.info.run_id
     assert killed.info.status == "RUNNING"  # SIGKILL leaves no chance to close it
+    assert killed.data.tags[L.TAG_PHASE] == "cycle 0 / after mutate"  # where it was killed
     assert L.TAG_FINAL_GENOTYPE not in killed.data.tags
+    assert "cycle_val_acc" not in killed.data.metrics  # cycle 0 had not ended
 
-    assert main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"]) == 0
+    # the command a stopped run prints, with the store spelled out (not the default one)
+    command = resume_command(None, run_id, store)
+    assert main([*shlex.split(command)[1:], "--quiet"]) == 0
 
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags[L.TAG_RESUMED] == "1"
+    retrain0 = next(e for e in tracked["recorder"].of("epoch_end") if (e.cycle, e.phase) == (0, "retrain"))
+    assert run.data.tags[L.TAG_RESUMED_FROM] == f"cycle 0 / before retrain (epoch {retrain0.global_epoch})"
     assert len(client.search_runs([run.info.experiment_id])) == 1
-    for key in run.data.metrics:
-        steps = [m.step for m in client.get_metric_history(run_id, key)]
-        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {sorted(steps)}"
-    assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == list(range(TOTAL_EPOCHS))
-    assert sorted(m.step for m in client.get_metric_history(run_id, "cycle_val_acc")) == [c.global_epoch for c in tracked["recorder"].of("cycle_end")]
-    reference = tracked["result"].genotype
-    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(reference)
-    ref_val = [m.value for m in _history(MlflowClient(store), tracked["tracker"].run_id, "val_acc")]
+    # every metric of the uninterrupted run, at exactly its steps (duplicates would show)
+    reference = _steps(client, tracked["tracker"].run_id)
+    assert {"mutation_edits", "growth_events", "growth_preservation_error", "growth_params_after"} <= set(reference)
+    assert _steps(client, run_id) == reference
+    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
+    ref_val = [m.value for m in _history(client, tracked["tracker"].run_id, "val_acc")]
     assert [m.value for m in _history(client, run_id, "val_acc")] == pytest.approx(ref_val)
+    for key in ("mutation_edits", "growth_preservation_error", "growth_params_after", "cycle_val_acc"):
+        ref = [m.value for m in _history(client, tracked["tracker"].run_id, key)]
+        assert [m.value for m in _history(client, run_id, key)] == pytest.approx(ref), key
+    # the growth artifact of the killed cycle is complete too
+    (ref_growth,) = [c.growth for c in tracked["recorder"].of("cycle_end") if c.cycle == 0]
+    record = _json_artifact(client, run_id, L.growth_artifact(0), tmp_path)
+    assert [(g["kind"], g["params_after"]) for g in record] == [(g.kind, g.params_after) for g in ref_growth]
+
+
+def test_resuming_a_finished_run_is_refused(tracked, store, capsys):
+    client = MlflowClient(store)
+    run_id = tracked["tracker"].run_id
+    before = _steps(client, run_id)
+    assert main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "FINISHED" in err and run_id in err
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and L.TAG_RESUMED not in run.data.tags
+    assert _steps(client, run_id) == before
+
+
+def test_resume_command_names_the_file_and_the_store():
+    assert resume_command(None, "abc", default_tracking_uri()) == "asolab run --resume abc"
+    assert (
+        resume_command("experiments/x y.toml", "abc", "sqlite:////tmp/m.db")
+        == "asolab run 'experiments/x y.toml' --resume abc --set tracking.tracking_uri=sqlite:////tmp/m.db"
+    )
+
+
+def test_resume_looks_in_the_given_store_only(store, capsys, monkeypatch):
+    """A run of another store is not found in the default one: the error says how to point at it."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    other = store.replace("mlflow.db", "other.db")
+    MlflowClient(other).search_experiments()  # an existing, empty store
+    capsys.readouterr()
+    assert main(["run", "--quiet", "--resume", "0123456789abcdef", "--set", f"tracking.tracking_uri={other}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not found in tracking store" in err and "tracking.tracking_uri" in err
 
 
 def test_unreachable_server_fails_before_training(monkeypatch, capsys):
@@ -263,11 +382,75 @@ def test_run_states(exc, status, store, tmp_path):
         assert L.TAG_ERROR not in run.data.tags
 
 
+def test_a_failure_right_after_the_run_was_created_closes_it(store, tmp_path):
+    class FailOnStart(Observer):
+        def on_run_start(self, event) -> None:
+            raise RuntimeError("progress display broke")
+
+    cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
+    tracker = MlflowTracker(tracking_uri=store, experiment="states", log_models=False)
+    with pytest.raises(RuntimeError):
+        Runner(cfg, [tracker, FailOnStart()], checkpoint_dir=tmp_path).run()
+    run = MlflowClient(store).get_run(tracker.run_id)
+    assert run.info.status == "FAILED"  # not RUNNING forever
+    assert run.data.tags[L.TAG_ERROR] == "RuntimeError: progress display broke"
+
+
+class _CtrlCTwice(Observer):
+    """Ctrl-C in the first epoch, and a second one while the tracker waits for its uploads."""
+
+    def __init__(self, tracker: MlflowTracker) -> None:
+        self.tracker = tracker
+
+    def on_epoch_end(self, event) -> None:
+        main_thread = threading.main_thread().ident
+
+        def second_ctrl_c() -> None:
+            # Queued on the tracker's own thread, so the drain waits for this job; it
+            # sends SIGINT once the main thread is inside that drain.
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                frame, names = sys._current_frames().get(main_thread), set()
+                while frame is not None:
+                    names.add(frame.f_code.co_name)
+                    frame = frame.f_back
+                if {"drain", "on_run_interrupted"} <= names:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.01)
+
+        self.tracker._background.submit(second_ctrl_c)
+        raise KeyboardInterrupt
+
+
+def test_a_second_ctrl_c_while_uploads_drain_still_ends_the_run_killed(store, tmp_path):
+    cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
+    tracker = MlflowTracker(tracking_uri=store, experiment="states", log_models=False)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(cfg, [tracker, _CtrlCTwice(tracker)], checkpoint_dir=tmp_path).run()
+    assert MlflowClient(store).get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_corrupt_sqlite_store_is_a_one_line_error(tmp_path, capsys):
+    db = tmp_path / "garbage.db"
+    db.write_bytes(bytes(range(256)) * 40)
+    uri = f"sqlite:///{db}"
+    with pytest.raises(TrackingError, match="not a database") as info:
+        check_reachable(uri)
+    assert "\n" not in str(info.value) and uri in str(info.value)
+    assert main(["run", "--quiet", "--set", f"tracking.tracking_uri={uri}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "not a database" in err
+
+
 def test_ui_serves_the_store(tracked, store):
     port = _free_port()
+    # Only 127.0.0.1:PORT is an allowed Host: http://localhost:PORT then stands for a
+    # server reached by a name it was not told about (MLflow answers 403 but on /health).
+    env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": f"127.0.0.1:{port}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -288,6 +471,14 @@ def test_ui_serves_the_store(tracked, store):
         with urllib.request.urlopen(req, timeout=30) as r:
             runs = json.loads(r.read())["runs"]
         assert tracked["tracker"].run_id in [r["info"]["run_id"] for r in runs]
+
+        check_reachable(base)  # the API answers: a run can use this server
+        other_name = f"http://localhost:{port}"
+        with urllib.request.urlopen(other_name + "/health", timeout=10) as r:
+            assert r.status == 200  # /health passes; only the API refuses the name
+        with pytest.raises(TrackingError, match=f"403 Invalid Host header.*--allowed-hosts localhost:{port}") as info:
+            check_reachable(other_name)
+        assert "\n" not in str(info.value)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=30)[0].decode()

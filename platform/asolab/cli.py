@@ -1,14 +1,15 @@
 """Command line: ``asolab run | study | compare | ui``.
 
 Every known failure (bad config, missing data set, corrupt checkpoint,
-unreachable tracking server) ends with one line on stderr, ``asolab: error:
-...``, and exit status 2.
+unreachable tracking server, a diverging loss) ends with one line on stderr,
+``asolab: error: ...``, and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from typing import Callable, Sequence
 
@@ -21,7 +22,8 @@ from .tracking.store import TrackingError
 
 log = logging.getLogger("asolab")
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError, TrackingError)
+# FloatingPointError: the runner's "loss became nan" (lower a learning rate), not a bug.
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError, TrackingError, FloatingPointError)
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +33,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow (same as --set tracking.enabled=false)")
     p.add_argument("--experiment", default=None, metavar="NAME", help="MLflow experiment (default: tracking.experiment, else the file's name)")
-    p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue this MLflow run from its last checkpoint")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_ID",
+        help="continue this MLflow run from its last checkpoint (give the FILE / tracking URI it was started with; "
+        "the run keeps its own config)",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -63,7 +71,11 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
     from .tracking.store import download_checkpoint
 
+    # On --resume the file and --set only say where the run is (tracking.tracking_uri);
+    # the run itself continues with the config stored in its checkpoint.
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    if args.resume:
+        _warn_ignored_overrides(args.overrides)
     check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
     tracker = MlflowTracker(
         tracking_uri=uri, experiment=args.experiment, resume_run_id=args.resume, log_models=cfg.tracking.log_models
@@ -79,13 +91,33 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
             runner.run()
         except KeyboardInterrupt:
             if tracker.run_id:
-                print(f"asolab: run {tracker.run_id} stopped; continue it with: asolab run --resume {tracker.run_id}", file=sys.stderr)
+                print(f"asolab: run {tracker.run_id} stopped; continue it with: {resume_command(args.file, tracker.run_id, uri)}", file=sys.stderr)
             raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
     print(f"browse it: asolab ui   (run {tracker.run_id})")
     return 0
+
+
+def resume_command(file: str | None, run_id: str, uri: str) -> str:
+    """The command that continues ``run_id``: the same experiment file, and the
+    store spelled out unless it is the default, so that it is found again
+    whatever the environment (MLFLOW_TRACKING_URI) of the next shell."""
+    from .tracking import default_tracking_uri
+
+    parts = ["asolab", "run", *([file] if file else []), "--resume", run_id]
+    if uri != default_tracking_uri():
+        parts += ["--set", f"tracking.tracking_uri={uri}"]
+    return shlex.join(parts)
+
+
+def _warn_ignored_overrides(overrides: list[str]) -> None:
+    ignored = [o for o in overrides if not o.strip().startswith("tracking.")]
+    if ignored:
+        log.warning(
+            "--resume continues the run with the config in its checkpoint; ignoring %s", ", ".join(ignored)
+        )
 
 
 

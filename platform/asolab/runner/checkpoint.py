@@ -2,19 +2,24 @@
 
 A checkpoint holds the architecture spec (so a grown network is rebuilt at its
 grown size), the supernet's weights and alphas, both optimizers' states, the
-genotype being retrained, the loop position, and the RNG states. It loads
-with ``weights_only=True``: no pickled code runs when a checkpoint is read.
+genotype being retrained, the loop position, what the current cycle's
+mutation did, and the RNG states. It loads with ``weights_only=True``: no
+pickled code runs when a checkpoint is read.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-FORMAT = 1
+# 2: the mutation's edits and growth events of the current cycle, the run's
+# seconds, and a checkpoint after the final stage.
+FORMAT = 2
 
 
 class CheckpointError(RuntimeError):
@@ -43,8 +48,27 @@ def load(path: str | Path) -> dict[str, Any]:
             "resume from an earlier checkpoint or start a new run"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has an unknown format; it was not written by this asolab version")
+        raise CheckpointError(
+            f"checkpoint {path} has an unknown format; it was not written by this asolab version; start a new run"
+        )
     return state
+
+
+@contextmanager
+def restoring(path: str | Path) -> Iterator[None]:
+    """Turn what restoring a readable but incomplete or mismatched checkpoint
+    raises (a missing key, weights that do not fit the spec, ...) into a
+    one-line :class:`CheckpointError`."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete or from another asolab version "
+            f"({type(exc).__name__}: {first}); start a new run"
+        ) from None
 
 
 def rng_state() -> dict[str, Any]:

@@ -17,7 +17,8 @@ and an evaluation:
 
 One SGD optimizer (weights) and one Adam optimizer (alphas) live for the whole
 run, so momentum and Adam moments survive phases and cycles. A checkpoint is
-written after every phase when a checkpoint folder is given.
+written after every phase when a checkpoint folder is given, and one after
+the final stage (the final network chosen and trained), before the evaluation.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -58,6 +59,10 @@ log = logging.getLogger(__name__)
 
 PHASES = ("w_train", "alpha", "mutate", "retrain")
 CHECKPOINT_NAME = "checkpoint.pt"
+# Position.phase in the final stage (cycle == search.cycles): 0 before the final
+# stage, FINAL_DONE once the final network is trained and checkpointed, so that
+# a resume from that checkpoint goes straight to the evaluation.
+FINAL_DONE = 1
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,11 +73,29 @@ def resolve_device(name: str) -> torch.device:
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
+        check_cuda_index(name, torch.cuda.device_count())
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError("device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'")
     return torch.device(name)
+
+
+def check_cuda_index(name: str, count: int) -> None:
+    """Refuse ``cuda:N`` when the machine has only ``count`` CUDA devices.
+
+    torch would accept the name and fail at the first tensor moved there, with
+    an error that does not name the setting.
+    """
+    _, _, index = name.partition(":")
+    if index and not index.isdigit():
+        raise ConfigError(f"device = {name!r} is not valid; write cuda or cuda:N")
+    if index and int(index) >= count:
+        have = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
+        raise ConfigError(
+            f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device = 'cuda' or one of those"
+        )
 
 
 @dataclass
@@ -80,7 +103,7 @@ class Position:
     """Where the loop is: the next phase to run and the epoch counters."""
 
     cycle: int = 0
-    phase: int = 0  # index into PHASES; cycle == cycles means the final stage
+    phase: int = 0  # index into PHASES; cycle == cycles means the final stage (phase 0 or FINAL_DONE)
     global_epoch: int = 0  # every training epoch so far (the MLflow step)
     weight_epoch: int = 0  # epochs that trained weights (drives the LR schedule)
 
@@ -132,8 +155,13 @@ class Runner:
         self.derived: Optional[Genotype] = None  # what the alphas said before mutation
         self.cycle_val_acc: list[float] = []
         self.cycle_genotypes: list[Genotype] = []  # each cycle's genotype, as evaluated at its end
+        # What the current cycle's mutation did; kept (and checkpointed) until the
+        # cycle ends, where CycleEnd carries it to observers.
+        self.cycle_edits = 0
+        self.cycle_growth: list[GrowthEvent] = []
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: Optional[dict[str, Any]] = None
+        self._elapsed = 0.0  # seconds of the run before this process (restored on resume)
         self._started = time.perf_counter()
 
     # ------------------------------------------------------------------ schedule
@@ -278,6 +306,7 @@ class Runner:
         self.derived = self.net.derive()
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.genotype, edits = mutate(self.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
+        self.cycle_edits, self.cycle_growth = len(edits), []
         self._calibrate(self.genotype)
         self.emit(
             "on_mutation",
@@ -306,29 +335,32 @@ class Runner:
             try:
                 morph = growth.propose(self.net, kind, strength)
             except ValueError as exc:
-                log.info("growth %s skipped: %s", kind, exc)
+                # A warning, not info: the user asked for growth and does not get it.
+                log.warning("cycle %d: growth %s skipped: %s", self.position.cycle, kind, exc)
                 break
             if not growth.within_cap(morph, self.cfg.growth.max_params):
-                log.info("growth %s at %s skipped: it would exceed growth.max_params", kind, morph.where)
+                log.warning(
+                    "cycle %d: growth %s at %s skipped: it would exceed growth.max_params = %d",
+                    self.position.cycle, kind, morph.where, self.cfg.growth.max_params,
+                )
                 break
             params_before = self.net.num_weights()
             self._adopt(morph)
             error = growth.preservation_error(before, self._logits(probe))
             acc_after = self.evaluate(self.data.val, self.genotype)[1]
-            self.emit(
-                "on_growth",
-                GrowthEvent(
-                    cycle=self.position.cycle,
-                    kind=morph.kind,
-                    where=morph.where,
-                    params_before=params_before,
-                    params_after=self.net.num_weights(),
-                    preservation_error=error,
-                    val_acc_before=acc,
-                    val_acc_after=acc_after,
-                    details={**morph.details, "spec": self.spec.to_dict()},
-                ),
+            event = GrowthEvent(
+                cycle=self.position.cycle,
+                kind=morph.kind,
+                where=morph.where,
+                params_before=params_before,
+                params_after=self.net.num_weights(),
+                preservation_error=error,
+                val_acc_before=acc,
+                val_acc_after=acc_after,
+                details={**morph.details, "spec": self.spec.to_dict()},
             )
+            self.cycle_growth.append(event)
+            self.emit("on_growth", event)
             acc = acc_after
 
     def _adopt(self, morph: morphism.Morph) -> None:
@@ -366,6 +398,8 @@ class Runner:
                 val_acc=val_acc,
                 val_loss=val_loss,
                 global_epoch=self.position.global_epoch,
+                mutation_edits=self.cycle_edits,
+                growth=tuple(self.cycle_growth),
             ),
         )
 
@@ -385,31 +419,37 @@ class Runner:
     def run(self) -> RunResult:
         """Run (or continue) the whole experiment; observers see every step."""
         self._started = time.perf_counter()
-        self.emit(
-            "on_run_start",
-            RunStart(
-                config=self.cfg,
-                data=self.data.summary(),
-                device=str(self.device),
-                arch=self.spec.to_dict(),
-                resumed_from=self._resumed_from,
-                total_epochs=self.total_epochs,
-            ),
-        )
         try:
+            # Inside the try: an observer that fails on the start (after the tracker
+            # created its run) must still see on_run_interrupted and close that run.
+            self.emit(
+                "on_run_start",
+                RunStart(
+                    config=self.cfg,
+                    data=self.data.summary(),
+                    device=str(self.device),
+                    arch=self.spec.to_dict(),
+                    resumed_from=self._resumed_from,
+                    total_epochs=self.total_epochs,
+                ),
+            )
             while self.position.cycle < self.cfg.search.cycles:
-                phase = PHASES[self.position.phase]
-                self._run_phase(phase)
-                if self.position.phase + 1 < len(PHASES):
-                    self.position.phase += 1
-                else:
-                    self.position.cycle, self.position.phase = self.position.cycle + 1, 0
-                self.save_checkpoint(phase)
+                self._next_phase()
             result = self._finish()
         except BaseException as exc:
             self.emit("on_run_interrupted", RunInterrupted(exc, self.position.global_epoch))
             raise
         return result
+
+    def _next_phase(self) -> None:
+        """Run the phase at the current position, advance, checkpoint."""
+        cycle, phase = self.position.cycle, PHASES[self.position.phase]
+        self._run_phase(phase)
+        if self.position.phase + 1 < len(PHASES):
+            self.position.phase += 1
+        else:
+            self.position.cycle, self.position.phase = self.position.cycle + 1, 0
+        self.save_checkpoint(phase, cycle)  # the cycle the phase belonged to, not the next one
 
     def _final_genotype(self) -> Genotype:
         """The network the final epochs train and the run reports (search.final_genotype)."""
@@ -427,12 +467,19 @@ class Runner:
         return self.genotype
 
     def _finish(self) -> RunResult:
-        self.genotype = self._final_genotype()
-        if self.cfg.search.final_epochs:
-            self._retrain("final", self.cfg.search.final_epochs, self.data.full_train)
+        """The final stage (choose the final network, train it), its checkpoint, the evaluation."""
+        if self.position.phase != FINAL_DONE:
+            self.genotype = self._final_genotype()
+            if self.cfg.search.final_epochs:
+                self._retrain("final", self.cfg.search.final_epochs, self.data.full_train)
+            self.position.phase = FINAL_DONE
+            # The stored checkpoint then holds the trained final network, and a run
+            # killed during the evaluation resumes without training again.
+            self.save_checkpoint("final", self.position.cycle)
+        assert self.genotype is not None
         val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
         test_loss, test_acc = self.evaluate(self.data.test, self.genotype)
-        seconds = time.perf_counter() - self._started
+        seconds = self._seconds()
         end = RunEnd(
             genotype=self.genotype,
             derived_params=self.net.count_derived(self.genotype),
@@ -449,9 +496,14 @@ class Runner:
         self.emit("on_run_end", end)
         return RunResult(self.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.cycle_val_acc))
 
+    def _seconds(self) -> float:
+        """Wall time of the run so far, the processes before a resume included."""
+        return self._elapsed + time.perf_counter() - self._started
+
     # ------------------------------------------------------------------ checkpoints
 
     def state(self) -> dict[str, Any]:
+        """Everything a checkpoint holds: plain data and tensors only (it loads with weights_only)."""
         p = self.position
         return {
             "config": self.cfg.to_dict(),
@@ -464,15 +516,19 @@ class Runner:
             "derived": self.derived.to_json() if self.derived else "",
             "cycle_val_acc": list(self.cycle_val_acc),
             "cycle_genotypes": [g.to_json() for g in self.cycle_genotypes],
+            "cycle_edits": self.cycle_edits,
+            "cycle_growth": [asdict(g) for g in self.cycle_growth],
+            "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
         }
 
-    def save_checkpoint(self, phase: str) -> Optional[Path]:
+    def save_checkpoint(self, phase: str, cycle: int) -> Optional[Path]:
+        """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers."""
         if self.checkpoint_dir is None:
             return None
         path = ckpt.save(self.state(), self.checkpoint_dir / CHECKPOINT_NAME)
-        self.emit("on_checkpoint", CheckpointSaved(str(path), self.position.cycle, phase, self.position.global_epoch))
+        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.position.global_epoch))
         return path
 
     @classmethod
@@ -484,19 +540,40 @@ class Runner:
         checkpoint_dir: str | Path | None = None,
         data: Optional[DataBundle] = None,
     ) -> "Runner":
-        """Rebuild a runner from a checkpoint (at its saved, possibly grown, size)."""
+        """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
+
+        A checkpoint that reads but lacks a part, or whose weights do not fit its
+        architecture spec, is a :class:`CheckpointError`, like a corrupt one.
+        """
         state = ckpt.load(path)
-        cfg = from_dict(state["config"], source=f"checkpoint {path}")
-        runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=ArchSpec.from_dict(state["spec"]))
-        runner.net.load_state_dict(state["model"])
-        runner.weight_opt.load_state_dict(state["weight_opt"])
-        runner.alpha_opt.load_state_dict(state["alpha_opt"])
-        runner.position = Position(**state["position"])
-        runner.genotype = Genotype.from_json(state["genotype"]) if state["genotype"] else None
-        runner.derived = Genotype.from_json(state["derived"]) if state["derived"] else None
-        runner.cycle_val_acc = list(state["cycle_val_acc"])
-        runner.cycle_genotypes = [Genotype.from_json(g) for g in state.get("cycle_genotypes", ())]
-        ckpt.set_rng_state(state["rng"])
-        runner.shuffle.set_state(state["shuffle_rng"])
-        runner._resumed_from = dict(state["position"])
+        with ckpt.restoring(path):
+            cfg = from_dict(state["config"], source=f"checkpoint {path}")
+            spec = ArchSpec.from_dict(state["spec"])
+        runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=spec)
+        with ckpt.restoring(path):
+            runner._restore(state)
         return runner
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's state into this runner (built from the same config and spec)."""
+        self.net.load_state_dict(state["model"])
+        self.weight_opt.load_state_dict(state["weight_opt"])
+        self.alpha_opt.load_state_dict(state["alpha_opt"])
+        self.position = Position(**state["position"])
+        self.genotype = Genotype.from_json(state["genotype"]) if state["genotype"] else None
+        self.derived = Genotype.from_json(state["derived"]) if state["derived"] else None
+        self.cycle_val_acc = list(state["cycle_val_acc"])
+        self.cycle_genotypes = [Genotype.from_json(g) for g in state["cycle_genotypes"]]
+        self.cycle_edits = int(state["cycle_edits"])
+        self.cycle_growth = [GrowthEvent(**g) for g in state["cycle_growth"]]
+        self._elapsed = float(state["seconds"])
+        ckpt.set_rng_state(state["rng"])
+        self.shuffle.set_state(state["shuffle_rng"])
+        self._resumed_from = {**state["position"], "next": self._next_name()}
+
+    def _next_name(self) -> str:
+        """What runs next from the current position: a phase, "final" or "evaluation"."""
+        p = self.position
+        if p.cycle < self.cfg.search.cycles:
+            return PHASES[p.phase]
+        return "evaluation" if p.phase == FINAL_DONE else "final"

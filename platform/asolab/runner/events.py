@@ -22,7 +22,9 @@ class RunStart:
     data: dict[str, Any]
     device: str
     arch: dict[str, Any]
-    resumed_from: Optional[dict[str, Any]] = None  # checkpoint position when resuming
+    # when resuming: the checkpoint's position (cycle, phase, global_epoch, weight_epoch)
+    # and "next", the name of what runs first (a phase, "final" or "evaluation")
+    resumed_from: Optional[dict[str, Any]] = None
     total_epochs: int = 0
 
 
@@ -67,6 +69,13 @@ class GrowthEvent:
 
 @dataclass(frozen=True)
 class CycleEnd:
+    """The end of a cycle, with everything an observer records per cycle.
+
+    It repeats what the cycle's mutation did (``mutation_edits``, ``growth``):
+    the runner keeps those in its checkpoint, so an observer that starts after
+    a resume in mid-cycle still sees them without having seen the mutation.
+    """
+
     cycle: int
     genotype: Genotype  # the (mutated) genotype that was retrained this cycle
     derived_genotype: Genotype  # what the alphas said before mutation
@@ -76,13 +85,15 @@ class CycleEnd:
     val_acc: float
     val_loss: float
     global_epoch: int
+    mutation_edits: int = 0  # how many edits this cycle's mutation made
+    growth: tuple[GrowthEvent, ...] = ()  # this cycle's growth steps, in order
 
 
 @dataclass(frozen=True)
 class CheckpointSaved:
     path: str
-    cycle: int
-    phase: str
+    cycle: int  # the cycle the phase belonged to (search.cycles for the final stage)
+    phase: str  # the phase just finished: w_train | alpha | mutate | retrain | final
     global_epoch: int
 
 

@@ -14,7 +14,7 @@ TAG_DEVICE = "asolab.device"
 TAG_HOST = "asolab.host"
 TAG_GENOTYPE = "asolab.genotype"  # canonical string of the latest genotype
 TAG_FINAL_GENOTYPE = "asolab.final_genotype"
-TAG_PHASE = "asolab.position"  # last checkpointed position, e.g. "cycle 2 / alpha"
+TAG_PHASE = "asolab.position"  # last checkpointed position, e.g. "cycle 1 / after alpha" (position_text)
 TAG_ERROR = "asolab.error"  # one line: why a run failed
 TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
 TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
@@ -60,6 +60,7 @@ MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
 TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
 TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
 TAG_RUN_KIND = "asolab.kind"  # "run" for asolab runs
+TAG_RESUMED_FROM = "asolab.resumed_from"  # where the latest resume started, e.g. "cycle 0 / before retrain"
 
 # phase -> the value of the "phase_index" epoch metric
 PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
@@ -81,3 +82,16 @@ def mutation_artifact(cycle: int) -> str:
 
 def growth_artifact(cycle: int) -> str:
     return f"{GROWTH_DIR}/cycle_{cycle:03d}.json"
+
+
+def position_text(cycle: int, phase: str) -> str:
+    """The ``asolab.position`` tag after ``phase`` of ``cycle`` ("final": the final stage)."""
+    return "after final stage" if phase == "final" else f"cycle {cycle} / after {phase}"
+
+
+def resumed_text(position: dict) -> str:
+    """The ``asolab.resumed_from`` tag for a runner's ``resumed_from`` position."""
+    nxt = position.get("next", "?")
+    if nxt in ("final", "evaluation"):
+        return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
+    return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"

@@ -8,7 +8,10 @@ Exactly-once on resume: the runner replays an interrupted phase from its last
 checkpoint. Metrics are flushed before the checkpoint is uploaded, and a
 resumed tracker reads the highest step it already holds for every metric and
 drops anything at or below it, so a run killed at any point (SIGKILL included)
-and resumed has exactly one value per metric and step.
+and resumed has exactly one value per metric and step. The tracker keeps no
+memory across events that a restart would lose: what a cycle's mutation did
+arrives again with the cycle's end (``CycleEnd.mutation_edits`` and
+``CycleEnd.growth``, which the runner checkpoints).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
-from .store import ensure_experiment, resolve_tracking_uri
+from .store import ensure_experiment, resolve_tracking_uri, resumable_run
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +182,6 @@ class MlflowTracker(Observer):
         # steps only grow, so anything at or below it is a replay or a repeat and is dropped
         self._logged_max: dict[str, int] = {}
         self._phase_key: tuple[int, str] | None = None
-        self._mutation: dict[int, MutationEvent] = {}
-        self._growth: dict[int, list[GrowthEvent]] = {}
         self._closed = False
         self._background = _Background()
         self._uploads = 0
@@ -278,7 +279,7 @@ class MlflowTracker(Observer):
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             self.log_models = self.log_models and cfg.tracking.log_models
             if self.resume_run_id:
-                self._resume(self.resume_run_id)
+                self._resume(self.resume_run_id, event.resumed_from)
             else:
                 self._create(event)
             self.flush()
@@ -339,10 +340,10 @@ class MlflowTracker(Observer):
                 raise
             self._c.log_inputs(self.run_id, datasets=inputs)
 
-    def _resume(self, run_id: str) -> None:
+    def _resume(self, run_id: str, position: dict[str, Any] | None) -> None:
         client = self.client
         assert client is not None
-        run = client.get_run(run_id)
+        run = resumable_run(client, self.tracking_uri or "", run_id)  # refuses a FINISHED run
         self.run_id = run_id
         self.experiment_id = run.info.experiment_id
         for key in run.data.metrics:
@@ -352,6 +353,8 @@ class MlflowTracker(Observer):
         client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         resumed = int(run.data.tags.get(L.TAG_RESUMED, "0")) + 1
         self._tag(L.TAG_RESUMED, str(resumed))
+        if position:
+            self._tag(L.TAG_RESUMED_FROM, L.resumed_text(position))
         if L.TAG_ERROR in run.data.tags:
             client.delete_tag(run_id, L.TAG_ERROR)  # a resumed run is no longer failed
         log.info("resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max))
@@ -382,7 +385,6 @@ class MlflowTracker(Observer):
 
     def on_mutation(self, event: MutationEvent) -> None:
         with self._timed():
-            self._mutation[event.cycle] = event
             record = {
                 "cycle": event.cycle,
                 "temperature": event.temperature,
@@ -395,19 +397,20 @@ class MlflowTracker(Observer):
             }
             self._artifact_text(json.dumps(record, indent=2), L.mutation_artifact(event.cycle))
 
-    def on_growth(self, event: GrowthEvent) -> None:
-        with self._timed():
-            events = self._growth.setdefault(event.cycle, [])
-            events.append(event)
-            record = [
-                {
-                    "cycle": g.cycle, "kind": g.kind, "where": g.where, "params_before": g.params_before,
-                    "params_after": g.params_after, "preservation_error": g.preservation_error,
-                    "val_acc_before": g.val_acc_before, "val_acc_after": g.val_acc_after, "details": g.details,
-                }
-                for g in events
-            ]
-            self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(event.cycle))
+    def _log_growth(self, events: tuple[GrowthEvent, ...], step: int) -> None:
+        """A cycle's growth steps: the artifact and the per-cycle growth metrics."""
+        record = [
+            {
+                "cycle": g.cycle, "kind": g.kind, "where": g.where, "params_before": g.params_before,
+                "params_after": g.params_after, "preservation_error": g.preservation_error,
+                "val_acc_before": g.val_acc_before, "val_acc_after": g.val_acc_after, "details": g.details,
+            }
+            for g in events
+        ]
+        self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(events[0].cycle))
+        self._metric("growth_events", len(events), step)
+        self._metric("growth_preservation_error", max(g.preservation_error for g in events), step)
+        self._metric("growth_params_after", events[-1].params_after, step)
 
     def on_cycle_end(self, event: CycleEnd) -> None:
         with self._timed():
@@ -422,21 +425,18 @@ class MlflowTracker(Observer):
             self._metric("derived_params", event.derived_params, step)
             for k, v in event.memory.items():
                 self._metric(k, v, step)
-            mutation = self._mutation.get(c)
-            if mutation is not None:
-                self._metric("mutation_edits", len(mutation.edits), step)
-            growth = self._growth.get(c, [])
-            if growth:
-                self._metric("growth_events", len(growth), step)
-                self._metric("growth_preservation_error", max(x.preservation_error for x in growth), step)
-                self._metric("growth_params_after", growth[-1].params_after, step)
+            # From the event, not from on_mutation / on_growth: after a resume in
+            # mid-cycle this process never saw the mutation.
+            self._metric("mutation_edits", event.mutation_edits, step)
+            if event.growth:
+                self._log_growth(event.growth, step)
             # written with the retrain phase's metrics at its checkpoint (or the next flush)
 
     def on_checkpoint(self, event: CheckpointSaved) -> None:
         with self._timed():
             # Metrics first, checkpoint second: a kill in between only means the
             # replayed phase's steps are already there, and they are skipped.
-            self._tag(L.TAG_PHASE, f"cycle {event.cycle} / after {event.phase}")
+            self._tag(L.TAG_PHASE, L.position_text(event.cycle, event.phase))
             self.flush()
             self._upload_checkpoint(event.path)
 
@@ -504,13 +504,18 @@ class MlflowTracker(Observer):
         # Never raises: the runner re-raises the original error, which must not be masked
         # by a second one from a store that may itself be what failed.
         with self._timed():
+            interrupted = isinstance(exc, KeyboardInterrupt)
             try:
                 self.flush()
                 self._background.drain()
+            except KeyboardInterrupt:
+                # A second Ctrl-C while uploads drain: stop waiting, but still close the run.
+                log.warning("interrupted again: not waiting for the last uploads of run %s", self.run_id)
+                interrupted = True
             except Exception:
                 log.exception("could not write the last metrics or artifacts of run %s", self.run_id)
             try:
-                if isinstance(exc, KeyboardInterrupt):
+                if interrupted:
                     self._terminate("KILLED")
                 elif type(exc).__name__ == "TrialPruned":
                     self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it

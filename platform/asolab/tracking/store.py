@@ -113,6 +113,9 @@ def _check_api(uri: str) -> None:
     """One read through the MLflow client, the way the run will talk to the store."""
     from mlflow import MlflowClient
 
+    # MLflow announces at INFO level that it creates a new SQLite store's tables;
+    # on the user's terminal that is noise before asolab's own output (or error line).
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     try:
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as exc:  # the client raises MlflowException, SQLAlchemy's and requests' errors

@@ -98,7 +98,7 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
         study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
     except KeyError:
         command = " ".join(["asolab study"] + ([args.file] if args.file else []))
-        raise ConfigError(f"no study {name!r} in {url}; run `{command}` first, or pass --storage/--study-name") from None
+        raise ConfigError(f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass --storage/--study-name") from None
     uri = resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
     try:
         check_reachable(uri)

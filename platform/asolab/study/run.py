@@ -144,10 +144,10 @@ def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int 
             sampler=make_sampler(cfg, worker, existing.get(study_name, 0)), pruner=make_pruner(cfg), load_if_exists=True,
         )
     except ValueError as exc:
-        raise ConfigError(f"study {study_name!r} in {storage_url}: {exc}") from None
+        raise ConfigError(f"study {study_name!r} in {report.mask_password(storage_url)}: {exc}") from None
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions]:
         raise ConfigError(
-            f"study {study_name!r} in {storage_url} exists with other objectives ({[d.name for d in study.directions]}); "
+            f"study {study_name!r} in {report.mask_password(storage_url)} exists with other objectives ({[d.name for d in study.directions]}); "
             f"use another --study-name or storage"
         )
     if worker == 0 and cfg.enqueue and not study.get_trials(deepcopy=False):

@@ -114,11 +114,18 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     except ConfigError:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
-        raise ConfigError(f"study storage {url!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise ConfigError(f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     raise ConfigError(
-        f"study storage {url!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
+        f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
         "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
+
+
+def _shown(url: str) -> str:
+    """A storage URL for messages: its password masked."""
+    from .report import mask_password  # report imports this module only inside functions
+
+    return mask_password(url)
 
 
 # Optuna 4.9 renamed the stale-trial retry callback and its RDBStorage argument.

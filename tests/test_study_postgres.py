@@ -258,3 +258,22 @@ def test_storage_errors_mask_the_password() -> None:
         with pytest.raises(ConfigError) as err:
             make_storage(url, StorageConfig())
         assert PASSWORD not in str(err.value) and "optuna:***@" in str(err.value), err.value
+
+
+def test_machines_opening_an_empty_database_at_once_all_get_the_storage(postgres: Postgres) -> None:
+    """Optuna creates its tables on first open; processes that race to do so all end up with the storage."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from asolab.study.config import StorageConfig
+        from asolab.study.storage import make_storage
+        while time.time() < float(sys.argv[1]):  # start together
+            time.sleep(0.001)
+        make_storage({postgres.url!r}, StorageConfig())
+        print("opened")
+        """)
+    go = time.time() + 8  # after every interpreter has imported asolab
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(go)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+    assert all("opened" in out for out in outputs)

@@ -101,6 +101,28 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
 
             return JournalStorage(JournalRedisBackend(url))
         if is_rdb(url):
+            return _rdb_storage(url, settings)
+    except ConfigError:
+        raise
+    except Exception as exc:  # driver missing, server down, bad credentials...
+        raise ConfigError(f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    raise ConfigError(
+        f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
+        "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
+    )
+
+
+def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 3) -> RDBStorage:
+    """Optuna's RDB storage with its heartbeat and stale-trial retry.
+
+    Machines started at the same moment on an empty database race to create
+    Optuna's tables; the loser gets an IntegrityError, and opening again finds
+    the tables the winner made.
+    """
+    from sqlalchemy.exc import IntegrityError
+
+    for attempt in range(attempts):
+        try:
             with warnings.catch_warnings():
                 # Optuna flags the heartbeat arguments as experimental; asolab relies on them knowingly.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -111,14 +133,12 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
                     **{_RETRY_KWARG: RetryStaleTrial(settings.max_retry)},
                     engine_kwargs={"pool_pre_ping": True} if not is_sqlite(url) else None,
                 )
-    except ConfigError:
-        raise
-    except Exception as exc:  # driver missing, server down, bad credentials...
-        raise ConfigError(f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
-    raise ConfigError(
-        f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
-        "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
-    )
+        except IntegrityError:
+            if attempt + 1 == attempts:
+                raise
+            log.info("study storage %s: tables created concurrently by another process; opening again", _shown(url))
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _shown(url: str) -> str:

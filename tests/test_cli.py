@@ -32,3 +32,14 @@ def test_bad_run_input_is_one_error_line_and_status_2(args, words, capsys, tmp_p
         client = MlflowClient(f"sqlite:///{store}")
         experiments = [e.experiment_id for e in client.search_experiments()]
         assert client.search_runs(experiments) == []
+
+
+def test_browse_hint_names_a_store_that_asolab_ui_would_not_find(monkeypatch):
+    from asolab.cli import ui_command
+    from asolab.tracking.store import default_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert ui_command(default_tracking_uri()) == "asolab ui"
+    assert ui_command("sqlite:////tmp/my store/mlflow.db") == "asolab ui --tracking-uri 'sqlite:////tmp/my store/mlflow.db'"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert ui_command("http://127.0.0.1:5000") == "asolab ui"

@@ -96,7 +96,7 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
-    print(f"browse it: asolab ui   (run {tracker.run_id})")
+    print(f"browse it: {ui_command(uri)}   (run {tracker.run_id})")
     return 0
 
 
@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     for add in COMMANDS:
         add(sub)
     return parser
+
+
+def ui_command(uri: str) -> str:
+    """The ``asolab ui`` command that serves ``uri`` (the store ``asolab ui`` finds by itself needs no flag)."""
+    from .tracking.store import resolve_tracking_uri
+
+    return "asolab ui" if uri == resolve_tracking_uri() else f"asolab ui --tracking-uri {shlex.quote(uri)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,27 +38,9 @@ from asolab.study.config import StorageConfig
 from asolab.study.report import TAG_STORAGE, TAG_STUDY_PARENT
 from asolab.study.storage import ATTR_MLFLOW_RUN, ATTR_OWNER, make_storage
 from asolab.tracking.layout import TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from test_study import TINY_EXPERIMENT  # the same tiny digits run as the other study tests
 
 PASSWORD = "s3cret-pw"
-
-TINY_EXPERIMENT = """
-seed = 0
-device = "cpu"
-threads = 1
-[data]
-name = "digits"
-train_subset = 300
-[space]
-init_channels = 4
-[search]
-cycles = 2
-w_epochs = 1
-alpha_epochs = 1
-retrain_epochs = 1
-final_epochs = 0
-[tracking]
-log_models = false
-"""
 
 
 def _pg_scheme() -> str | None:

@@ -86,6 +86,18 @@ high = 1.0
 """
 
 
+# One trial of one cycle, randomly sampled and never pruned: the recovery tests' study.
+ONE_SHORT_RANDOM_TRIAL = """
+n_trials = 1
+[overrides]
+search.cycles = 1
+[sampler]
+name = "random"
+[pruner]
+name = "none"
+"""
+
+
 def write_study(tmp_path: Path, name: str, body: str) -> Path:
     (tmp_path / "tiny.toml").write_text(TINY_EXPERIMENT)
     path = tmp_path / f"{name}.toml"
@@ -395,15 +407,7 @@ def test_time_budget_alone(tmp_path: Path) -> None:
 
 
 def test_failed_workers_end_with_an_error_and_keep_the_others_trials(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    file = write_study(tmp_path, "crash", """
-        n_trials = 1
-        [overrides]
-        search.cycles = 1
-        [sampler]
-        name = "random"
-        [pruner]
-        name = "none"
-        """ + SPACE)
+    file = write_study(tmp_path, "crash", ONE_SHORT_RANDOM_TRIAL + SPACE)
     killed: list[int] = []
 
     def kill_worker_0() -> None:  # as the OOM killer would
@@ -454,15 +458,7 @@ grace_period = 5
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
 def test_dead_trial_on_an_rdb_storage_is_failed_marked_and_retried(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "rdb", """
-        n_trials = 1
-        [overrides]
-        search.cycles = 1
-        [sampler]
-        name = "random"
-        [pruner]
-        name = "none"
-        """ + RDB_STORAGE + SPACE)
+    file = write_study(tmp_path, "rdb", ONE_SHORT_RANDOM_TRIAL + RDB_STORAGE + SPACE)
     cfg = load_study(file)
     url, uri = f"sqlite:///{tmp_path / 'optuna.db'}", stores(tmp_path)["tracking_uri"]
     # A worker on another machine started trial 0 and its MLflow run, then died.

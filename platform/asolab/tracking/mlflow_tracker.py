@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -399,14 +400,7 @@ class MlflowTracker(Observer):
 
     def _log_growth(self, events: tuple[GrowthEvent, ...], step: int) -> None:
         """A cycle's growth steps: the artifact and the per-cycle growth metrics."""
-        record = [
-            {
-                "cycle": g.cycle, "kind": g.kind, "where": g.where, "params_before": g.params_before,
-                "params_after": g.params_after, "preservation_error": g.preservation_error,
-                "val_acc_before": g.val_acc_before, "val_acc_after": g.val_acc_after, "details": g.details,
-            }
-            for g in events
-        ]
+        record = [asdict(g) for g in events]  # every field of the event, as the checkpoint keeps it
         self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(events[0].cycle))
         self._metric("growth_events", len(events), step)
         self._metric("growth_preservation_error", max(g.preservation_error for g in events), step)
@@ -543,8 +537,6 @@ def _warm_model_logging() -> None:
 
 def _edit_dict(edit: Any) -> dict[str, Any]:
     if hasattr(edit, "__dataclass_fields__"):
-        from dataclasses import asdict
-
         out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(edit).items()}
     else:
         out = {}

@@ -154,6 +154,30 @@ def test_distance_is_a_metric_on_a_sample():
     assert max(distance(a, b) for a, b in itertools.combinations(sample, 2)) > 2  # the sample is not trivial
 
 
+def _with_own_cells(rng: random.Random, g: Genotype) -> Genotype:
+    """``g`` with up to two more own cells, at indices from a small range so that samples share some."""
+    cells = [(i, _random_genotype(rng).normal, rng.choice([(2, 3), (3,)])) for i in rng.sample(range(5, 8), rng.randint(1, 2))]
+    return Genotype(g.normal, g.normal_concat, g.reduce, g.reduce_concat, g.own_cells + tuple(cells))
+
+
+def test_own_cells_in_diffs_distances_and_op_frequencies():
+    own = _g(str(BASE) + " ; cell3: skip_connect(0) sep_conv_3x3(1) | skip_connect(0) skip_connect(2) -> 2,3")
+    edited = own.replace_op("cell3", 1, 2, "avg_pool_3x3")
+    assert diff_lines(own, edited) == ["cell3 node 1 input 2: skip_connect -> avg_pool_3x3"]
+    assert diff_lines(BASE, own)[-1] == "cell3 concat: - -> 2,3" and distance(BASE, own) == 5
+    rng = random.Random(1)
+    base = _random_genotype(rng)
+    sample = [own, edited, BASE, base] + [_with_own_cells(rng, g) for g in (base, base, base, base, BASE, own)]
+    for a, b, c in itertools.permutations(sample, 3):
+        assert distance(a, c) <= distance(a, b) + distance(b, c)
+        assert (distance(a, b) == 0) == (a == b)
+    freq = op_frequencies([own, edited])
+    assert list(freq.columns) == ["normal", "reduce", "own", "total"]
+    assert freq.loc["skip_connect", "own"] == 5 and freq.loc["avg_pool_3x3", "own"] == 1
+    assert int(freq["total"].sum()) == own.num_edges + edited.num_edges
+    assert list(op_frequencies([BASE]).columns) == ["normal", "reduce", "total"]  # unchanged without own cells
+
+
 def test_op_frequencies_and_clusters_count_edges_and_runs():
     freq = op_frequencies([BASE, BASE.replace_op("normal", 0, 0, "avg_pool_3x3")])
     assert freq.loc["sep_conv_3x3", "normal"] == 3 and freq.loc["max_pool_3x3", "reduce"] == 6

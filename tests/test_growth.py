@@ -10,8 +10,11 @@ import torch.nn.functional as F
 from asolab import config
 from asolab.config import GrowthConfig
 from asolab.evolution import growth, morphism
+from asolab.evolution.mutation import mutate
+from asolab.runner import checkpoint as ckpt
 from asolab.runner.cycle import Runner
 from asolab.runner.events import Recorder
+from asolab.space.genotype import Genotype, diff, distance
 from asolab.space.network import SearchNetwork
 from asolab.space.spec import ArchSpec
 
@@ -282,3 +285,241 @@ def test_max_params_caps_growth(tiny_cfg, digits):
     start = runner.net.num_weights()
     runner.run()
     assert rec.of("growth") == [] and runner.net.num_weights() == start
+
+
+# ---------------------------------------------------------------------------- deepen: the inserted cell's own alphas
+
+
+def _searched_supernet() -> tuple[SearchNetwork, torch.optim.Optimizer]:
+    """Cells N R R N with distinct, non-trivial alphas and an Adam state, as after alpha-training."""
+    torch.manual_seed(3)
+    space = config.SpaceConfig(init_channels=4, layers=4, steps=2)
+    net = SearchNetwork(ArchSpec.from_config(space, 1, 10))
+    with torch.no_grad():
+        for a in net.alphas.values():
+            a.copy_(torch.randn_like(a))
+    _warm_bn(net, torch.randn(32, 1, 8, 8), plans=net.continuous_plans())
+    adam = torch.optim.Adam(net.alpha_parameters(), lr=3e-3, betas=(0.5, 0.999), weight_decay=1e-3)
+    _step(net, adam, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), net.sample_plans(1.0, differentiable=True))
+    return net, adam
+
+
+def _alpha_step(net: SearchNetwork, adam: torch.optim.Optimizer, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    weights = net.weight_parameters()
+    for p in weights:
+        p.requires_grad_(False)  # as the runner's alpha phase: weights frozen
+    try:
+        _step(net, adam, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), net.sample_plans(1.0, differentiable=True))
+    finally:
+        for p in weights:
+            p.requires_grad_(True)
+
+
+def test_deepen_gives_the_inserted_cell_its_own_alphas_at_every_position(digits):
+    net, adam = _searched_supernet()
+    sgd = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9)
+    x = digits.val.x[:64]
+    g = net.derive()
+    before_cont = _logits(net, x)
+    with torch.no_grad():
+        before_geno = net(x, net.genotype_plans(g))
+    positions = morphism.deepen_positions(net.spec)
+    assert len(positions) >= 3  # start, between cells, end
+    for pos in positions:
+        morph = morphism.deepen(net, pos)
+        grown, key = morph.net, f"cell{pos}"
+        assert grown.spec.cells[pos].own_alphas and grown.spec.cells[pos].residual
+        assert grown.spec.alpha_keys == ("normal", "reduce", key)
+        own = grown.alphas[key]
+        assert torch.equal(own, net.alphas["normal"]) and own is not grown.alphas["normal"]
+        assert morph.names[f"alphas.{key}"] == "alphas.normal"
+        # The optimizers after growth: the own alphas in the alpha optimizer exactly once, never in the weight one.
+        new_adam = morphism.remap_optimizer(adam, net, grown.alpha_parameters(), morph)
+        new_sgd = morphism.remap_optimizer(sgd, net, grown.weight_parameters(), morph)
+        held = [p for group in new_adam.param_groups for p in group["params"]]
+        assert sum(p is own for p in held) == 1
+        assert not any(p is own for group in new_sgd.param_groups for p in group["params"])
+        assert not any(p is own for p in grown.weight_parameters())
+        # Adam's state goes with the copy (see deepen), as separate tensors.
+        state, normal_state = new_adam.state[own], adam.state[net.alphas["normal"]]
+        assert torch.equal(state["exp_avg"], normal_state["exp_avg"]) and state["exp_avg"] is not normal_state["exp_avg"]
+        # Function preserved: every op of every edge, and the genotype's path.
+        assert (_logits(grown, x) - before_cont).abs().max().item() <= TOL
+        carried = morph.carry(g)
+        assert carried.own_cells == ((pos, g.normal, g.normal_concat),)
+        with torch.no_grad():
+            assert (grown(x, grown.genotype_plans(carried)) - before_geno).abs().max().item() <= TOL
+        assert grown.derive() == carried  # the copy derives the normal cell's ops
+        # Trained separately: with the gate open, an alpha step moves the two matrices apart.
+        with torch.no_grad():
+            grown.gates[str(pos)].fill_(0.5)
+        _alpha_step(grown, new_adam)
+        assert own.grad is not None and own.grad.abs().sum() > 0
+        assert not torch.allclose(own.grad, grown.alphas["normal"].grad)
+        assert not torch.equal(own, grown.alphas["normal"])
+
+
+def test_own_alphas_get_no_gradient_while_the_gate_is_closed():
+    net, _ = _searched_supernet()
+    grown = morphism.deepen(net, 2).net
+    grown.train()
+    F.cross_entropy(grown(torch.randn(8, 1, 8, 8), grown.sample_plans(1.0, differentiable=True)), torch.randint(0, 10, (8,))).backward()
+    assert grown.alphas["cell2"].grad is not None and not grown.alphas["cell2"].grad.any()
+    assert grown.alphas["normal"].grad.any()
+
+
+def test_second_deepen_before_the_first_moves_its_alpha_key_and_keeps_its_values(digits):
+    net, adam = _searched_supernet()
+    last = len(net.spec.cells)
+    first = morphism.deepen(net, last)
+    net1 = first.net
+    adam1 = morphism.remap_optimizer(adam, net, net1.alpha_parameters(), first)
+    with torch.no_grad():
+        net1.gates[str(last)].fill_(0.5)
+        net1.alphas[f"cell{last}"].copy_(torch.randn_like(net1.alphas["normal"]))  # learned on its own
+    _alpha_step(net1, adam1)
+    own_values = net1.alphas[f"cell{last}"].detach().clone()
+    g1 = net1.derive()
+    assert [i for i, _, _ in g1.own_cells] == [last]
+    x = digits.val.x[:64]
+    before = _logits(net1, x)
+
+    second = morphism.deepen(net1, 0)
+    net2 = second.net
+    assert net2.spec.alpha_keys == ("normal", "reduce", "cell0", f"cell{last + 1}")
+    assert torch.equal(net2.alphas[f"cell{last + 1}"], own_values)  # moved, not reset
+    assert torch.equal(net2.alphas["cell0"], net1.alphas["normal"])
+    assert torch.equal(net2.gates[str(last + 1)], net1.gates[str(last)])
+    assert second.names[f"alphas.cell{last + 1}"] == f"alphas.cell{last}"
+    adam2 = morphism.remap_optimizer(adam1, net1, net2.alpha_parameters(), second)
+    assert torch.equal(adam2.state[net2.alphas[f"cell{last + 1}"]]["exp_avg"], adam1.state[net1.alphas[f"cell{last}"]]["exp_avg"])
+    assert (_logits(net2, x) - before).abs().max().item() <= TOL
+    # The genotype follows its cells: the first own cell renumbered, the new one added.
+    g2 = second.carry(g1)
+    assert [i for i, _, _ in g2.own_cells] == [0, last + 1]
+    assert g2.cell(f"cell{last + 1}") == g1.cell(f"cell{last}") and g2.cell("cell0") == g1.normal
+    assert net2.derive() == g2
+    with torch.no_grad():
+        net1.eval(), net2.eval()
+        assert (net2(x, net2.genotype_plans(g2)) - net1(x, net1.genotype_plans(g1))).abs().max().item() <= TOL
+
+
+def test_sampled_and_continuous_plans_cover_own_alphas_and_w_training_never_samples_none():
+    net, _ = _searched_supernet()
+    grown = morphism.deepen(net, 2).net
+    none = grown.spec.primitives.index("none")
+    with torch.no_grad():
+        grown.alphas["cell2"][:, none] = 50.0  # the own cell wants 'none' everywhere
+    hard = grown.sample_plans(1.0, differentiable=True)
+    assert set(hard) == set(grown.continuous_plans()) == set(grown.genotype_plans(grown.derive())) == {"normal", "reduce", "cell2"}
+    assert all(choices[0][0] == none for choices in hard["cell2"])  # alpha-training samples by the own alphas
+    for _ in range(5):
+        plans = grown.sample_plans(1.0, differentiable=False)
+        assert all(choices[0][0] != none for choices in plans["cell2"])
+
+
+def test_derive_of_a_deepened_net_describes_its_own_cell():
+    net, _ = _searched_supernet()
+    grown = morphism.deepen(net, 2).net
+    prims = grown.spec.primitives
+    with torch.no_grad():
+        grown.alphas["cell2"].zero_()
+        grown.alphas["cell2"][:, prims.index("skip_connect")] = 5.0
+    g = grown.derive()
+    assert [i for i, _, _ in g.own_cells] == [2]
+    assert all(op == "skip_connect" for node in g.cell("cell2") for op, _ in node)
+    assert g.normal == net.derive().normal and g.reduce == net.derive().reduce
+    text = str(g)
+    assert text.startswith(str(net.derive()) + " ; cell2: skip_connect(")
+    assert Genotype.parse(text) == g and Genotype.from_json(g.to_json()) == g
+    # The derived network runs the own cell's ops: skip_connect has no weights, sep_conv does.
+    sep = g.replace_op("cell2", 0, g.cell("cell2")[0][0][1], "sep_conv_3x3")
+    assert grown.count_derived(sep) > grown.count_derived(g)
+    assert distance(g, sep) == 1 and [c.cell for c in diff(g, sep)] == ["cell2"]
+
+
+def test_mutation_edits_reach_own_cells_and_the_result_runs():
+    net, _ = _searched_supernet()
+    grown = morphism.deepen(net, 2).net
+    g = grown.derive()
+    torch.manual_seed(0)
+    mutated, edits = mutate(g, dict(grown.alphas.items()), grown.spec.primitives, 1.0, 1.0)
+    assert len(edits) == g.num_edges and "cell2" in {e.cell for e in edits}
+    assert mutated.cell("cell2") != g.cell("cell2") and [i for i, _, _ in mutated.own_cells] == [2]
+    grown(torch.randn(2, 1, 8, 8), grown.genotype_plans(mutated))
+
+
+def test_genotype_with_an_own_cell_the_network_lacks_is_refused():
+    net, _ = _searched_supernet()
+    g = morphism.deepen(net, 2).net.derive()
+    with pytest.raises(ValueError, match="cell2"):
+        net.genotype_plans(g)
+
+
+def test_deepened_net_saves_and_loads_to_the_same_logits_and_genotype(tmp_path, digits):
+    net, _ = _searched_supernet()
+    grown = morphism.deepen(morphism.deepen(net, 2).net, 0).net
+    with torch.no_grad():
+        for key in ("cell0", "cell3"):
+            grown.alphas[key].copy_(torch.randn_like(grown.alphas[key]))
+        for gate in grown.gates.values():
+            gate.fill_(0.5)
+    path = ckpt.save({"spec": grown.spec.to_dict(), "model": grown.state_dict()}, tmp_path / "net.pt")
+    state = ckpt.load(path)
+    loaded = SearchNetwork(ArchSpec.from_dict(state["spec"]))
+    loaded.load_state_dict(state["model"])
+    assert loaded.spec == grown.spec and loaded.spec.alpha_keys == ("normal", "reduce", "cell0", "cell3")
+    g = grown.derive()
+    assert loaded.derive() == g and len(g.own_cells) == 2
+    x = digits.val.x[:64]
+    grown.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x, loaded.genotype_plans(g)), grown(x, grown.genotype_plans(g)))
+        assert torch.equal(loaded(x, loaded.continuous_plans()), grown(x, grown.continuous_plans()))
+
+
+def test_specs_saved_before_own_alphas_still_load():
+    net, _ = _searched_supernet()
+    d = morphism.deepen(net, 2).spec.to_dict()
+    for cell in d["cells"]:
+        del cell["own_alphas"]  # a checkpoint written before the field existed
+    spec = ArchSpec.from_dict(d)
+    assert spec.cells[2].residual and not spec.cells[2].own_alphas
+    old_style = SearchNetwork(spec)
+    assert spec.alpha_keys == ("normal", "reduce") and set(old_style.alphas) == {"normal", "reduce"}
+    old_style(torch.randn(2, 1, 8, 8), old_style.genotype_plans(old_style.derive()))  # the residual cell shares the normal alphas
+
+
+def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tmp_path):
+    cfg = tiny_cfg.replace(
+        **{"growth.policy": "deepen", "mutation.strength": 0.5, "search.cycles": 2, "search.final_genotype": "last"}
+    )
+    rec = Recorder()
+    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)
+    runner.run()
+    events = rec.of("growth")
+    assert [e.kind for e in events] == ["deepen"] * 4
+    assert all(e.preservation_error <= TOL for e in events)
+    own = [i for i, c in enumerate(runner.spec.cells) if c.own_alphas]
+    assert len(own) == 4 and runner.net.spec.alpha_keys[2:] == tuple(f"cell{i}" for i in own)
+    # Every genotype the run holds names exactly the network's own cells, and the cycle ends report it.
+    for g in [runner.genotype, runner.derived, *runner.cycle_genotypes]:
+        assert [i for i, _, _ in g.own_cells] == own
+    assert [len(e.genotype.own_cells) for e in rec.of("cycle_end")] == [2, 4]
+    # The optimizers: own alphas in the alpha one, each once, with Adam state; none in the weight one.
+    alpha_ids = [id(p) for group in runner.alpha_opt.param_groups for p in group["params"]]
+    weight_ids = {id(p) for group in runner.weight_opt.param_groups for p in group["params"]}
+    for i in own:
+        p = runner.net.alphas[f"cell{i}"]
+        assert alpha_ids.count(id(p)) == 1 and id(p) not in weight_ids
+        assert "exp_avg" in runner.alpha_opt.state[p]
+    # Cycle 1's alpha-training trained cycle 0's two cells' alphas apart from the normal ones;
+    # cycle 1's two cells came after the last alpha phase and are still copies of them.
+    same = [torch.equal(runner.net.alphas[f"cell{i}"], runner.net.alphas["normal"]) for i in own]
+    assert sorted(same) == [False, False, True, True]
+    resumed = Runner.resume(tmp_path / "checkpoint.pt", data=digits)
+    assert resumed.spec == runner.spec and resumed.genotype == runner.genotype
+    assert resumed.net.derive() == runner.net.derive()
+    x = digits.val.x[:64]
+    assert torch.equal(resumed._logits(x), runner._logits(x))

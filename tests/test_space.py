@@ -126,3 +126,79 @@ def test_weights_and_alphas_partition_parameters_by_identity():
 def test_derived_parameter_count_is_below_supernet():
     net = _net()
     assert 0 < net.count_derived(G) < net.num_weights()
+
+
+# ---------------------------------------------------------------------------- own-alpha cells in genotypes
+
+OWN = Genotype.parse(
+    str(G) + " ; cell4: skip_connect(0) sep_conv_3x3(1) | sep_conv_5x5(1) skip_connect(2) -> 2,3"
+    " ; cell2: avg_pool_3x3(0) avg_pool_3x3(1) | avg_pool_3x3(0) avg_pool_3x3(2) -> 2,3"
+)
+
+
+def test_genotype_without_own_cells_prints_and_serialises_exactly_as_before():
+    assert str(G) == (
+        "normal: sep_conv_3x3(0) skip_connect(1) | dil_conv_3x3(0) sep_conv_3x3(2) -> 2,3 ; "
+        "reduce: max_pool_3x3(0) max_pool_3x3(1) | max_pool_3x3(0) skip_connect(2) -> 2,3"
+    )
+    assert G.to_json() == (
+        '{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]], [["dil_conv_3x3", 0], ["sep_conv_3x3", 2]]], '
+        '"normal_concat": [2, 3], '
+        '"reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]], [["max_pool_3x3", 0], ["skip_connect", 2]]], '
+        '"reduce_concat": [2, 3]}'
+    )
+    assert G.own_cells == () and G.cell_names == ("normal", "reduce")
+
+
+def test_own_cells_print_in_index_order_and_round_trip():
+    assert OWN.cell_names == ("normal", "reduce", "cell2", "cell4")
+    assert str(OWN) == (
+        str(G) + " ; cell2: avg_pool_3x3(0) avg_pool_3x3(1) | avg_pool_3x3(0) avg_pool_3x3(2) -> 2,3"
+        " ; cell4: skip_connect(0) sep_conv_3x3(1) | sep_conv_5x5(1) skip_connect(2) -> 2,3"
+    )
+    assert Genotype.parse(str(OWN)) == OWN and Genotype.from_json(OWN.to_json()) == OWN
+    assert hash(Genotype.from_json(OWN.to_json())) == hash(OWN)
+    assert OWN.to_dict()["own_cells"][0] == {
+        "cell": 2,
+        "nodes": [[["avg_pool_3x3", 0], ["avg_pool_3x3", 1]], [["avg_pool_3x3", 0], ["avg_pool_3x3", 2]]],
+        "concat": [2, 3],
+    }
+    assert OWN.num_edges == 16 and {c for c, _, _, _ in OWN.edges()} == {"normal", "reduce", "cell2", "cell4"}
+    assert OWN != G and Genotype(G.normal, G.normal_concat, G.reduce, G.reduce_concat, OWN.own_cells) == OWN
+
+
+def test_own_cells_are_validated_and_bad_strings_refused():
+    with pytest.raises(ValueError, match="cell4 node 0 reads input 2"):
+        Genotype(G.normal, (2, 3), G.reduce, (2, 3), ((4, ((("skip_connect", 2),),), (2,)),))
+    with pytest.raises(ValueError, match="distinct"):
+        Genotype(G.normal, (2, 3), G.reduce, (2, 3), ((4, G.normal, (2, 3)), (4, G.reduce, (2, 3))))
+    with pytest.raises(ValueError, match="two 'cell4' parts"):
+        Genotype.parse(str(OWN) + " ; cell4: skip_connect(0) | skip_connect(0) -> 2,3")
+    with pytest.raises(ValueError, match="not a genotype string"):
+        Genotype.parse(str(G) + " ; deep: skip_connect(0) -> 2")
+    with pytest.raises(KeyError, match="no cell 'cell3'"):
+        OWN.cell("cell3")
+
+
+def test_diff_and_distance_see_own_cells():
+    h = OWN.replace_op("cell4", 1, 1, "max_pool_3x3")
+    assert h.cell("cell4")[1] == (("max_pool_3x3", 1), ("skip_connect", 2)) and h.normal == OWN.normal
+    assert [(c.cell, c.node, c.input, c.before, c.after) for c in diff(OWN, h)] == [("cell4", 1, 1, ("sep_conv_5x5",), ("max_pool_3x3",))]
+    assert distance(OWN, h) == distance(h, OWN) == 1
+    # A cell only one genotype has: each of its edges plus its concat list.
+    assert distance(G, OWN) == 8 + 2 and [c.cell for c in diff(G, OWN)][:1] == ["cell2"]
+    assert distance(G, h) <= distance(G, OWN) + distance(OWN, h)
+
+
+def test_cell_picture_draws_own_cells_too():
+    from matplotlib.text import Text
+
+    from asolab.space.plot import genotype_figure, genotype_png
+
+    def titled(genotype: Genotype) -> set[str]:
+        texts = [t.get_text() for t in genotype_figure(genotype).findobj(Text)]
+        return {name for name in genotype.cell_names if any(t.startswith(name) for t in texts)}
+
+    assert titled(OWN) == {"normal", "reduce", "cell2", "cell4"}
+    assert titled(G) == {"normal", "reduce"}
+    assert genotype_png(OWN, title="cycle 3").startswith(b"\x89PNG\r\n\x1a\n")

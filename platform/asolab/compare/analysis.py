@@ -6,8 +6,8 @@ Everything here works on values (:class:`~asolab.space.genotype.Genotype`,
 
 Distance is :func:`asolab.space.genotype.distance`: the number of edge
 positions ``(cell, node, input)`` whose operations differ (a missing edge
-counts as different) plus one per cell type whose concat list differs: a
-Hamming distance, hence a metric.
+counts as different) plus one per cell whose concat list differs (cells with
+their own alphas included): a Hamming distance, hence a metric.
 """
 
 from __future__ import annotations
@@ -23,19 +23,23 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ..config import ALL_PRIMITIVES
-from ..space.genotype import CELL_TYPES, Genotype, diff, distance
+from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
 from .select import RunRecord, Selection, cycle_genotypes
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
+OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
 
 
 def diff_lines(a: Genotype, b: Genotype) -> list[str]:
     """Human-readable changes from ``a`` to ``b``: one line per changed edge, then concat changes."""
     lines = [str(c) for c in diff(a, b)]
-    for kind in CELL_TYPES:
-        if a.concat(kind) != b.concat(kind):
-            lines.append(f"{kind} concat: {','.join(map(str, a.concat(kind)))} -> {','.join(map(str, b.concat(kind)))}")
+    for kind, before, after in concat_changes(a, b):
+        lines.append(f"{kind} concat: {_concat_text(before)} -> {_concat_text(after)}")
     return lines
+
+
+def _concat_text(concat: Optional[tuple[int, ...]]) -> str:
+    return "-" if concat is None else ",".join(map(str, concat))  # "-": no such cell, as for a missing edge
 
 
 def diff_frame(a: Genotype, b: Genotype) -> pd.DataFrame:
@@ -64,16 +68,20 @@ def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
     """How often each op appears, per cell type, summed over ``genotypes``.
 
     Index: every primitive (the standard ones in their usual order, then any
-    others seen); columns ``normal``, ``reduce``, ``total``.
+    others seen); columns ``normal``, ``reduce``, then ``own`` (all cells with
+    their own alphas together) only when some genotype has such cells, and
+    ``total``.
     """
-    counts = {kind: Counter() for kind in CELL_TYPES}
+    columns = (*CELL_TYPES, OWN_COLUMN)
+    counts = {kind: Counter() for kind in columns}
     for g in genotypes:
         for kind, _node, op, _i in g.edges():
-            counts[kind][op] += 1
-    seen = set(counts["normal"]) | set(counts["reduce"])
+            counts[kind if kind in CELL_TYPES else OWN_COLUMN][op] += 1
+    seen = set().union(*counts.values())
     ops = [p for p in ALL_PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(ALL_PRIMITIVES))
-    df = pd.DataFrame({kind: [counts[kind][op] for op in ops] for kind in CELL_TYPES}, index=pd.Index(ops, name="op"))
-    df["total"] = df["normal"] + df["reduce"]
+    shown = columns if counts[OWN_COLUMN] else CELL_TYPES
+    df = pd.DataFrame({kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op"))
+    df["total"] = df.sum(axis=1)
     return df
 
 

@@ -95,11 +95,13 @@ def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> Optiona
 
 
 def op_frequency_png(freq: pd.DataFrame) -> Optional[bytes]:
-    """Grouped bars: how often each op appears in normal and reduction cells."""
+    """Grouped bars: how often each op appears in normal and reduction cells
+    (and in the cells with their own alphas, when there are any)."""
     if freq.empty or freq["total"].sum() == 0:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    freq[["normal", "reduce"]].plot.bar(ax=ax, color=["#1f77b4", "#d62728"])
+    kinds = [k for k in freq.columns if k != "total"]
+    freq[kinds].plot.bar(ax=ax, color=["#1f77b4", "#d62728", "#2ca02c"][: len(kinds)])
     ax.set_ylabel("edges")
     ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("")
@@ -185,7 +187,7 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
     else:
         parts.append('<p class="muted">All compared runs share one genotype.</p>')
 
-    parts += ["<h2>Distances</h2>", "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell type whose concat list differs.</p>"]
+    parts += ["<h2>Distances</h2>", "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell whose concat list differs.</p>"]
     parts.append(_frame_html(comparison.distances, index=True))
 
     parts += ["<h2>Operation frequencies</h2>"]

@@ -100,7 +100,7 @@ def _propose_branch(net: SearchNetwork) -> Morph:
         c, k, j = edges[n]
         cs = spec.cells[c]
         taken = {op for bk, bj, op in cs.branches if (bk, bj) == (k, j)}
-        row = net.alphas["reduce" if cs.reduction else "normal"][edge_index(k, j)].detach()
+        row = net.alphas[spec.alpha_key(c)][edge_index(k, j)].detach()
         free = [i for i in ops if spec.primitives[i] not in taken]
         if free:
             best = max(free, key=lambda i: row[i].item())

@@ -35,13 +35,14 @@ halves come from different convolutions, so the mapping is built per half
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
 from ..space.cells import SearchCell
+from ..space.genotype import Genotype, own_cell_name
 from ..space.network import SearchNetwork
 from ..space.ops import DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
 from ..space.spec import ArchSpec, CellSpec
@@ -194,8 +195,10 @@ class Morph:
     """A grown network and how its tensors relate to the old one's.
 
     ``names`` maps a new state-dict name to the old name it came from (absent:
-    a new tensor at its initial value); ``transforms`` maps an old name to the
-    transform that produced the new tensor (absent: copied unchanged).
+    a new tensor at its initial value; several new names may come from one old
+    name: a deepened cell's alphas are a copy of the normal alphas);
+    ``transforms`` maps an old name to the transform that produced the new
+    tensor (absent: copied unchanged).
     """
 
     net: SearchNetwork
@@ -208,6 +211,22 @@ class Morph:
     @property
     def spec(self) -> ArchSpec:
         return self.net.spec
+
+    def carry(self, genotype: Genotype) -> Genotype:
+        """``genotype`` of the old network, expressed on the grown one.
+
+        Own cells are named by index, so after ``deepen`` those at or after the
+        insertion point are renumbered like the cells, and the inserted cell is
+        added as a copy of the genotype's normal cell, just as its alphas are a
+        copy of the normal alphas: the genotype runs the same function on the
+        grown network and names every cell with its own alphas.
+        """
+        if self.kind != "deepen":
+            return genotype
+        pos = self.details["position"]
+        own = [(i + 1 if i >= pos else i, nodes, concat) for i, nodes, concat in genotype.own_cells]
+        own.append((pos, genotype.normal, genotype.normal_concat))
+        return replace(genotype, own_cells=tuple(own))
 
 
 def _same_name(name: str) -> str:
@@ -364,7 +383,7 @@ def widen_cell(net: SearchNetwork, index: int, new_channels: int, generator: Opt
 
 
 def replace_channels(cs: CellSpec, channels: int) -> CellSpec:
-    return CellSpec(channels=channels, reduction=cs.reduction, residual=cs.residual, branches=cs.branches)
+    return replace(cs, channels=channels)
 
 
 # ---------------------------------------------------------------------------- supernet: deepen
@@ -383,17 +402,24 @@ def deepen_positions(spec: ArchSpec) -> list[int]:
     return out
 
 
-_INDEXED = re.compile(r"^(cells|gates)\.(\d+)(.*)$")
+# State-dict names that carry a cell index: cell modules, residual gates, own alphas.
+_INDEXED = re.compile(r"^(cells\.|gates\.|alphas\.cell)(\d+)(.*)$")
 
 
 def deepen(net: SearchNetwork, position: int) -> Morph:
-    """Insert a residual normal cell before cell ``position`` (``len(cells)``: at the end).
+    """Insert a residual normal cell with its own alphas before cell
+    ``position`` (``len(cells)``: at the end).
 
     The cell computes ``s1 + gate * cell(s0, s1)`` with ``gate = 0``, so it is
-    the identity until training opens the gate. It has fresh weights and uses
-    the shared normal-cell alphas: alphas are one matrix per cell type in this
-    supernet, so what alpha-training learned keeps applying to every normal
-    cell, the new one included, and no learned alpha is lost or reset.
+    the identity until training opens the gate. It has fresh weights and its
+    own alpha matrix ``alphas["cellN"]`` (``N = position``), initialised as a
+    copy of the normal-cell alphas: what alpha-training learned carries over,
+    the cell's derived ops start as the normal cell's, and from then on its
+    alphas are sampled, trained and derived on their own (``own_cells`` in the
+    genotype). Cells after the insertion point move up one index, and their
+    weights, gates and own alphas move with them, so nothing learned is lost.
+    The copy also takes over the normal alphas' optimizer state (``names``
+    maps it to ``alphas.normal``; see :meth:`Morph.carry` for genotypes).
     """
     spec = net.spec
     if position not in deepen_positions(spec):
@@ -403,16 +429,27 @@ def deepen(net: SearchNetwork, position: int) -> Morph:
         if not cs.residual:
             c_p = spec.steps * cs.channels
     cells = list(spec.cells)
-    cells.insert(position, CellSpec(channels=c_p // spec.steps, residual=True))
+    cells.insert(position, CellSpec(channels=c_p // spec.steps, residual=True, own_alphas=True))
 
     def rename(name: str) -> str:
         m = _INDEXED.match(name)
         if not m:
             return name
         i = int(m.group(2))
-        return f"{m.group(1)}.{i + 1 if i >= position else i}{m.group(3)}"
+        return f"{m.group(1)}{i + 1 if i >= position else i}{m.group(3)}"
 
     new, names = _build(net, spec.with_cells(cells), rename, {})
+    key = own_cell_name(position)
+    with torch.no_grad():
+        new.alphas[key].copy_(net.alphas["normal"])
+    # Adam state goes with the copy, as it goes with a replicated channel in widen:
+    # the copy continues the shared matrix's optimisation, with its momentum and
+    # its step scale (second moments, step count). Empty state would instead make
+    # Adam's first steps full-size (lr * sign of the gradient) whatever the
+    # gradient's scale -- weight decay alone, while the gate is still 0 and the
+    # loss gives these alphas no gradient -- and pull the copy away from what
+    # alpha-training learned.
+    names[f"alphas.{key}"] = "alphas.normal"
     return Morph(new, "deepen", f"position {position}", names, {}, {"position": position, "channels": c_p // spec.steps})
 
 
@@ -432,7 +469,7 @@ def add_branch(net: SearchNetwork, index: int, node: int, input_: int, op: str) 
     cs = spec.cells[index]
     if not 0 <= node < spec.steps or not 0 <= input_ < node + 2:
         raise ValueError(f"cell {index} has no edge (node {node}, input {input_})")
-    grown = CellSpec(cs.channels, cs.reduction, cs.residual, cs.branches + ((node, input_, op),))
+    grown = replace(cs, branches=cs.branches + ((node, input_, op),))
     cells = [grown if i == index else c for i, c in enumerate(spec.cells)]
     new, names = _build(net, spec.with_cells(cells), _same_name, {})
     return Morph(new, "branch", f"cell {index} node {node} input {input_} {op}", names, {}, {"cell": index, "node": node, "input": input_, "op": op})

@@ -1,8 +1,9 @@
 """Mutation: alpha-guided op edits on a derived genotype.
 
-For mutation strength ``s`` and ``E`` genotype edges the phase makes
-``k = max(1, round(s * E))`` edits on distinct edges chosen uniformly. Each
-edit re-samples the edge's op by Gumbel-softmax over that edge's alphas at the
+For mutation strength ``s`` and ``E`` genotype edges (own-alpha cells'
+included) the phase makes ``k = max(1, round(s * E))`` edits on distinct edges
+chosen uniformly. Each edit re-samples the edge's op by Gumbel-softmax over
+that edge's alphas (the cell's own matrix for an own-alpha cell) at the
 current temperature, excluding the current op and ``none``; so a hot
 temperature explores, a cold one follows the alphas.
 """
@@ -43,7 +44,10 @@ def mutate(
     strength: float,
     temperature: float,
 ) -> tuple[Genotype, list[Edit]]:
-    """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the edits."""
+    """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the edits.
+
+    ``alphas`` maps every cell name of ``genotype`` (``normal``, ``reduce``,
+    ``cellN``) to its alpha matrix, as ``SearchNetwork.alphas`` does."""
     edges = list(genotype.edges())
     chosen = torch.randperm(len(edges))[: num_edits(strength, len(edges))].tolist()
     edits: list[Edit] = []

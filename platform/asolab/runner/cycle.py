@@ -365,11 +365,17 @@ class Runner:
 
     def _adopt(self, morph: morphism.Morph) -> None:
         """Make a grown network the run's: net, spec and both optimizers, with
-        the state of every surviving parameter carried over."""
+        the state of every surviving parameter carried over (a deepened cell's
+        alphas join the alpha optimizer), and the genotypes the run holds
+        expressed on the grown network (deepen renumbers own-alpha cells)."""
         old = self.net
         self.net, self.spec = morph.net, morph.spec
         self.weight_opt = morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
         self.alpha_opt = morphism.remap_optimizer(self.alpha_opt, old, self.net.alpha_parameters(), morph)
+        self.genotype = morph.carry(self.genotype) if self.genotype is not None else None
+        self.derived = morph.carry(self.derived) if self.derived is not None else None
+        # Earlier cycles' genotypes are candidates for the final network, run on this one.
+        self.cycle_genotypes = [morph.carry(g) for g in self.cycle_genotypes]
 
     def _retrain(self, phase: str, epochs: int, split: Split) -> None:
         assert self.genotype is not None

@@ -2,8 +2,11 @@
 
 ``SearchNetwork`` is built from an :class:`~asolab.space.spec.ArchSpec`. Its
 alphas are registered parameters, one ``(edges, ops)`` matrix per cell type,
-shared by all cells of that type. ``forward(x, plans)`` runs what the plans say
-(see :mod:`asolab.space.cells`); the helpers below build plans for hard Gumbel
+shared by all cells of that type, plus one matrix of its own for each cell
+whose spec says ``own_alphas`` (a cell inserted by deepen), keyed ``cellN``
+(``N``: its index in ``spec.cells``). Plans are keyed like the alphas:
+``forward(x, plans)`` runs each cell by the plan of its alpha key (see
+:mod:`asolab.space.cells`); the helpers below build plans for hard Gumbel
 sampling, for a fixed genotype and for the DARTS continuous relaxation.
 
 The *derived network* is not a copy: :class:`DerivedNetwork` is a view that
@@ -15,21 +18,21 @@ copy only for export.
 from __future__ import annotations
 
 import copy
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.nn as nn
 
 from ..evolution.sampling import gumbel_softmax_st
 from .cells import Plan, SearchCell, edge_index
-from .genotype import CELL_TYPES, Genotype
+from .genotype import CELL_TYPES, Genotype, Node
 from .spec import ArchSpec
 
 Plans = dict[str, Plan]
 
 
 class SearchNetwork(nn.Module):
-    """DARTS-style supernet with one alpha matrix per cell type."""
+    """DARTS-style supernet with one alpha matrix per cell type and one per own-alpha cell."""
 
     def __init__(self, spec: ArchSpec) -> None:
         super().__init__()
@@ -54,14 +57,17 @@ class SearchNetwork(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(c_p, spec.num_classes)
         n_edges, n_ops = spec.num_edges, len(spec.primitives)
-        self.alphas = nn.ParameterDict({kind: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for kind in CELL_TYPES})
+        # Insertion order (cell types, then own cells by index) is the order of
+        # alpha_parameters(), hence of the alpha optimizer's saved state.
+        self.alphas = nn.ParameterDict({key: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for key in spec.alpha_keys})
+        self._plan_keys = [spec.alpha_key(i) for i in range(len(spec.cells))]
         none_mask = torch.tensor([float("-inf") if p == "none" else 0.0 for p in spec.primitives])
         self.register_buffer("_none_mask", none_mask, persistent=False)
 
     # ------------------------------------------------------------------ parameters
 
     def alpha_parameters(self) -> list[nn.Parameter]:
-        return [self.alphas[k] for k in CELL_TYPES]
+        return list(self.alphas.values())
 
     def weight_parameters(self) -> list[nn.Parameter]:
         # Partition by identity: `p in list_of_tensors` would compare values elementwise.
@@ -76,7 +82,7 @@ class SearchNetwork(nn.Module):
     def forward(self, x: torch.Tensor, plans: Plans) -> torch.Tensor:
         s0 = s1 = self.stem(x)
         for i, cell in enumerate(self.cells):
-            plan = plans["reduce" if cell.reduction else "normal"]
+            plan = plans[self._plan_keys[i]]
             if str(i) in self.gates:
                 s1 = s1 + self.gates[str(i)] * cell(s0, s1, plan)
             else:
@@ -86,14 +92,14 @@ class SearchNetwork(nn.Module):
     # ------------------------------------------------------------------ plans
 
     def sample_plans(self, temperature: float, differentiable: bool) -> Plans:
-        """Hard Gumbel-softmax: one op per edge and cell type.
+        """Hard Gumbel-softmax: one op per edge and alpha matrix.
 
         With ``differentiable`` the straight-through weight (value exactly 1)
         multiplies the op output, so gradients reach the alphas; without it the
         sample is drawn under no_grad and nothing but the op runs.
         """
         plans: Plans = {}
-        for kind in CELL_TYPES:
+        for kind in self.alphas:
             if differentiable:
                 hard, index = gumbel_softmax_st(self.alphas[kind], temperature)
                 plans[kind] = [[(int(i), hard[e, i])] for e, i in enumerate(index.tolist())]
@@ -104,12 +110,32 @@ class SearchNetwork(nn.Module):
                 plans[kind] = [[(int(i), None)] for i in index.tolist()]
         return plans
 
+    def genotype_nodes(self, genotype: Genotype, key: str) -> tuple[Node, ...]:
+        """The nodes ``genotype`` gives the cells of alpha key ``key``.
+
+        An own-alpha cell the genotype does not list (a genotype derived before
+        deepen inserted it) runs the genotype's cell of its type, which is what
+        its alphas were initialised to. A genotype listing an own cell that this
+        network does not have is refused: it belongs to another network.
+        """
+        extra = set(genotype.cell_names) - set(self.alphas)
+        if extra:
+            raise ValueError(
+                f"genotype describes {', '.join(sorted(extra))}, which this network does not have as cells with "
+                f"their own alphas (it has {', '.join(self.alphas)})"
+            )
+        if key in genotype.cell_names:
+            return genotype.cell(key)
+        index = self._plan_keys.index(key)
+        return genotype.cell("reduce" if self.spec.cells[index].reduction else "normal")
+
     def genotype_plans(self, genotype: Genotype) -> Plans:
-        """Run exactly the genotype's edges; every other edge is dropped."""
+        """Run exactly the genotype's edges; every other edge is dropped (own-alpha
+        cells the genotype does not list: see :meth:`genotype_nodes`)."""
         plans: Plans = {}
-        for kind in CELL_TYPES:
+        for kind in self.alphas:
             plan: list[list[tuple[int, None]] | None] = [None] * self.spec.num_edges
-            for k, node in enumerate(genotype.cell(kind)):
+            for k, node in enumerate(self.genotype_nodes(genotype, kind)):
                 for op, j in node:
                     e = edge_index(k, j)
                     plan[e] = (plan[e] or []) + [(self.spec.primitives.index(op), None)]
@@ -119,7 +145,7 @@ class SearchNetwork(nn.Module):
     def continuous_plans(self) -> Plans:
         """DARTS relaxation: every op of every edge, weighted by softmax(alphas)."""
         plans: Plans = {}
-        for kind in CELL_TYPES:
+        for kind in self.alphas:
             w = self.alphas[kind].softmax(-1)
             plans[kind] = [[(i, w[e, i]) for i in range(w.shape[1])] for e in range(w.shape[0])]
         return plans
@@ -128,11 +154,12 @@ class SearchNetwork(nn.Module):
 
     def derive(self) -> Genotype:
         """DARTS rule: per node keep the two inputs whose strongest non-none op
-        weighs most (softmax over the edge's alphas), each with that op."""
+        weighs most (softmax over the edge's alphas), each with that op; one
+        cell per alpha matrix, the own-alpha cells in ``own_cells``."""
         prims = self.spec.primitives
         allowed = [i for i, p in enumerate(prims) if p != "none"]
         cells = {}
-        for kind in CELL_TYPES:
+        for kind in self.alphas:
             w = self.alphas[kind].detach().softmax(-1).cpu()
             nodes = []
             for k in range(self.spec.steps):
@@ -145,16 +172,16 @@ class SearchNetwork(nn.Module):
                 nodes.append(tuple((op, j) for _, j, op in top))
             cells[kind] = tuple(nodes)
         concat = tuple(range(2, self.spec.steps + 2))
-        return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
+        own = tuple((i, cells[key], concat) for i, key in enumerate(self._plan_keys) if key not in CELL_TYPES)
+        return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat, own_cells=own)
 
     def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
         """The modules the derived network runs: stem, preprocessing, kept ops,
         growth branches (they run under every plan), classifier."""
         modules: list[nn.Module] = [self.stem, self.classifier]
-        for cell in self.cells:
+        for cell, key in zip(self.cells, self._plan_keys):
             modules += [cell.preprocess0, cell.preprocess1, *cell.branches]
-            kind = "reduce" if cell.reduction else "normal"
-            for k, node in enumerate(genotype.cell(kind)):
+            for k, node in enumerate(self.genotype_nodes(genotype, key)):
                 for op, j in node:
                     modules.append(cell.edges[edge_index(k, j)].ops[self.spec.primitives.index(op)])
         return modules
@@ -209,6 +236,14 @@ class DerivedNetwork(nn.Module):
 
 
 def extract(supernet: SearchNetwork, genotype: Genotype) -> DerivedNetwork:
-    """A standalone copy of the derived network (for export; training uses the view)."""
-    clone = copy.deepcopy(supernet).cpu()
+    """A standalone copy of the derived network (for export; training uses the view).
+
+    Only what the genotype runs is copied: every edge op it does not keep becomes
+    an empty placeholder, so the export holds the derived network's weights, not
+    the whole supernet's (a fraction of the size, and of the time to copy and save).
+    """
+    kept = {id(m) for m in supernet.derived_modules(genotype)}
+    unused = (op for cell in supernet.cells for edge in cell.edges for op in edge.ops if id(op) not in kept)
+    memo: dict[int, Any] = {id(op): nn.Identity() for op in unused}  # deepcopy takes these as the copies
+    clone = copy.deepcopy(supernet, memo).cpu()
     return DerivedNetwork(clone, genotype).eval()

@@ -1,4 +1,5 @@
-"""Pictures of genotypes: the normal and reduction cells as small DAGs (PNG).
+"""Pictures of genotypes: the normal and reduction cells, and the cells with
+their own alphas, as small DAGs (PNG).
 
 Drawn with matplotlib alone (no graphviz binary), so it works on any machine.
 """
@@ -37,24 +38,32 @@ def _draw_cell(ax, genotype: Genotype, kind: str) -> None:
     for key, (x, y) in pos.items():
         colour = "#fde0b0" if key in (0, 1) else "#cfe8ff" if key != "out" else "#d9f2d0"
         ax.text(x, y, labels.get(key, str(key - 2) if isinstance(key, int) else key), ha="center", va="center", fontsize=8, bbox=dict(boxstyle="round", fc=colour, ec="#555555"))
-    ax.set_title(f"{kind} cell", fontsize=10)
+    ax.set_title(f"{kind} cell" if kind in CELL_TYPES else f"{kind} (own alphas)", fontsize=10)
     ax.set_xlim(-0.6, n + 1.6)
     ax.set_ylim(-1.6, 1.6)
     ax.axis("off")
 
 
 def genotype_figure(genotype: Genotype, title: str = "") -> Figure:
-    """A figure with the normal and the reduction cell side by side."""
-    n = max(len(genotype.normal), len(genotype.reduce))
+    """A figure with the normal and the reduction cell side by side, then the
+    own-alpha cells two per row."""
+    kinds = genotype.cell_names
+    n = max(len(genotype.cell(kind)) for kind in kinds)
+    rows = (len(kinds) + 1) // 2
     # A bare Figure, not pyplot: no global figure registry (trackers draw on their own
     # thread), and fixed margins instead of tight_layout, which would draw it twice.
-    fig = Figure(figsize=(2.2 * (n + 2), 3.0))
-    axes = fig.subplots(1, 2)
-    for ax, kind in zip(axes, CELL_TYPES):
+    # Margins are in figure fractions: keep the title band and spacing ~0.3 inch high.
+    height = 3.0 * rows
+    fig = Figure(figsize=(2.2 * (n + 2), height))
+    axes = fig.subplots(rows, 2, squeeze=False).flatten()
+    for ax, kind in zip(axes, kinds):
         _draw_cell(ax, genotype, kind)
+    for ax in axes[len(kinds):]:
+        ax.axis("off")  # an odd number of cells leaves the last slot empty
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=0.82 if title else 0.9, wspace=0.05)
+    top = 1 - (0.54 if title else 0.3) / height
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02 / rows, top=top, wspace=0.05, hspace=0.3)
     return fig
 
 

@@ -1,9 +1,9 @@
 """Architecture spec: the network's shape as data.
 
-The spec (channels per cell, which cells reduce, steps, primitives, stem) is
-everything needed to rebuild a network's modules before loading its weights.
-It is saved with every checkpoint, so a network that grew during a run is
-rebuilt at its grown size on resume.
+The spec (channels per cell, which cells reduce, which have their own alphas,
+steps, primitives, stem) is everything needed to rebuild a network's modules
+and alphas before loading its weights. It is saved with every checkpoint, so
+a network that grew during a run is rebuilt at its grown size on resume.
 """
 
 from __future__ import annotations
@@ -12,22 +12,27 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..config import SpaceConfig
+from .genotype import CELL_TYPES, own_cell_name
 
 
 @dataclass(frozen=True)
 class CellSpec:
     """One cell: its per-node channel count, whether it halves the resolution,
     whether it is a residual cell added by growth (output = input + gate * cell),
-    and the branches growth added to it: ``(node, input, op)`` extra paths, each
-    with its own op module and a zero-initialised gate (see evolution/morphism.py)."""
+    the branches growth added to it: ``(node, input, op)`` extra paths, each
+    with its own op module and a zero-initialised gate (see evolution/morphism.py),
+    and whether it has its own alpha matrix (``own_alphas``, set by deepen)
+    instead of sharing its cell type's."""
 
     channels: int
     reduction: bool = False
     residual: bool = False
     branches: tuple[tuple[int, int, str], ...] = ()
+    own_alphas: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CellSpec":
+        # Specs saved before a field existed lack it and take its default.
         branches = tuple((int(k), int(j), str(op)) for k, j, op in d.get("branches", ()))
         return cls(**{**d, "branches": branches})
 
@@ -72,6 +77,19 @@ class ArchSpec:
 
     def with_cells(self, cells: list[CellSpec] | tuple[CellSpec, ...]) -> "ArchSpec":
         return replace(self, cells=tuple(cells))
+
+    def alpha_key(self, index: int) -> str:
+        """The key of cell ``index``'s alpha matrix (and of its plan): ``cellN``
+        for a cell with its own alphas, else its cell type."""
+        cs = self.cells[index]
+        if cs.own_alphas:
+            return own_cell_name(index)
+        return "reduce" if cs.reduction else "normal"
+
+    @property
+    def alpha_keys(self) -> tuple[str, ...]:
+        """Every alpha matrix's key: the two cell types, then the own-alpha cells by index."""
+        return CELL_TYPES + tuple(own_cell_name(i) for i, c in enumerate(self.cells) if c.own_alphas)
 
     @property
     def num_edges(self) -> int:

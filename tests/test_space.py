@@ -191,14 +191,24 @@ def test_diff_and_distance_see_own_cells():
 
 
 def test_cell_picture_draws_own_cells_too():
-    from matplotlib.text import Text
+    import io
 
-    from asolab.space.plot import genotype_figure, genotype_png
+    from PIL import Image
 
-    def titled(genotype: Genotype) -> set[str]:
-        texts = [t.get_text() for t in genotype_figure(genotype).findobj(Text)]
-        return {name for name in genotype.cell_names if any(t.startswith(name) for t in texts)}
+    from asolab.space.plot import cell_layout, genotype_png
 
-    assert titled(OWN) == {"normal", "reduce", "cell2", "cell4"}
-    assert titled(G) == {"normal", "reduce"}
-    assert genotype_png(OWN, title="cycle 3").startswith(b"\x89PNG\r\n\x1a\n")
+    def titled(genotype: Genotype) -> list[str]:
+        return [p.title.removesuffix(" cell") for p in cell_layout(genotype)]
+
+    assert titled(OWN) == ["normal", "reduce", "cell2", "cell4"]
+    assert titled(G) == ["normal", "reduce"]
+    # Every edge of the genotype is drawn with its op, plus one dashed arrow per concat entry.
+    for panel, kind in zip(cell_layout(OWN), OWN.cell_names):
+        ops = sorted(e.label for e in panel.edges if not e.dashed)
+        assert ops == sorted(op for node in OWN.cell(kind) for op, _ in node)
+        assert sum(e.dashed for e in panel.edges) == len(OWN.concat(kind))
+    png = genotype_png(OWN, title="cycle 3")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    # Four panels make a wider picture than two, at the same height.
+    wide, narrow = Image.open(io.BytesIO(png)), Image.open(io.BytesIO(genotype_png(G)))
+    assert wide.height == narrow.height and wide.width > narrow.width

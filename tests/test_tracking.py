@@ -207,6 +207,14 @@ def test_run_records_everything(tracked, store, tmp_path):
         expected = extract(tracked["runner"].net, end.genotype)(x)
         assert torch.allclose(model(x), expected, atol=1e-5)
     assert tags[L.TAG_MODEL_URI].startswith("models:/")
+    # the logged model carries the run's final figures (the UI's Models tab shows them)
+    logged = client.get_logged_model(tags[L.TAG_MODEL_URI].removeprefix("models:/"))
+    linked = {m.key: m.value for m in logged.metrics or []}
+    assert linked["test_acc"] == pytest.approx(end.test_acc) and linked["final_params"] == end.derived_params
+    assert {m.step for m in logged.metrics} == {TOTAL_EPOCHS}
+    assert logged.source_run_id == tracker.run_id
+    outputs = client.get_run(tracker.run_id).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(logged.model_id, TOTAL_EPOCHS)]
 
 
 # The killed process: `asolab run` that stops in cycle 0's retraining, after the
@@ -425,10 +433,29 @@ class _CtrlCTwice(Observer):
 
 def test_a_second_ctrl_c_while_uploads_drain_still_ends_the_run_killed(store, tmp_path):
     cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
-    tracker = MlflowTracker(tracking_uri=store, experiment="states", log_models=False)
+    # Uploads drain only when they run on the tracker's thread (a remote store's mode).
+    tracker = MlflowTracker(tracking_uri=store, experiment="states", log_models=False, write_mode="thread")
     with pytest.raises(KeyboardInterrupt):
         Runner(cfg, [tracker, _CtrlCTwice(tracker)], checkpoint_dir=tmp_path).run()
     assert MlflowClient(store).get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path):
+    cfg = load(None, [*TINY, "search.cycles=1"])
+    client, recorded = MlflowClient(store), {}
+    for mode in ("auto", "thread"):
+        tracker = MlflowTracker(tracking_uri=store, experiment="write-modes", log_models=False, write_mode=mode)
+        Runner(cfg, [tracker], checkpoint_dir=tmp_path / mode).run()
+        # auto writes a local SQLite store inline: no thread competes with training for the cores
+        assert tracker._background.inline is (mode == "auto")
+        run = client.get_run(tracker.run_id)
+        steps = {k: [m.step for m in _history(client, tracker.run_id, k)] for k in run.data.metrics}
+        artifacts = sorted(a.path for folder in ("", "genotypes", "cells", "checkpoints") for a in client.list_artifacts(tracker.run_id, folder or None))
+        recorded[mode] = (run.info.status, steps, artifacts, run.data.tags[L.TAG_GENOTYPE])
+    assert recorded["auto"] == recorded["thread"]
+    assert recorded["auto"][0] == "FINISHED" and "cells/cycle_000.png" in recorded["auto"][2]
+    with pytest.raises(ValueError, match="write_mode"):
+        MlflowTracker(write_mode="later")
 
 
 def test_corrupt_sqlite_store_is_a_one_line_error(tmp_path, capsys):

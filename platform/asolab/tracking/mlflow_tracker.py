@@ -37,7 +37,7 @@ import mlflow
 import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
 import torch
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelOutput, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 
 from .. import __version__
@@ -56,7 +56,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
-from .store import ensure_experiment, resolve_tracking_uri, resumable_run
+from .store import ensure_experiment, resolve_tracking_uri, resumable_run, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
 _GLOBAL_URI_LOCK = threading.Lock()
-_PLOT_LOCK = threading.Lock()  # pyplot keeps global state; trackers of parallel trials share it
+WRITE_MODES = ("auto", "inline", "thread")  # auto: inline for a local SQLite store, a thread otherwise
 
 
 def git_commit() -> str:
@@ -105,10 +105,19 @@ def _one_line(exc: BaseException) -> str:
 
 
 class _Background:
-    """One daemon thread that does artifact work (pictures, files, checkpoints) in
-    submission order, off the training loop. An error surfaces on the next call."""
+    """Store writes (metric batches, pictures, files, checkpoints) in submission order.
 
-    def __init__(self) -> None:
+    For a remote store they run on one daemon thread, so that network round trips
+    never hold up training; an error surfaces on the next call. For a local SQLite
+    store (``inline``) they run at once, in the caller: a write there costs only CPU,
+    and on a machine whose cores training keeps busy, a second thread costs the run
+    about twice its CPU time (it preempts torch's worker threads, and every parallel
+    region waits for the slowest), while inline work costs exactly its own.
+    ``bench/tracking_overhead.py --compare-modes`` measures both side by side.
+    """
+
+    def __init__(self, inline: bool = False) -> None:
+        self.inline = inline
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -116,6 +125,13 @@ class _Background:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self._raise()
+        if self.inline:
+            start = time.perf_counter()
+            try:
+                fn(*args)
+            finally:
+                self.busy_seconds += time.perf_counter() - start
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-artifacts", daemon=True)
             self._thread.start()
@@ -152,7 +168,9 @@ class MlflowTracker(Observer):
     ``MLFLOW_TRACKING_URI``, then ``mlruns/mlflow.db``; ``experiment`` to the
     config's ``tracking.experiment``, then its name. ``resume_run_id``
     continues that run instead of creating one. ``run_id`` is set once
-    ``on_run_start`` has created or resumed the run.
+    ``on_run_start`` has created or resumed the run. ``write_mode`` says where
+    store writes run (see ``_Background``): ``auto`` (inline for a local SQLite
+    store, on a thread for anything else), ``inline`` or ``thread``.
     """
 
     def __init__(
@@ -165,7 +183,10 @@ class MlflowTracker(Observer):
         resume_run_id: str | None = None,
         tags: dict[str, str] | None = None,
         log_models: bool = True,
+        write_mode: str = "auto",
     ) -> None:
+        if write_mode not in WRITE_MODES:
+            raise ValueError(f"write_mode must be one of {', '.join(WRITE_MODES)}, got {write_mode!r}")
         self._uri_arg = tracking_uri
         self._experiment_arg = experiment
         self._run_name = run_name
@@ -173,6 +194,7 @@ class MlflowTracker(Observer):
         self.resume_run_id = resume_run_id
         self.extra_tags = dict(tags or {})
         self.log_models = log_models
+        self._write_mode = write_mode
         self.run_id: str | None = None
         self.tracking_uri: str | None = None
         self.experiment_id: str | None = None
@@ -184,7 +206,7 @@ class MlflowTracker(Observer):
         self._logged_max: dict[str, int] = {}
         self._phase_key: tuple[int, str] | None = None
         self._closed = False
-        self._background = _Background()
+        self._background = _Background(inline=write_mode == "inline")
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
 
@@ -195,11 +217,11 @@ class MlflowTracker(Observer):
         assert self.client is not None and self.run_id is not None, "on_run_start has not run"
         return self.client
 
-    def _metric(self, key: str, value: float, step: int) -> None:
+    def _metric(self, key: str, value: float, step: int, model_id: str | None = None) -> None:
         if step <= self._logged_max.get(key, -1):
             return
         self._logged_max[key] = step
-        self._pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+        self._pending.append(Metric(key, float(value), int(time.time() * 1000), int(step), model_id=model_id))
 
     def _tag(self, key: str, value: str) -> None:
         self._pending_tags[key] = str(value)[:_MAX_TAG]
@@ -234,9 +256,7 @@ class MlflowTracker(Observer):
         folder, _, name = path.rpartition("/")
         with tempfile.TemporaryDirectory(prefix="asolab-art-") as tmp:
             local = Path(tmp) / name
-            with _PLOT_LOCK:
-                png = genotype_png(genotype, title=title)
-            local.write_bytes(png)
+            local.write_bytes(genotype_png(genotype, title=title))
             self._c.log_artifact(self.run_id, str(local), folder or None)
 
     def _upload_checkpoint(self, path: str) -> None:
@@ -278,14 +298,14 @@ class MlflowTracker(Observer):
             cfg = event.config
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            if self._write_mode == "auto":
+                self._background.inline = sqlite_path(self.tracking_uri) is not None
             self.log_models = self.log_models and cfg.tracking.log_models
             if self.resume_run_id:
                 self._resume(self.resume_run_id, event.resumed_from)
             else:
                 self._create(event)
             self.flush()
-            if self.log_models:
-                threading.Thread(target=_warm_model_logging, name="asolab-mlflow-warmup", daemon=True).start()
             log.info("MLflow run %s in %s", self.run_id, self.tracking_uri)
 
     def _create(self, event: RunStart) -> None:
@@ -452,18 +472,26 @@ class MlflowTracker(Observer):
             # Memory under final_* names: with no final epochs the run ends on the last
             # cycle's step, where the per-cycle figures already hold that step.
             finals.update({f"final_{k}": v for k, v in event.memory.items()})
+            model_id = None
+            if self.log_models and event.supernet is not None:
+                # Created before the final metrics so that they are written linked to the model
+                # (the UI's Models tab shows them), instead of log_model's step= option, which
+                # reads back the whole history of every metric of the run.
+                model_id = self._c.create_logged_model(
+                    self.experiment_id, name=L.MODEL_NAME, source_run_id=self.run_id, model_type="asolab-derived-network"
+                ).model_id
             for k, v in finals.items():
-                self._metric(k, v, step)
+                self._metric(k, v, step, model_id=model_id)
             self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
             self.flush()
             self._background.drain()
-            if self.log_models and event.supernet is not None:
-                self._log_model(event, step)
+            if model_id is not None:
+                self._log_model(event, model_id, step)
             self._terminate("FINISHED")
 
-    def _log_model(self, event: RunEnd, step: int) -> None:
+    def _log_model(self, event: RunEnd, model_id: str, step: int) -> None:
         from ..space.network import extract
 
         model = extract(event.supernet, event.genotype)
@@ -471,17 +499,14 @@ class MlflowTracker(Observer):
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            # Created here rather than inside log_model, which would first probe for Databricks.
-            logged = self._c.create_logged_model(
-                self.experiment_id, name=L.MODEL_NAME, source_run_id=self.run_id, model_type="asolab-derived-network"
-            )
             with _global_tracking_uri(self.tracking_uri or ""):
                 info = mlflow.pytorch.log_model(
                     model,
                     name=L.MODEL_NAME,
-                    model_id=logged.model_id,
-                    run_id=self.run_id,
-                    step=step,
+                    model_id=model_id,  # created by on_run_end; log_model would first probe for Databricks
+                    # No run_id: given one, log_model reads back the history of every metric of the
+                    # run to link the step's values; on_run_end wrote them linked already, and the
+                    # run's link to its model is logged below.
                     # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
                     serialization_format="pickle",
                     # Inferring requirements would load the model in a subprocess: slow, and we know them.
@@ -489,6 +514,7 @@ class MlflowTracker(Observer):
                 )
         finally:
             quiet.setLevel(level)
+        self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
         self._c.set_tag(self.run_id, L.TAG_MODEL_URI, info.model_uri)
 
     def on_run_interrupted(self, event: RunInterrupted) -> None:
@@ -522,17 +548,6 @@ class MlflowTracker(Observer):
     def _terminate(self, status: str) -> None:
         self._closed = True
         self._c.set_terminated(self.run_id, status=status)
-
-
-def _warm_model_logging() -> None:
-    """Build, while the run trains, the installed-packages map that log_model's
-    requirement check scans (seconds on a large environment, cached afterwards)."""
-    try:
-        from mlflow.utils import requirements_utils
-
-        requirements_utils._init_packages_to_modules_map()
-    except Exception:  # a private helper: if it moves, log_model just pays the cost itself
-        log.debug("could not pre-build MLflow's package map", exc_info=True)
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

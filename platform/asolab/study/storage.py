@@ -112,14 +112,16 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     )
 
 
-def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 3) -> RDBStorage:
+def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBStorage:
     """Optuna's RDB storage with its heartbeat and stale-trial retry.
 
     Machines started at the same moment on an empty database race to create
-    Optuna's tables; the loser gets an IntegrityError, and opening again finds
-    the tables the winner made.
+    Optuna's tables. A loser gets an IntegrityError (its CREATE waited for the
+    winner's and then collided in the catalog) or a ProgrammingError "already
+    exists" (the winner committed between its check and its CREATE); opening
+    again finds the tables the winner made.
     """
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(attempts):
         try:
@@ -133,8 +135,9 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 3) -> RDBSto
                     **{_RETRY_KWARG: RetryStaleTrial(settings.max_retry)},
                     engine_kwargs={"pool_pre_ping": True} if not is_sqlite(url) else None,
                 )
-        except IntegrityError:
-            if attempt + 1 == attempts:
+        except (IntegrityError, ProgrammingError) as exc:
+            lost_race = isinstance(exc, IntegrityError) or "already exists" in str(exc)
+            if not lost_race or attempt + 1 == attempts:
                 raise
             log.info("study storage %s: tables created concurrently by another process; opening again", _shown(url))
             time.sleep(0.5 * (attempt + 1))

@@ -31,6 +31,7 @@ line) is ASO-SE's mean test-accuracy margin over each baseline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -129,7 +130,10 @@ def run_seed(cfg: ExperimentConfig, full_train_cap: int) -> list[dict]:
     record("aso-se", aso, start)
     target = results[0]["params"]
     start = time.perf_counter()
-    record("aso-arch", FixedGenotypeRunner(cfg, Genotype.parse(results[0]["genotype"]), data=data), start)
+    # On the fresh, ungrown network: cells that growth inserted (and their own cells in the
+    # genotype) are left out, like every other kind of growth.
+    found = dataclasses.replace(Genotype.parse(results[0]["genotype"]), own_cells=())
+    record("aso-arch", FixedGenotypeRunner(cfg, found, data=data), start)
     start = time.perf_counter()
     base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
     genotype, _ = matched_random(base, target, cfg.seed)

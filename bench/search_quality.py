@@ -4,6 +4,7 @@
     python bench/search_quality.py --datasets digits --seeds 0,1,2
     python bench/search_quality.py --datasets fashion_mnist --quick
     python bench/search_quality.py --smoke
+    python bench/search_quality.py --datasets fashion_mnist --json fashion.json   # again after an interruption: goes on
 
 Per data set and seed, four arms:
 
@@ -37,7 +38,8 @@ import random
 import statistics
 import sys
 import time
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 from _common import machine, table
 from asolab.config import ExperimentConfig, load, parse_override
@@ -108,39 +110,46 @@ def matched_random(runner: Runner, target: int, seed: int, tolerance: float = 0.
     return best[1], best[2]
 
 
-def run_seed(cfg: ExperimentConfig, full_train_cap: int) -> list[dict]:
+def run_seed(cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], save: Callable[[dict], None]) -> list[dict]:
+    """The four arms of one data set and seed. Arms in ``done`` (from an earlier,
+    interrupted invocation with the same sizes) are taken as they are; each new
+    arm's record goes to ``save`` as soon as it ends."""
     data = load_data(cfg.data, cfg.seed, "cpu" if cfg.device == "auto" else cfg.device)
     if full_train_cap:
         data.full_train = data.full_train.head(full_train_cap)
-    results = []
+    results: dict[str, dict] = {}
 
-    def record(arm: str, runner: Runner, start: float) -> None:
+    def record(arm: str, make: Callable[[], Runner]) -> None:
+        if arm in done:
+            results[arm] = r = done[arm]
+            print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} (recorded earlier)", flush=True)
+            return
+        start = time.perf_counter()
+        runner = make()
         res = runner.run()
-        results.append({
+        results[arm] = r = {
             "dataset": cfg.data.name, "seed": cfg.seed, "arm": arm, "test_acc": res.test_acc, "val_acc": res.val_acc,
             "params": res.derived_params, "seconds": time.perf_counter() - start, "genotype": str(res.genotype),
             "weight_epochs": runner.weight_epochs,
-        })
-        r = results[-1]
+        }
+        save(r)
         print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} val {r['val_acc']:.4f} "
               f"params {r['params']} {r['seconds']:.0f} s", flush=True)
 
-    start = time.perf_counter()
-    aso = Runner(cfg, data=data)
-    record("aso-se", aso, start)
-    target = results[0]["params"]
-    start = time.perf_counter()
+    record("aso-se", lambda: Runner(cfg, data=data))
     # On the fresh, ungrown network: cells that growth inserted (and their own cells in the
     # genotype) are left out, like every other kind of growth.
-    found = dataclasses.replace(Genotype.parse(results[0]["genotype"]), own_cells=())
-    record("aso-arch", FixedGenotypeRunner(cfg, found, data=data), start)
-    start = time.perf_counter()
-    base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
-    genotype, _ = matched_random(base, target, cfg.seed)
-    record("random", FixedGenotypeRunner(cfg, genotype, data=data), start)
-    start = time.perf_counter()
-    record("initial", FixedGenotypeRunner(cfg, data=data), start)
-    return results
+    found = dataclasses.replace(Genotype.parse(results["aso-se"]["genotype"]), own_cells=())
+    record("aso-arch", lambda: FixedGenotypeRunner(cfg, found, data=data))
+
+    def random_arm() -> Runner:
+        base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
+        genotype, _ = matched_random(base, results["aso-se"]["params"], cfg.seed)
+        return FixedGenotypeRunner(cfg, genotype, data=data)
+
+    record("random", random_arm)
+    record("initial", lambda: FixedGenotypeRunner(cfg, data=data))
+    return [results[arm] for arm in ARMS]
 
 
 def summary(results: list[dict]) -> list[list[object]]:
@@ -181,9 +190,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="reduced sizes (fewer cycles, smaller supernet, capped splits)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--json", default="", help="also write every run's figures to this file")
+    ap.add_argument("--json", default="", help="write every arm's figures to this file as it ends; run again "
+                    "with the same file and sizes to go on where an interrupted run stopped")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
+    sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes += "".join(f" --set {o}" for o in args.overrides)
+    saved: list[dict] = []
+    if args.json and Path(args.json).exists():
+        saved = json.loads(Path(args.json).read_text())
+        print(f"# {args.json}: {len(saved)} arms recorded earlier; those with sizes {sizes!r} are reused", flush=True)
+
+    def save(record: dict) -> None:
+        saved.append({**record, "sizes": sizes})
+        if args.json:
+            Path(args.json).write_text(json.dumps(saved, indent=1))
+
     results: list[dict] = []
     print(f"# {machine()}", flush=True)
     for name in args.datasets.split(","):
@@ -196,10 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         sets.update(parse_override(o) for o in args.overrides)
         base_cfg = load(name, sets)
         for seed in seeds:
-            results += run_seed(base_cfg.replace(seed=seed), cap)
-            if args.json:
-                with open(args.json, "w") as fh:
-                    json.dump(results, fh, indent=1)
+            done = {r["arm"]: r for r in saved if (r["dataset"], r["seed"], r.get("sizes")) == (base_cfg.data.name, seed, sizes)}
+            results += run_seed(base_cfg.replace(seed=seed), cap, done, save)
     print(table(["data set", "arm", "seeds", "test acc % (mean ± std)", "params", "wall s", "weight epochs"], summary(results)))
     print(headline(results))
     return 0

@@ -66,6 +66,15 @@ def test_search_quality_has_four_arms(capsys, tmp_path):
     assert runs["aso-arch"]["genotype"] == runs["aso-se"]["genotype"]  # the search's result, retrained from scratch
     assert runs["aso-arch"]["weight_epochs"] == runs["aso-se"]["weight_epochs"]
 
+    # Interrupted after two arms: the same command goes on with the other two.
+    first = json.loads(out.read_text())
+    out.write_text(json.dumps(first[:2]))
+    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)])
+    assert sum("(recorded earlier)" in line for line in lines) == 2
+    again = json.loads(out.read_text())
+    assert [r["arm"] for r in again] == ["aso-se", "aso-arch", "random", "initial"] and again[:2] == first[:2]
+    assert again[2]["genotype"] == first[2]["genotype"]  # the random arm draws the same genotype again
+
 
 def test_search_quality_random_genotype_matches_budget():
     q = _module("search_quality")

@@ -440,6 +440,30 @@ def test_a_second_ctrl_c_while_uploads_drain_still_ends_the_run_killed(store, tm
     assert MlflowClient(store).get_run(tracker.run_id).info.status == "KILLED"
 
 
+class _CtrlCInsideAWrite(MlflowTracker):
+    """Ctrl-C lands while the first batch of epoch metrics is being written (inline)."""
+
+    hit = False
+
+    def _write_batch(self, metrics, tags) -> None:
+        if not self.hit and any(m.key == "train_loss" for m in metrics):
+            self.hit = True
+            raise KeyboardInterrupt
+        super()._write_batch(metrics, tags)
+
+
+def test_ctrl_c_inside_an_inline_metric_write_loses_nothing(store, tmp_path):
+    cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
+    tracker = _CtrlCInsideAWrite(tracking_uri=store, experiment="states", log_models=False)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(cfg, [tracker], checkpoint_dir=tmp_path).run()
+    client = MlflowClient(store)
+    assert tracker.hit and client.get_run(tracker.run_id).info.status == "KILLED"
+    # the interrupted batch (both W-training epochs) is written by the end-of-run handler
+    assert [m.step for m in _history(client, tracker.run_id, "train_loss")] == [0, 1]
+    assert client.get_run(tracker.run_id).data.tags[L.TAG_PHASE].startswith("cycle 0")
+
+
 def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path):
     cfg = load(None, [*TINY, "search.cycles=1"])
     client, recorded = MlflowClient(store), {}

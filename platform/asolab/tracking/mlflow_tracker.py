@@ -227,15 +227,22 @@ class MlflowTracker(Observer):
         self._pending_tags[key] = str(value)[:_MAX_TAG]
 
     def flush(self) -> None:
-        """Queue buffered metrics and tags for writing, in as few requests as MLflow allows."""
+        """Write (or queue) buffered metrics and tags, in as few requests as MLflow allows."""
         if self.run_id is None or (not self._pending and not self._pending_tags):
             return
         metrics, self._pending = self._pending, []
-        tags = [RunTag(k, v) for k, v in self._pending_tags.items()]
-        self._pending_tags = {}
-        # On the artifact thread too, so that a checkpoint queued after these metrics
-        # is never in the store before them.
-        self._background.submit(self._write_batch, metrics, tags)
+        pending_tags, self._pending_tags = self._pending_tags, {}
+        tags = [RunTag(k, v) for k, v in pending_tags.items()]
+        try:
+            # In submission order with the artifacts, so that a checkpoint written after
+            # these metrics is never in the store before them.
+            self._background.submit(self._write_batch, metrics, tags)
+        except BaseException:
+            # Not written (an inline write hit Ctrl-C or a store error, or the thread had
+            # failed): keep the batch, so the end-of-run handler's flush writes it.
+            self._pending = metrics + self._pending
+            self._pending_tags = {**pending_tags, **self._pending_tags}
+            raise
 
     def _write_batch(self, metrics: list[Metric], tags: list[RunTag]) -> None:
         for i in range(0, max(len(metrics), 1), _BATCH):

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name != "off":
                     tracker = MlflowTracker(tracking_uri=uri, experiment="overhead-bench", write_mode="thread" if name == "thread" else "auto")
                 seconds = timed_run(cfg, tracker, Path(tmp) / f"{name}-{i}")
-                result[name] = (seconds, tracker.log_seconds if tracker else 0.0, tracker.background_seconds if tracker else 0.0)
+                result[name] = (seconds, tracker.log_seconds if tracker else 0.0, tracker.write_seconds if tracker else 0.0)
             rounds.append(result)
 
     tracked = [v for v in variants if v != "off"]

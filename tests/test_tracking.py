@@ -234,8 +234,8 @@ class Freeze(Observer):
     def on_epoch_end(self, event):
         if (event.cycle, event.phase) == (0, "retrain"):
             for obs in self.runner.observers:
-                if hasattr(obs, "_background"):
-                    obs._background.drain()
+                if hasattr(obs, "_writer"):
+                    obs._writer.drain()
             pathlib.Path(sys.argv[1]).touch()
             time.sleep(600)
 
@@ -427,7 +427,7 @@ class _CtrlCTwice(Observer):
                     return
                 time.sleep(0.01)
 
-        self.tracker._background.submit(second_ctrl_c)
+        self.tracker._writer.submit(second_ctrl_c)
         raise KeyboardInterrupt
 
 
@@ -471,7 +471,7 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
         tracker = MlflowTracker(tracking_uri=store, experiment="write-modes", log_models=False, write_mode=mode)
         Runner(cfg, [tracker], checkpoint_dir=tmp_path / mode).run()
         # auto writes a local SQLite store inline: no thread competes with training for the cores
-        assert tracker._background.inline is (mode == "auto")
+        assert tracker._writer.inline is (mode == "auto")
         run = client.get_run(tracker.run_id)
         steps = {k: [m.step for m in _history(client, tracker.run_id, k)] for k in run.data.metrics}
         artifacts = sorted(a.path for folder in ("", "genotypes", "cells", "checkpoints") for a in client.list_artifacts(tracker.run_id, folder or None))

@@ -104,7 +104,7 @@ def _one_line(exc: BaseException) -> str:
     return text[:_MAX_TAG]
 
 
-class _Background:
+class _StoreWriter:
     """Store writes (metric batches, pictures, files, checkpoints) in submission order.
 
     For a remote store they run on one daemon thread, so that network round trips
@@ -133,7 +133,7 @@ class _Background:
                 self.busy_seconds += time.perf_counter() - start
             return
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-artifacts", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-writer", daemon=True)
             self._thread.start()
         self._queue.put((fn, args))
 
@@ -169,7 +169,7 @@ class MlflowTracker(Observer):
     config's ``tracking.experiment``, then its name. ``resume_run_id``
     continues that run instead of creating one. ``run_id`` is set once
     ``on_run_start`` has created or resumed the run. ``write_mode`` says where
-    store writes run (see ``_Background``): ``auto`` (inline for a local SQLite
+    store writes run (see ``_StoreWriter``): ``auto`` (inline for a local SQLite
     store, on a thread for anything else), ``inline`` or ``thread``.
     """
 
@@ -206,7 +206,7 @@ class MlflowTracker(Observer):
         self._logged_max: dict[str, int] = {}
         self._phase_key: tuple[int, str] | None = None
         self._closed = False
-        self._background = _Background(inline=write_mode == "inline")
+        self._writer = _StoreWriter(inline=write_mode == "inline")
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
 
@@ -236,7 +236,7 @@ class MlflowTracker(Observer):
         try:
             # In submission order with the artifacts, so that a checkpoint written after
             # these metrics is never in the store before them.
-            self._background.submit(self._write_batch, metrics, tags)
+            self._writer.submit(self._write_batch, metrics, tags)
         except BaseException:
             # Not written (an inline write hit Ctrl-C or a store error, or the thread had
             # failed): keep the batch, so the end-of-run handler's flush writes it.
@@ -249,15 +249,15 @@ class MlflowTracker(Observer):
             self._c.log_batch(self.run_id, metrics=metrics[i : i + _BATCH], tags=tags if i == 0 else ())
 
     @property
-    def background_seconds(self) -> float:
-        """Time the artifact thread has spent working (beside the training loop)."""
-        return self._background.busy_seconds
+    def write_seconds(self) -> float:
+        """Time spent in store writes (inline, or on the writer thread beside the training loop)."""
+        return self._writer.busy_seconds
 
     def _artifact_text(self, text: str, path: str) -> None:
-        self._background.submit(self._c.log_text, self.run_id, text, path)
+        self._writer.submit(self._c.log_text, self.run_id, text, path)
 
     def _artifact_png(self, genotype: Genotype, title: str, path: str) -> None:
-        self._background.submit(self._upload_png, genotype, title, path)
+        self._writer.submit(self._upload_png, genotype, title, path)
 
     def _upload_png(self, genotype: Genotype, title: str, path: str) -> None:
         folder, _, name = path.rpartition("/")
@@ -285,7 +285,7 @@ class MlflowTracker(Observer):
             finally:
                 shutil.rmtree(snap_dir, ignore_errors=True)
 
-        self._background.submit(upload)
+        self._writer.submit(upload)
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -306,7 +306,7 @@ class MlflowTracker(Observer):
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             if self._write_mode == "auto":
-                self._background.inline = sqlite_path(self.tracking_uri) is not None
+                self._writer.inline = sqlite_path(self.tracking_uri) is not None
             self.log_models = self.log_models and cfg.tracking.log_models
             if self.resume_run_id:
                 self._resume(self.resume_run_id, event.resumed_from)
@@ -493,7 +493,7 @@ class MlflowTracker(Observer):
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
             self.flush()
-            self._background.drain()
+            self._writer.drain()
             if model_id is not None:
                 self._log_model(event, model_id, step)
             self._terminate("FINISHED")
@@ -534,7 +534,7 @@ class MlflowTracker(Observer):
             interrupted = isinstance(exc, KeyboardInterrupt)
             try:
                 self.flush()
-                self._background.drain()
+                self._writer.drain()
             except KeyboardInterrupt:
                 # A second Ctrl-C while uploads drain: stop waiting, but still close the run.
                 log.warning("interrupted again: not waiting for the last uploads of run %s", self.run_id)

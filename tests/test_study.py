@@ -86,9 +86,8 @@ high = 1.0
 """
 
 
-# One trial of one cycle, randomly sampled and never pruned: the recovery tests' study.
-ONE_SHORT_RANDOM_TRIAL = """
-n_trials = 1
+# Trials of one cycle, randomly sampled and never pruned (top-level keys go before it).
+SHORT_RANDOM_TRIALS = """
 [overrides]
 search.cycles = 1
 [sampler]
@@ -96,6 +95,8 @@ name = "random"
 [pruner]
 name = "none"
 """
+# One such trial: the recovery tests' study.
+ONE_SHORT_RANDOM_TRIAL = "n_trials = 1\n" + SHORT_RANDOM_TRIALS
 
 
 def write_study(tmp_path: Path, name: str, body: str) -> Path:
@@ -388,16 +389,8 @@ def test_cli_refuses_bad_budgets_names_and_sqlite_workers(tmp_path: Path, capsys
 
 
 def test_time_budget_alone(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "timed", """
-        n_trials = 0          # no trial limit: the time budget decides
-        timeout = 1
-        [overrides]
-        search.cycles = 1
-        [sampler]
-        name = "random"
-        [pruner]
-        name = "none"
-        """ + SPACE)
+    # n_trials = 0: no trial limit, the time budget decides
+    file = write_study(tmp_path, "timed", "n_trials = 0\ntimeout = 1\n" + SHORT_RANDOM_TRIALS + SPACE)
     s = stores(tmp_path)
     assert main(["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]) == 0
     trials = load(tmp_path, "timed").get_trials()

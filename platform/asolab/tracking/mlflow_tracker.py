@@ -126,28 +126,29 @@ class _StoreWriter:
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self._raise()
         if self.inline:
-            start = time.perf_counter()
-            try:
-                fn(*args)
-            finally:
-                self.busy_seconds += time.perf_counter() - start
+            self._call(fn, args)
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-writer", daemon=True)
             self._thread.start()
         self._queue.put((fn, args))
 
+    def _call(self, fn: Callable[..., Any], args: tuple) -> None:
+        start = time.perf_counter()
+        try:
+            fn(*args)
+        finally:
+            self.busy_seconds += time.perf_counter() - start
+
     def _loop(self) -> None:
         while True:
             fn, args = self._queue.get()
-            start = time.perf_counter()
             try:
-                fn(*args)
+                self._call(fn, args)
             except Exception as exc:
-                log.exception("MLflow artifact upload failed")
+                log.exception("MLflow store write failed")
                 self._error = self._error or exc
             finally:
-                self.busy_seconds += time.perf_counter() - start
                 self._queue.task_done()
 
     def drain(self) -> None:

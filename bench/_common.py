@@ -33,7 +33,7 @@ def interleaved(fns: Mapping[str, Callable[[], object]], repeats: int, warmup: i
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain fixed-width table (floats with 2 decimals unless already strings)."""
     cells = [[c if isinstance(c, str) else (f"{c:.2f}" if isinstance(c, float) else str(c)) for c in r] for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    widths = [max([len(str(h))] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
     lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
     for r in cells:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))

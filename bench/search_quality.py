@@ -4,6 +4,7 @@
     python bench/search_quality.py --datasets digits --seeds 0,1,2
     python bench/search_quality.py --datasets fashion_mnist --quick
     python bench/search_quality.py --smoke
+    python bench/search_quality.py --datasets fashion_mnist --json fashion.json --report       # what is recorded so far
     python bench/search_quality.py --datasets fashion_mnist --json fashion.json   # again after an interruption: goes on
     python bench/search_quality.py --datasets fashion_mnist --seeds 0 --threads 1 --json fashion.json &
     python bench/search_quality.py --datasets fashion_mnist --seeds 1 --threads 1 --json fashion.json   # 2 cores, 2 seeds at once
@@ -211,7 +212,7 @@ def headline(results: list[dict]) -> str:
         if acc["aso-arch"]:
             margins += f"; its genotype from scratch {statistics.mean(acc['aso-arch']):.2f}%"
         parts.append(f"{name} {m:.2f}% ({margins})")
-    return "ASO-SE mean test accuracy and margin in points: " + "; ".join(parts)
+    return "ASO-SE mean test accuracy and margin in points: " + ("; ".join(parts) or "no aso-se arm recorded")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                     "may share one file)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default); on 2 cores, "
                     "two processes of one thread each (one seed each) train 1.76x faster than one of two threads")
+    ap.add_argument("--report", action="store_true", help="print the table of the arms recorded in --json so far; train nothing")
     args = ap.parse_args(argv)
+    if args.report and not args.json:
+        ap.error("--report reads the arms recorded in a results file: give it with --json FILE")
     seeds = [int(s) for s in args.seeds.split(",")]
     sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes += "".join(f" --set {o}" for o in args.overrides)
@@ -256,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         base_cfg = load(name, sets)
         for seed in seeds:
             done = {r["arm"]: r for r in saved if (r["dataset"], r["seed"], r.get("sizes")) == (base_cfg.data.name, seed, sizes)}
+            if args.report:
+                results += [done[arm] for arm in ARMS if arm in done]
+                print(f"  {name} seed {seed}: " + (", ".join(f"{arm} {100 * done[arm]['test_acc']:.2f}%" for arm in ARMS if arm in done) or "nothing recorded"))
+                continue
             results += run_seed(base_cfg.replace(seed=seed), cap, done, save)
     print(table(["data set", "arm", "seeds", "test acc % (mean ± std)", "params", "wall s", "weight epochs"], summary(results)))
     print(headline(results))

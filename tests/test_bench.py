@@ -76,6 +76,12 @@ def test_search_quality_has_four_arms(capsys, tmp_path):
     assert [r["arm"] for r in again] == ["aso-se", "random", "initial", "aso-arch"] and again[:2] == first[:2]
     assert again[2:] == [{**r, "seconds": again[2 + i]["seconds"]} for i, r in enumerate(first[2:])]  # same figures again
 
+    # --report shows what is recorded and trains nothing (seed 1 has no arms).
+    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0,1", "--json", str(out), "--report"])
+    assert [line.strip() for line in lines if "seed 1:" in line] == ["digits seed 1: nothing recorded"]
+    assert [line.split()[:3] for line in lines if line.startswith("digits ")][0] == ["digits", "aso-se", "1"]
+    assert json.loads(out.read_text()) == again
+
 
 def test_search_quality_random_genotype_matches_budget():
     q = _module("search_quality")

@@ -5,6 +5,7 @@
     python bench/search_quality.py --datasets fashion_mnist --quick
     python bench/search_quality.py --smoke
     python bench/search_quality.py --datasets fashion_mnist --json fashion.json --report       # what is recorded so far
+    python bench/search_quality.py --datasets fashion_mnist --seeds 2 --arms initial --json fashion.json  # one arm
     python bench/search_quality.py --datasets fashion_mnist --json fashion.json   # again after an interruption: goes on
     python bench/search_quality.py --datasets fashion_mnist --seeds 0 --threads 1 --json fashion.json &
     python bench/search_quality.py --datasets fashion_mnist --seeds 1 --threads 1 --json fashion.json   # 2 cores, 2 seeds at once
@@ -118,10 +119,18 @@ def matched_random(runner: Runner, target: int, seed: int, tolerance: float = 0.
     return best[1], best[2]
 
 
-def run_seed(cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], save: Callable[[dict], None]) -> list[dict]:
-    """The four arms of one data set and seed. Arms in ``done`` (from an earlier,
-    interrupted invocation with the same sizes) are taken as they are; each new
-    arm's record goes to ``save`` as soon as it ends."""
+def run_seed(
+    cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], save: Callable[[dict], None], arms: tuple[str, ...] = ARMS
+) -> list[dict]:
+    """The arms of one data set and seed. Arms in ``done`` (from an earlier,
+    interrupted invocation with the same sizes) are taken as they are; of the
+    others, those in ``arms`` run, and each one's record goes to ``save`` as
+    soon as it ends."""
+    needs_aso_se = {"random", "aso-arch"} & set(arms)
+    if needs_aso_se and "aso-se" not in done and "aso-se" not in arms:
+        raise SystemExit(f"search_quality: error: {cfg.data.name} seed {cfg.seed}: the {' and '.join(sorted(needs_aso_se))} "
+                         "arm needs this seed's aso-se arm (its parameter count and genotype); run that first "
+                         "(--arms aso-se) into the same --json file")
     data = load_data(cfg.data, cfg.seed, "cpu" if cfg.device == "auto" else cfg.device)
     if full_train_cap:
         data.full_train = data.full_train.head(full_train_cap)
@@ -131,6 +140,8 @@ def run_seed(cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], 
         if arm in done:
             results[arm] = r = done[arm]
             print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} (recorded earlier)", flush=True)
+            return
+        if arm not in arms:
             return
         start = time.perf_counter()
         runner = make()
@@ -145,6 +156,9 @@ def run_seed(cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], 
               f"params {r['params']} {r['seconds']:.0f} s", flush=True)
 
     record("aso-se", lambda: Runner(cfg, data=data))
+    if "aso-se" not in results:  # not asked for: only the arm that needs no ASO-SE run can go on
+        record("initial", lambda: FixedGenotypeRunner(cfg, data=data))
+        return [results[arm] for arm in ARMS if arm in results]
 
     def random_arm() -> Runner:
         base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
@@ -158,7 +172,7 @@ def run_seed(cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], 
     # genotype) are left out, like every other kind of growth.
     found = dataclasses.replace(Genotype.parse(results["aso-se"]["genotype"]), own_cells=())
     record("aso-arch", lambda: FixedGenotypeRunner(cfg, found, data=data))
-    return [results[arm] for arm in ARMS]
+    return [results[arm] for arm in ARMS if arm in results]
 
 
 @contextlib.contextmanager
@@ -227,11 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                     "may share one file)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default); on 2 cores, "
                     "two processes of one thread each (one seed each) train 1.76x faster than one of two threads")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run (default all); e.g. a second "
+                    "process runs 'initial' of a seed while the first runs its aso-se arm")
     ap.add_argument("--report", action="store_true", help="print the table of the arms recorded in --json so far; train nothing")
     args = ap.parse_args(argv)
     if args.report and not args.json:
         ap.error("--report reads the arms recorded in a results file: give it with --json FILE")
     seeds = [int(s) for s in args.seeds.split(",")]
+    arms = tuple(a.strip() for a in args.arms.split(","))
+    if unknown := sorted(set(arms) - set(ARMS)):
+        ap.error(f"--arms: unknown arm {', '.join(unknown)}; choose from {', '.join(ARMS)}")
     sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes += "".join(f" --set {o}" for o in args.overrides)
     path = Path(args.json) if args.json else None
@@ -264,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 results += [done[arm] for arm in ARMS if arm in done]
                 print(f"  {name} seed {seed}: " + (", ".join(f"{arm} {100 * done[arm]['test_acc']:.2f}%" for arm in ARMS if arm in done) or "nothing recorded"))
                 continue
-            results += run_seed(base_cfg.replace(seed=seed), cap, done, save)
+            results += run_seed(base_cfg.replace(seed=seed), cap, done, save, arms)
     print(table(["data set", "arm", "seeds", "test acc % (mean ± std)", "params", "wall s", "weight epochs"], summary(results)))
     print(headline(results))
     return 0

@@ -95,6 +95,25 @@ def test_search_quality_random_genotype_matches_budget():
     assert runner.net.count_derived(genotype) == params
 
 
+def test_search_quality_runs_chosen_arms(capsys, tmp_path):
+    """--arms splits one seed across processes; an arm that needs the seed's
+    ASO-SE run refuses to start without it, naming what to run first."""
+    import json
+
+    out = tmp_path / "q.json"
+    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)]
+    with pytest.raises(SystemExit, match="random arm needs this seed's aso-se arm"):
+        _module("search_quality").main(args + ["--arms", "initial,random"])
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        _module("search_quality").main(args + ["--arms", "initial,bogus"])
+    assert "unknown arm bogus" in capsys.readouterr().err
+    _run(capsys, "search_quality", args + ["--arms", "initial"])
+    assert [r["arm"] for r in json.loads(out.read_text())] == ["initial"]
+    _run(capsys, "search_quality", args + ["--arms", "aso-se,aso-arch"])
+    assert [r["arm"] for r in json.loads(out.read_text())] == ["initial", "aso-se", "aso-arch"]
+
+
 def _append_arms(path: str, worker: int, count: int) -> None:
     q = _module("search_quality")
     for i in range(count):

@@ -249,6 +249,39 @@ def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg
     assert last.seconds > saved > again.seconds - saved > 0
 
 
+def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, tmp_path):
+    """A long final stage is checkpointed between its epochs (search.checkpoint_minutes):
+    killed after its second epoch, the run resumes at the third and ends as if never stopped."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 4, "search.checkpoint_minutes": 0.0})
+    full = Runner(cfg).run()
+
+    class StopAtSecondFinalEpoch(Recorder):
+        def on_checkpoint(self, event):
+            super().on_checkpoint(event)
+            if event.phase == "final" and event.stage_epoch == 2:
+                raise _StopAt
+
+    killed = StopAtSecondFinalEpoch()
+    with pytest.raises(_StopAt):
+        Runner(cfg, [killed], checkpoint_dir=tmp_path).run()
+    assert [c.stage_epoch for c in killed.of("checkpoint") if c.phase == "final"] == [1, 2]
+    rec = Recorder()
+    resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec], checkpoint_dir=tmp_path).run()
+    start = rec.of("run_start")[0].resumed_from
+    assert (start["next"], start["stage_epoch"]) == ("final", 2)
+    assert [(e.phase, e.epoch) for e in rec.of("epoch_end")] == [("final", 2), ("final", 3)]
+    # After epoch 3 a checkpoint inside the stage; after epoch 4 the stage's own (stage_epoch 0).
+    assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint")] == [("final", 3), ("final", 0)]
+    assert (resumed.genotype, resumed.test_acc, resumed.val_acc) == (full.genotype, full.test_acc, full.val_acc)
+
+
+def test_final_stage_checkpoints_only_when_the_last_one_is_old(tiny_cfg, tmp_path):
+    """With the default interval a short final stage writes no checkpoints inside it."""
+    rec = Recorder()
+    Runner(tiny_cfg.replace(**{"search.final_epochs": 3}), [rec], checkpoint_dir=tmp_path).run()
+    assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint") if c.phase == "final"] == [("final", 0)]
+
+
 def _save_edited(src, dst, edit):
     state = torch.load(src, weights_only=True)
     edit(state)

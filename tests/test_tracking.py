@@ -536,3 +536,14 @@ def test_ui_serves_the_store(tracked, store):
     assert f"http://127.0.0.1:{port}" in out
     with pytest.raises(OSError):
         urllib.request.urlopen(base + "/health", timeout=2)
+
+
+def test_position_tags_name_checkpoints_inside_the_final_stage():
+    """The asolab.position / asolab.resumed_from tags of a checkpoint taken between
+    final-stage epochs say how far the stage got, as phase checkpoints do."""
+    assert L.position_text(3, "final", 5) == "final stage / after epoch 5"
+    assert L.position_text(3, "final") == "after final stage"
+    assert L.position_text(1, "alpha") == "cycle 1 / after alpha"
+    inside = {"cycle": 3, "phase": 0, "global_epoch": 17, "stage_epoch": 5, "next": "final"}
+    assert L.resumed_text(inside) == "final stage / before epoch 6 (epoch 17)"
+    assert L.resumed_text({**inside, "stage_epoch": 0}) == "before final stage (epoch 17)"

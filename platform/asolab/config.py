@@ -104,6 +104,7 @@ class SearchConfig:
     alpha_lr: float = _field(3e-3, gt=0.0, le=10.0)
     alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0)
     grad_clip: float = _field(5.0, gt=0.0)
+    checkpoint_minutes: float = _field(5.0, ge=0.0, le=1440.0, help="inside the final stage, checkpoint after an epoch once the last checkpoint is this old (0 = every epoch); phases always end with one")
     calibration_batches: int = _field(8, ge=0, le=10000, help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)")
     final_genotype: str = _field("best", choices=FINAL_GENOTYPES, help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated")
 

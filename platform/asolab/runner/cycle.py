@@ -106,6 +106,7 @@ class Position:
     phase: int = 0  # index into PHASES; cycle == cycles means the final stage (phase 0 or FINAL_DONE)
     global_epoch: int = 0  # every training epoch so far (the MLflow step)
     weight_epoch: int = 0  # epochs that trained weights (drives the LR schedule)
+    stage_epoch: int = 0  # final-stage epochs done (a checkpoint inside the final stage)
 
 
 @dataclass
@@ -163,6 +164,7 @@ class Runner:
         self._resumed_from: Optional[dict[str, Any]] = None
         self._elapsed = 0.0  # seconds of the run before this process (restored on resume)
         self._started = time.perf_counter()
+        self._last_checkpoint = time.perf_counter()
 
     # ------------------------------------------------------------------ schedule
 
@@ -377,13 +379,14 @@ class Runner:
         # Earlier cycles' genotypes are candidates for the final network, run on this one.
         self.cycle_genotypes = [morph.carry(g) for g in self.cycle_genotypes]
 
-    def _retrain(self, phase: str, epochs: int, split: Split) -> None:
+    def _genotype_step(self) -> Callable:
+        """A weight step along the current genotype's path (W-retraining, final stage)."""
         assert self.genotype is not None
         plans = self.net.genotype_plans(self.genotype)
+        return lambda x, y, tau: self._weight_step(x, y, plans)
 
-        def step(x, y, tau):
-            return self._weight_step(x, y, plans)
-
+    def _retrain(self, phase: str, epochs: int, split: Split) -> None:
+        step = self._genotype_step()
         for e in range(epochs):
             self._epoch(phase, e, split, step, lambda: self.genotype)
 
@@ -472,12 +475,25 @@ class Runner:
                 return self._calibrate(self.cycle_genotypes[best])
         return self.genotype
 
+    def _train_final(self) -> None:
+        """The final epochs on the whole training split. The stage is most of a long
+        run, so it also checkpoints between epochs, whenever the last checkpoint is
+        ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch."""
+        step = self._genotype_step()
+        epochs, every = self.cfg.search.final_epochs, 60 * self.cfg.search.checkpoint_minutes
+        for e in range(self.position.stage_epoch, epochs):
+            self._epoch("final", e, self.data.full_train, step, lambda: self.genotype)
+            self.position.stage_epoch = e + 1
+            if e + 1 < epochs and time.perf_counter() - self._last_checkpoint >= every:
+                self.save_checkpoint("final", self.position.cycle)
+        self.position.stage_epoch = 0
+
     def _finish(self) -> RunResult:
         """The final stage (choose the final network, train it), its checkpoint, the evaluation."""
         if self.position.phase != FINAL_DONE:
-            self.genotype = self._final_genotype()
-            if self.cfg.search.final_epochs:
-                self._retrain("final", self.cfg.search.final_epochs, self.data.full_train)
+            if self.position.stage_epoch == 0:  # else resumed inside the stage: the network is chosen
+                self.genotype = self._final_genotype()
+            self._train_final()
             self.position.phase = FINAL_DONE
             # The stored checkpoint then holds the trained final network, and a run
             # killed during the evaluation resumes without training again.
@@ -517,7 +533,10 @@ class Runner:
             "model": self.net.state_dict(),
             "weight_opt": self.weight_opt.state_dict(),
             "alpha_opt": self.alpha_opt.state_dict(),
-            "position": {"cycle": p.cycle, "phase": p.phase, "global_epoch": p.global_epoch, "weight_epoch": p.weight_epoch},
+            "position": {
+                "cycle": p.cycle, "phase": p.phase, "global_epoch": p.global_epoch, "weight_epoch": p.weight_epoch,
+                "stage_epoch": p.stage_epoch,
+            },
             "genotype": self.genotype.to_json() if self.genotype else "",
             "derived": self.derived.to_json() if self.derived else "",
             "cycle_val_acc": list(self.cycle_val_acc),
@@ -534,7 +553,8 @@ class Runner:
         if self.checkpoint_dir is None:
             return None
         path = ckpt.save(self.state(), self.checkpoint_dir / CHECKPOINT_NAME)
-        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.position.global_epoch))
+        self._last_checkpoint = time.perf_counter()
+        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.position.global_epoch, self.position.stage_epoch))
         return path
 
     @classmethod

@@ -95,6 +95,7 @@ class CheckpointSaved:
     cycle: int  # the cycle the phase belonged to (search.cycles for the final stage)
     phase: str  # the phase just finished: w_train | alpha | mutate | retrain | final
     global_epoch: int
+    stage_epoch: int = 0  # > 0: taken inside the final stage, after this many of its epochs
 
 
 @dataclass(frozen=True)

@@ -84,14 +84,19 @@ def growth_artifact(cycle: int) -> str:
     return f"{GROWTH_DIR}/cycle_{cycle:03d}.json"
 
 
-def position_text(cycle: int, phase: str) -> str:
-    """The ``asolab.position`` tag after ``phase`` of ``cycle`` ("final": the final stage)."""
-    return "after final stage" if phase == "final" else f"cycle {cycle} / after {phase}"
+def position_text(cycle: int, phase: str, stage_epoch: int = 0) -> str:
+    """The ``asolab.position`` tag after ``phase`` of ``cycle`` ("final": the final
+    stage; with ``stage_epoch``, a checkpoint inside it after that many epochs)."""
+    if phase == "final":
+        return f"final stage / after epoch {stage_epoch}" if stage_epoch else "after final stage"
+    return f"cycle {cycle} / after {phase}"
 
 
 def resumed_text(position: dict) -> str:
     """The ``asolab.resumed_from`` tag for a runner's ``resumed_from`` position."""
     nxt = position.get("next", "?")
+    if nxt == "final" and position.get("stage_epoch"):
+        return f"final stage / before epoch {position['stage_epoch'] + 1} (epoch {position.get('global_epoch')})"
     if nxt in ("final", "evaluation"):
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"

@@ -458,7 +458,7 @@ class MlflowTracker(Observer):
         with self._timed():
             # Metrics first, checkpoint second: a kill in between only means the
             # replayed phase's steps are already there, and they are skipped.
-            self._tag(L.TAG_PHASE, L.position_text(event.cycle, event.phase))
+            self._tag(L.TAG_PHASE, L.position_text(event.cycle, event.phase, event.stage_epoch))
             self.flush()
             self._upload_checkpoint(event.path)
 

@@ -39,9 +39,11 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -54,6 +56,7 @@ from _common import machine, table
 from asolab.config import ExperimentConfig, load, parse_override
 from asolab.data import load_data
 from asolab.runner import Runner
+from asolab.runner.cycle import CHECKPOINT_NAME
 from asolab.space.genotype import CELL_TYPES, Genotype
 
 ARMS = ("aso-se", "aso-arch", "random", "initial")  # as tables list them; run_seed runs aso-arch last
@@ -78,8 +81,8 @@ class FixedGenotypeRunner(Runner):
     path instead of sampled ones, alpha-training and mutation do nothing. The
     epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
 
-    def __init__(self, cfg: ExperimentConfig, genotype: Optional[Genotype] = None, **kwargs) -> None:
-        super().__init__(cfg, **kwargs)
+    def __init__(self, cfg: ExperimentConfig, observers=(), *, genotype: Optional[Genotype] = None, **kwargs) -> None:
+        super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way, then restores the genotype
         self.genotype = self.derived = genotype if genotype is not None else self.net.derive()
 
     def _w_train(self) -> None:
@@ -120,12 +123,14 @@ def matched_random(runner: Runner, target: int, seed: int, tolerance: float = 0.
 
 
 def run_seed(
-    cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], save: Callable[[dict], None], arms: tuple[str, ...] = ARMS
+    cfg: ExperimentConfig, full_train_cap: int, done: dict[str, dict], save: Callable[[dict], None],
+    arms: tuple[str, ...] = ARMS, checkpoints: Optional[Path] = None,
 ) -> list[dict]:
     """The arms of one data set and seed. Arms in ``done`` (from an earlier,
     interrupted invocation with the same sizes) are taken as they are; of the
     others, those in ``arms`` run, and each one's record goes to ``save`` as
-    soon as it ends."""
+    soon as it ends. With ``checkpoints`` (a folder), every arm checkpoints as
+    ``asolab run`` does, and an arm killed midway resumes from its checkpoint."""
     needs_aso_se = {"random", "aso-arch"} & set(arms)
     if needs_aso_se and "aso-se" not in done and "aso-se" not in arms:
         raise SystemExit(f"search_quality: error: {cfg.data.name} seed {cfg.seed}: the {' and '.join(sorted(needs_aso_se))} "
@@ -136,42 +141,49 @@ def run_seed(
         data.full_train = data.full_train.head(full_train_cap)
     results: dict[str, dict] = {}
 
-    def record(arm: str, make: Callable[[], Runner]) -> None:
+    def record(arm: str, make: Callable[..., Runner]) -> None:
         if arm in done:
             results[arm] = r = done[arm]
             print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} (recorded earlier)", flush=True)
             return
         if arm not in arms:
             return
-        start = time.perf_counter()
-        runner = make()
+        folder = checkpoints / f"{cfg.data.name}-seed{cfg.seed}-{arm}" if checkpoints else None
+        if folder and (folder / CHECKPOINT_NAME).exists():
+            runner = (Runner if arm == "aso-se" else FixedGenotypeRunner).resume(folder / CHECKPOINT_NAME, checkpoint_dir=folder, data=data)
+            print(f"  {cfg.data.name} seed {cfg.seed} {arm:<8} resumed from its checkpoint: {runner._next_name()}, "
+                  f"epoch {runner.position.global_epoch}", flush=True)
+        else:
+            runner = make(checkpoint_dir=folder)
         res = runner.run()
         results[arm] = r = {
             "dataset": cfg.data.name, "seed": cfg.seed, "arm": arm, "test_acc": res.test_acc, "val_acc": res.val_acc,
-            "params": res.derived_params, "seconds": time.perf_counter() - start, "genotype": str(res.genotype),
+            "params": res.derived_params, "seconds": res.seconds, "genotype": str(res.genotype),
             "weight_epochs": runner.weight_epochs, "threads": torch.get_num_threads(),
         }
         save(r)
+        if folder:
+            shutil.rmtree(folder)
         print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} val {r['val_acc']:.4f} "
               f"params {r['params']} {r['seconds']:.0f} s", flush=True)
 
-    record("aso-se", lambda: Runner(cfg, data=data))
+    record("aso-se", lambda **kw: Runner(cfg, data=data, **kw))
     if "aso-se" not in results:  # not asked for: only the arm that needs no ASO-SE run can go on
-        record("initial", lambda: FixedGenotypeRunner(cfg, data=data))
+        record("initial", lambda **kw: FixedGenotypeRunner(cfg, data=data, **kw))
         return [results[arm] for arm in ARMS if arm in results]
 
-    def random_arm() -> Runner:
+    def random_arm(**kw) -> Runner:
         base = FixedGenotypeRunner(cfg, data=data)  # seeded: derive() reads the fresh alphas of this seed
         genotype, _ = matched_random(base, results["aso-se"]["params"], cfg.seed)
-        return FixedGenotypeRunner(cfg, genotype, data=data)
+        return FixedGenotypeRunner(cfg, genotype=genotype, data=data, **kw)
 
     # The two baselines the comparison is about first; the diagnostic arm last.
     record("random", random_arm)
-    record("initial", lambda: FixedGenotypeRunner(cfg, data=data))
+    record("initial", lambda **kw: FixedGenotypeRunner(cfg, data=data, **kw))
     # On the fresh, ungrown network: cells that growth inserted (and their own cells in the
     # genotype) are left out, like every other kind of growth.
     found = dataclasses.replace(Genotype.parse(results["aso-se"]["genotype"]), own_cells=())
-    record("aso-arch", lambda: FixedGenotypeRunner(cfg, found, data=data))
+    record("aso-arch", lambda **kw: FixedGenotypeRunner(cfg, genotype=found, data=data, **kw))
     return [results[arm] for arm in ARMS if arm in results]
 
 
@@ -196,6 +208,12 @@ def append_result(path: Path, record: dict) -> None:
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(records, indent=1))
         os.replace(tmp, path)
+
+
+def checkpoints_for(results: Path, sizes: str) -> Path:
+    """Where the arms in progress of a results file checkpoint (one folder per
+    sizes, one per arm inside), so that a killed arm resumes midway."""
+    return results.with_name(f"{results.stem}.checkpoints") / hashlib.sha1(sizes.encode()).hexdigest()[:10]
 
 
 def summary(results: list[dict]) -> list[list[object]]:
@@ -254,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes += "".join(f" --set {o}" for o in args.overrides)
     path = Path(args.json) if args.json else None
+    checkpoints = checkpoints_for(path, sizes) if path else None
     saved = read_results(path) if path else []
     if saved:
         print(f"# {args.json}: {len(saved)} arms recorded earlier; those with sizes {sizes!r} are reused", flush=True)
@@ -283,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 results += [done[arm] for arm in ARMS if arm in done]
                 print(f"  {name} seed {seed}: " + (", ".join(f"{arm} {100 * done[arm]['test_acc']:.2f}%" for arm in ARMS if arm in done) or "nothing recorded"))
                 continue
-            results += run_seed(base_cfg.replace(seed=seed), cap, done, save, arms)
+            results += run_seed(base_cfg.replace(seed=seed), cap, done, save, arms, checkpoints)
     print(table(["data set", "arm", "seeds", "test acc % (mean ± std)", "params", "wall s", "weight epochs"], summary(results)))
     print(headline(results))
     return 0

@@ -114,6 +114,42 @@ def test_search_quality_runs_chosen_arms(capsys, tmp_path):
     assert [r["arm"] for r in json.loads(out.read_text())] == ["initial", "aso-se", "aso-arch"]
 
 
+def test_search_quality_resumes_a_killed_arm_from_its_checkpoint(capsys, tmp_path):
+    """An arm killed midway (here: right after its first phase's checkpoint)
+    resumes from that checkpoint on the next invocation and records the figures
+    of an uninterrupted run; its checkpoints go once it is recorded."""
+    import json
+
+    from asolab.runner.events import Observer
+
+    q = _module("search_quality")
+    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--arms", "initial"]
+    _run(capsys, "search_quality", args + ["--json", str(tmp_path / "whole.json")])
+    (whole,) = json.loads((tmp_path / "whole.json").read_text())
+
+    class Killed(Exception):
+        pass
+
+    class KillAtFirstCheckpoint(Observer):
+        def on_checkpoint(self, event):
+            raise Killed
+
+    out = tmp_path / "q.json"
+    folder = q.checkpoints_for(out, "smoke") / "digits-seed0-initial"
+    cfg = q.load("digits", {**q.SMOKE, "device": "cpu", "tracking.enabled": False})
+    data = q.load_data(cfg.data, cfg.seed, "cpu")
+    data.full_train = data.full_train.head(256)  # as --smoke caps it
+    with pytest.raises(Killed):
+        q.FixedGenotypeRunner(cfg, [KillAtFirstCheckpoint()], data=data, checkpoint_dir=folder).run()
+    assert (folder / "checkpoint.pt").exists()
+
+    lines = _run(capsys, "search_quality", args + ["--json", str(out)])
+    assert any("initial  resumed from its checkpoint: alpha, epoch 1" in line for line in lines), lines
+    (resumed,) = json.loads(out.read_text())
+    assert (resumed["test_acc"], resumed["val_acc"], resumed["genotype"]) == (whole["test_acc"], whole["val_acc"], whole["genotype"])
+    assert not folder.exists()
+
+
 def _append_arms(path: str, worker: int, count: int) -> None:
     q = _module("search_quality")
     for i in range(count):

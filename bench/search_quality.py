@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     "with the same file and sizes to go on where an interrupted run stopped (several processes "
                     "may share one file)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default); on 2 cores, "
-                    "two processes of one thread each (one seed each) train 1.76x faster than one of two threads")
+                    "two processes of one thread each (one seed each) get more done than one of two threads")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run (default all); e.g. a second "
                     "process runs 'initial' of a seed while the first runs its aso-se arm")
     ap.add_argument("--report", action="store_true", help="print the table of the arms recorded in --json so far; train nothing")

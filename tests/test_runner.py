@@ -4,12 +4,14 @@ failure modes of earlier ASO-SE implementations as regression tests."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 
 import pytest
 import torch
 
 from asolab.data import Batches, Split, load_data
+from asolab.progress import ProgressObserver
 from asolab.runner import Runner
 from asolab.runner.events import Recorder
 from asolab.space.network import DerivedNetwork
@@ -265,8 +267,11 @@ def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, 
     with pytest.raises(_StopAt):
         Runner(cfg, [killed], checkpoint_dir=tmp_path).run()
     assert [c.stage_epoch for c in killed.of("checkpoint") if c.phase == "final"] == [1, 2]
-    rec = Recorder()
-    resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec], checkpoint_dir=tmp_path).run()
+    rec, screen = Recorder(), io.StringIO()
+    resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec, ProgressObserver(screen)], checkpoint_dir=tmp_path).run()
+    assert "(resumed in the final stage at epoch 3)" in screen.getvalue()
+    bar = screen.getvalue()  # the bar counts the stage's earlier epochs: 2/4 when it appears, then 3/4, 4/4
+    assert "| 3/4" in bar and "| 4/4" in bar and "| 0/4" not in bar and "| 1/4" not in bar
     start = rec.of("run_start")[0].resumed_from
     assert (start["next"], start["stage_epoch"]) == ("final", 2)
     assert [(e.phase, e.epoch) for e in rec.of("epoch_end")] == [("final", 2), ("final", 3)]

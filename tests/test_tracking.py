@@ -547,3 +547,38 @@ def test_position_tags_name_checkpoints_inside_the_final_stage():
     inside = {"cycle": 3, "phase": 0, "global_epoch": 17, "stage_epoch": 5, "next": "final"}
     assert L.resumed_text(inside) == "final stage / before epoch 6 (epoch 17)"
     assert L.resumed_text({**inside, "stage_epoch": 0}) == "before final stage (epoch 17)"
+
+
+def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_path):
+    """A run stopped after a checkpoint between final-stage epochs continues the
+    same MLflow run at the next epoch, with exactly the metric steps and final
+    figures of an uninterrupted run."""
+    overrides = [*TINY, "search.final_epochs=3", "search.checkpoint_minutes=0", f"tracking.tracking_uri={store}"]
+    cfg = load(None, overrides)
+    reference = MlflowTracker(tracking_uri=store, experiment="final-stage-resume", log_models=False)
+    Runner(cfg, [reference], checkpoint_dir=tmp_path / "ref").run()
+
+    class Stopped(Exception):
+        pass
+
+    class StopInsideFinalStage(Observer):
+        def on_checkpoint(self, event):
+            if event.phase == "final" and event.stage_epoch == 2:
+                raise Stopped
+
+    tracker = MlflowTracker(tracking_uri=store, experiment="final-stage-resume", log_models=False)
+    with pytest.raises(Stopped):
+        Runner(cfg, [tracker, StopInsideFinalStage()], checkpoint_dir=tmp_path / "stopped").run()
+    client = MlflowClient(store)
+    stopped = client.get_run(tracker.run_id)
+    assert stopped.info.status == "FAILED"
+    assert stopped.data.tags[L.TAG_PHASE] == "final stage / after epoch 2"
+
+    assert main(["run", "--quiet", "--resume", tracker.run_id, *_set_args(overrides)]) == 0
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[L.TAG_RESUMED_FROM].startswith("final stage / before epoch 3 (epoch ")
+    assert _steps(client, tracker.run_id) == _steps(client, reference.run_id)
+    ref = client.get_run(reference.run_id).data
+    assert run.data.metrics["test_acc"] == ref.metrics["test_acc"]
+    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == ref.tags[L.TAG_FINAL_GENOTYPE]

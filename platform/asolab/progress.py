@@ -33,11 +33,17 @@ class ProgressObserver(Observer):
         self.epochs = {"w_train": s.w_epochs, "alpha": s.alpha_epochs, "retrain": s.retrain_epochs, "final": s.final_epochs}
         self.warmup = s.warmup_epochs
         d = event.data
-        where = f" (resumed at cycle {event.resumed_from['cycle']})" if event.resumed_from else ""
+        where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
         self._write(
             f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / {d['test']} test), "
             f"device {event.device}, {s.cycles} cycles{where}"
         )
+
+    @staticmethod
+    def _resumed(position: dict) -> str:
+        if position.get("next") == "final" and position.get("stage_epoch"):
+            return f"resumed in the final stage at epoch {position['stage_epoch'] + 1}"
+        return f"resumed at cycle {position['cycle']}"
 
     def on_epoch_end(self, event: EpochEnd) -> None:
         key = (event.cycle, event.phase)
@@ -46,7 +52,8 @@ class ProgressObserver(Observer):
             self.key = key
             label = PHASE_TITLES[event.phase] + ("" if event.phase == "final" else f" {event.cycle + 1}")
             total = self.epochs[event.phase] + (self.warmup if key == (0, "w_train") else 0)
-            self.bar = tqdm(total=total, desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
+            # A run resumed inside the final stage starts its bar at the epoch it resumed at.
+            self.bar = tqdm(total=total, initial=event.epoch, desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
         assert self.bar is not None
         self.bar.set_postfix(val_acc=f"{event.val_acc:.3f}", tau=f"{event.temperature:.2f}", img_s=f"{event.images_per_sec:.0f}")
         self.bar.update(1)

@@ -46,7 +46,6 @@ import random
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -167,9 +166,12 @@ def run_seed(
         print(f"  {r['dataset']} seed {r['seed']} {arm:<8} test {r['test_acc']:.4f} val {r['val_acc']:.4f} "
               f"params {r['params']} {r['seconds']:.0f} s", flush=True)
 
+    def initial_arm(**kw) -> Runner:
+        return FixedGenotypeRunner(cfg, data=data, **kw)
+
     record("aso-se", lambda **kw: Runner(cfg, data=data, **kw))
     if "aso-se" not in results:  # not asked for: only the arm that needs no ASO-SE run can go on
-        record("initial", lambda **kw: FixedGenotypeRunner(cfg, data=data, **kw))
+        record("initial", initial_arm)
         return [results[arm] for arm in ARMS if arm in results]
 
     def random_arm(**kw) -> Runner:
@@ -179,7 +181,7 @@ def run_seed(
 
     # The two baselines the comparison is about first; the diagnostic arm last.
     record("random", random_arm)
-    record("initial", lambda **kw: FixedGenotypeRunner(cfg, data=data, **kw))
+    record("initial", initial_arm)
     # On the fresh, ungrown network: cells that growth inserted (and their own cells in the
     # genotype) are left out, like every other kind of growth.
     found = dataclasses.replace(Genotype.parse(results["aso-se"]["genotype"]), own_cells=())

@@ -526,17 +526,13 @@ class Runner:
 
     def state(self) -> dict[str, Any]:
         """Everything a checkpoint holds: plain data and tensors only (it loads with weights_only)."""
-        p = self.position
         return {
             "config": self.cfg.to_dict(),
             "spec": self.spec.to_dict(),
             "model": self.net.state_dict(),
             "weight_opt": self.weight_opt.state_dict(),
             "alpha_opt": self.alpha_opt.state_dict(),
-            "position": {
-                "cycle": p.cycle, "phase": p.phase, "global_epoch": p.global_epoch, "weight_epoch": p.weight_epoch,
-                "stage_epoch": p.stage_epoch,
-            },
+            "position": asdict(self.position),
             "genotype": self.genotype.to_json() if self.genotype else "",
             "derived": self.derived.to_json() if self.derived else "",
             "cycle_val_acc": list(self.cycle_val_acc),

@@ -245,7 +245,7 @@ def headline(results: list[dict]) -> str:
         margins = ", ".join(f"{m - statistics.mean(acc[a]):+.2f} vs {a}" for a in BASELINES if acc[a])
         if acc["aso-arch"]:
             margins += f"; its genotype from scratch {statistics.mean(acc['aso-arch']):.2f}%"
-        parts.append(f"{name} {m:.2f}% ({margins})")
+        parts.append(f"{name} {m:.2f}% ({margins or 'no baseline recorded yet'})")
     return "ASO-SE mean test accuracy and margin in points: " + ("; ".join(parts) or "no aso-se arm recorded")
 
 

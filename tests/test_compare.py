@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from asolab import config
 from asolab.cli import main
+from asolab.space.ops import PRIMITIVES
 from asolab.compare.analysis import (
     analyse, diff_frame, diff_lines, evolution, load_evolution, op_frequencies, val_acc_by_cycle,
 )
@@ -132,7 +133,7 @@ def test_diff_lists_exactly_the_changed_edges():
 
 
 def _random_genotype(rng: random.Random, steps: int = 2) -> Genotype:
-    ops = [p for p in config.ALL_PRIMITIVES if p != "none"]
+    ops = [p for p in PRIMITIVES if p != "none"]
 
     def cell():
         return [[(rng.choice(ops), i) for i in rng.sample(range(k + 2), 2)] for k in range(steps)]

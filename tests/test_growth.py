@@ -15,6 +15,7 @@ from asolab.runner import checkpoint as ckpt
 from asolab.runner.cycle import Runner
 from asolab.runner.events import Recorder
 from asolab.space.genotype import Genotype, diff, distance
+from asolab.space.ops import PRIMITIVES
 from asolab.space.network import SearchNetwork
 from asolab.space.spec import ArchSpec
 
@@ -22,7 +23,7 @@ TOL = 1e-4
 PRIMITIVE_SETS = [
     ("sep_conv_3x3", "skip_connect"),
     ("none", "max_pool_3x3", "dil_conv_5x5"),
-    config.ALL_PRIMITIVES,
+    PRIMITIVES,
 ]
 
 
@@ -175,17 +176,17 @@ def test_derived_network_counts_and_calibrates_growth_branches():
 
 
 def test_widening_reaches_residual_cells_branches_and_classifier():
-    net = _supernet(config.ALL_PRIMITIVES)
+    net = _supernet(PRIMITIVES)
     morph = morphism.widen_cell(net, 1, 12)  # cell 1 (reduction) feeds residual cell 2 and cells 3, 4
     assert morph.details["cells"] == [1, 2]
     assert [c.channels for c in morph.spec.cells] == [4, 12, 12, 16, 16]
     wide = morphism.widen_cell(net, 4, 24)
     assert wide.net.classifier.in_features == 48
-    assert wide.net.cells[4].edges[0].ops[config.ALL_PRIMITIVES.index("sep_conv_3x3")][0][1].groups == 24
+    assert wide.net.cells[4].edges[0].ops[PRIMITIVES.index("sep_conv_3x3")][0][1].groups == 24
 
 
 def test_widen_rejects_residual_cells_and_odd_reductions():
-    net = _supernet(config.ALL_PRIMITIVES)
+    net = _supernet(PRIMITIVES)
     with pytest.raises(ValueError, match="residual"):
         morphism.widen_cell(net, 2, 16)
     with pytest.raises(ValueError, match="even"):
@@ -202,7 +203,7 @@ def _step(net: SearchNetwork, opt: torch.optim.Optimizer, x: torch.Tensor, y: to
 
 
 def test_training_after_growth_and_optimizer_state_carried(digits):
-    net = _supernet(config.ALL_PRIMITIVES)
+    net = _supernet(PRIMITIVES)
     x, y = digits.train.x[:32], digits.train.y[:32]
     sgd = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9)
     adam = torch.optim.Adam(net.alpha_parameters(), lr=3e-3, betas=(0.5, 0.999))

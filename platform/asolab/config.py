@@ -12,6 +12,7 @@ Overrides use the same path syntax as the file: ``--set search.cycles=2``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import tomllib
@@ -23,19 +24,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
 DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
 
-DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100")
-ALL_PRIMITIVES = (
-    "none",
-    "max_pool_3x3",
-    "avg_pool_3x3",
-    "skip_connect",
-    "sep_conv_3x3",
-    "sep_conv_5x5",
-    "dil_conv_3x3",
-    "dil_conv_5x5",
-)
-SCHEDULES = ("exponential", "cosine", "linear", "constant")
-GROWTH_POLICIES = ("none", "widen", "deepen", "branch", "cycle", "plateau")
 FINAL_GENOTYPES = ("best", "last", "derived")
 
 
@@ -43,21 +31,54 @@ class ConfigError(ValueError):
     """A configuration problem, phrased as one line for the user."""
 
 
+class Registered:
+    """The names of a registry, read when a config is checked, not when this module loads.
+
+    Each registry lives in the module that implements its entries (data sets in
+    ``data.py``, schedules in ``evolution/sampling.py``, growth policies in
+    ``evolution/growth.py``, operations in ``space/ops.py``), so adding one touches
+    that module only. Those modules import torch; reading them lazily keeps
+    ``import asolab.config`` torch-free and free of import cycles.
+    """
+
+    def __init__(self, module: str, attr: str) -> None:
+        self.module, self.attr = module, attr
+
+    def __call__(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attr))
+
+
+def choices_of(meta: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """A field's allowed values (a registry's names resolved), or None."""
+    choices = meta.get("choices")
+    return choices() if callable(choices) else choices
+
+
 def _check(
     *,
     ge: float | None = None,
     le: float | None = None,
     gt: float | None = None,
-    choices: Sequence[str] | None = None,
+    choices: Sequence[str] | Registered | None = None,
     help: str = "",
 ) -> dict[str, Any]:
     return {"ge": ge, "le": le, "gt": gt, "choices": choices, "help": help}
 
 
 def _field(default: Any, **check: Any) -> Any:
+    """A config field: its default, its constraint and its help text (read by the
+    validator and by ``python -m asolab.config_doc``). A callable default is a factory."""
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for defaults")
+    if callable(default):
+        return field(default_factory=default, metadata=_check(**check))
     return field(default=default, metadata=_check(**check))
+
+
+DATASETS = Registered("asolab.data", "REGISTRY")
+PRIMITIVES = Registered("asolab.space.ops", "OPS")
+SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
+GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
 
 
 @dataclass(frozen=True)
@@ -80,7 +101,7 @@ class DataConfig:
 class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
-    primitives: tuple[str, ...] = field(default=ALL_PRIMITIVES, metadata=_check(choices=ALL_PRIMITIVES, help="candidate operations on every edge"))
+    primitives: tuple[str, ...] = _field(PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge")
     init_channels: int = _field(16, ge=1, le=1024)
     layers: int = _field(3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth")
     steps: int = _field(2, ge=1, le=8, help="intermediate nodes per cell")
@@ -205,8 +226,9 @@ def _type_name(tp: Any) -> str:
 
 
 def _allowed(meta: Mapping[str, Any]) -> str:
-    if meta.get("choices"):
-        return "one of " + ", ".join(meta["choices"])
+    choices = choices_of(meta)
+    if choices:
+        return "one of " + ", ".join(map(str, choices))
     lo = meta.get("ge") if meta.get("ge") is not None else meta.get("gt")
     hi = meta.get("le")
     left = "[" if meta.get("ge") is not None else "("
@@ -224,7 +246,7 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
             value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where} must be a list of strings; allowed: {_allowed(meta)}")
-        bad = [v for v in value if v not in meta["choices"]]
+        bad = [v for v in value if v not in choices_of(meta)]
         if bad:
             raise ConfigError(f"{where} has unknown value {bad[0]!r}; allowed: {_allowed(meta)}")
         if len(set(value)) != len(value) or not value:
@@ -239,7 +261,7 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
         # nan compares false with every bound, so the range check below would let it through
         raise ConfigError(f"{where} must be a finite number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})")
     out_of_range = (
-        (meta.get("choices") and value not in meta["choices"])
+        (meta.get("choices") and value not in choices_of(meta))
         or (meta.get("ge") is not None and value < meta["ge"])
         or (meta.get("gt") is not None and value <= meta["gt"])
         or (meta.get("le") is not None and value > meta["le"])

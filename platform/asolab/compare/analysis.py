@@ -22,8 +22,8 @@ import pandas as pd
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from ..config import ALL_PRIMITIVES
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
+from ..space.ops import PRIMITIVES
 from .select import RunRecord, Selection, cycle_genotypes
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
@@ -78,7 +78,7 @@ def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
         for kind, _node, op, _i in g.edges():
             counts[kind if kind in CELL_TYPES else OWN_COLUMN][op] += 1
     seen = set().union(*counts.values())
-    ops = [p for p in ALL_PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(ALL_PRIMITIVES))
+    ops = [p for p in PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(PRIMITIVES))
     shown = columns if counts[OWN_COLUMN] else CELL_TYPES
     df = pd.DataFrame({kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op"))
     df["total"] = df.sum(axis=1)

@@ -21,7 +21,7 @@ checkpointed), so runs and resumes are reproducible.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -32,6 +32,7 @@ from . import morphism
 from .morphism import Morph
 
 KINDS = ("widen", "deepen", "branch")
+Policy = Callable[[GrowthConfig, int, Sequence[float]], Optional[str]]
 
 
 def stalled(val_history: Sequence[float], patience: int) -> bool:
@@ -41,17 +42,33 @@ def stalled(val_history: Sequence[float], patience: int) -> bool:
     return max(val_history[-patience:]) <= max(val_history[:-patience])
 
 
+def _always(kind: str) -> Policy:
+    return lambda cfg, cycle, val_history: kind
+
+
+def _rotate(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
+    return KINDS[cycle % len(KINDS)]
+
+
+def _plateau(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
+    return _rotate(cfg, cycle, val_history) if stalled(val_history, cfg.plateau_patience) else None
+
+
+# growth.policy -> the growth kind of a cycle's mutation phase (None: no growth). The one
+# list of policies: the config's growth.policy accepts exactly these names.
+POLICIES: dict[str, Policy] = {
+    "none": lambda cfg, cycle, val_history: None,
+    **{kind: _always(kind) for kind in KINDS},
+    "cycle": _rotate,
+    "plateau": _plateau,
+}
+
+
 def growth_kind(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
     """The growth kind of this cycle's mutation phase, or None."""
-    if cfg.policy == "none":
-        return None
-    if cfg.policy in KINDS:
-        return cfg.policy
-    if cfg.policy == "cycle":
-        return KINDS[cycle % len(KINDS)]
-    if cfg.policy == "plateau":
-        return KINDS[cycle % len(KINDS)] if stalled(val_history, cfg.plateau_patience) else None
-    raise ValueError(f"unknown growth policy {cfg.policy!r}")
+    if cfg.policy not in POLICIES:
+        raise ValueError(f"unknown growth policy {cfg.policy!r}")
+    return POLICIES[cfg.policy](cfg, cycle, val_history)
 
 
 def growth_steps(strength: float) -> int:

@@ -3,6 +3,8 @@
 Every factory has one signature, ``OPS[name](channels, stride, affine)``, and
 returns a module mapping ``(N, C, H, W)`` to ``(N, C, H/stride, W/stride)``.
 These are the DARTS operations; an experiment chooses a subset of them.
+``OPS`` is the one list of operations: ``space.primitives`` accepts its names,
+and its order is ``PRIMITIVES``, the default search space.
 """
 
 from __future__ import annotations
@@ -11,10 +13,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-
-from ..config import ALL_PRIMITIVES
-
-PRIMITIVES: tuple[str, ...] = ALL_PRIMITIVES
 
 
 class ReLUConvBN(nn.Sequential):
@@ -116,4 +114,4 @@ OPS: dict[str, OpFactory] = {
     "dil_conv_5x5": lambda c, stride, affine: DilConv(c, c, 5, stride, 4, 2, affine),
 }
 
-assert tuple(OPS) == PRIMITIVES, "OPS and PRIMITIVES must list the same operations in the same order"
+PRIMITIVES: tuple[str, ...] = tuple(OPS)

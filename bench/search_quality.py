@@ -151,7 +151,7 @@ def run_seed(
         if folder and (folder / CHECKPOINT_NAME).exists():
             runner = (Runner if arm == "aso-se" else FixedGenotypeRunner).resume(folder / CHECKPOINT_NAME, checkpoint_dir=folder, data=data)
             print(f"  {cfg.data.name} seed {cfg.seed} {arm:<8} resumed from its checkpoint: {runner._next_name()}, "
-                  f"epoch {runner.position.global_epoch}", flush=True)
+                  f"epoch {runner.state.position.global_epoch}", flush=True)
         else:
             runner = make(checkpoint_dir=folder)
         res = runner.run()

@@ -505,7 +505,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
     own = [i for i, c in enumerate(runner.spec.cells) if c.own_alphas]
     assert len(own) == 4 and runner.net.spec.alpha_keys[2:] == tuple(f"cell{i}" for i in own)
     # Every genotype the run holds names exactly the network's own cells, and the cycle ends report it.
-    for g in [runner.genotype, runner.derived, *runner.cycle_genotypes]:
+    for g in [runner.state.genotype, runner.state.derived, *runner.state.cycle_genotypes]:
         assert [i for i, _, _ in g.own_cells] == own
     assert [len(e.genotype.own_cells) for e in rec.of("cycle_end")] == [2, 4]
     # The optimizers: own alphas in the alpha one, each once, with Adam state; none in the weight one.
@@ -520,7 +520,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
     same = [torch.equal(runner.net.alphas[f"cell{i}"], runner.net.alphas["normal"]) for i in own]
     assert sorted(same) == [False, False, True, True]
     resumed = Runner.resume(tmp_path / "checkpoint.pt", data=digits)
-    assert resumed.spec == runner.spec and resumed.genotype == runner.genotype
+    assert resumed.spec == runner.spec and resumed.state.genotype == runner.state.genotype
     assert resumed.net.derive() == runner.net.derive()
     x = digits.val.x[:64]
     assert torch.equal(resumed._logits(x), runner._logits(x))

@@ -49,8 +49,8 @@ def test_phases_back_to_back_on_one_batch_never_backprop_twice(tiny_cfg):
     for _ in range(2):
         r._weight_step(x, y, r.net.sample_plans(1.0, differentiable=False))
         r._alpha_step(x, y, 1.0)
-    r.genotype = r.net.derive()
-    r._weight_step(x, y, r.net.genotype_plans(r.genotype))
+    r.state.genotype = r.net.derive()
+    r._weight_step(x, y, r.net.genotype_plans(r.state.genotype))
     r._alpha_step(x, y, 1.0)
 
 
@@ -75,9 +75,9 @@ def test_derived_network_shares_the_supernets_weights(tiny_cfg):
     r = Runner(tiny_cfg)
     r._w_train()
     r._mutate()
-    view = DerivedNetwork(r.net, r.genotype)
+    view = DerivedNetwork(r.net, r.state.genotype)
     assert {id(p) for p in view.parameters()} == {id(p) for p in r.net.parameters()}
-    used = list(r.net.derived_parameters(r.genotype))
+    used = list(r.net.derived_parameters(r.state.genotype))
     before = _snapshot(used)
     r._retrain("retrain", 1, r.data.train)
     assert any(_changed(before, used))  # retraining improved the supernet's own tensors
@@ -317,7 +317,7 @@ def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_cfg, tmp_path
 
 def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
     from asolab.config import ConfigError
-    from asolab.runner.cycle import check_cuda_index
+    from asolab.runner.device import check_cuda_index
 
     check_cuda_index("cuda", 0)
     check_cuda_index("cuda:0", 1)

@@ -26,14 +26,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union, get_args, get_origin, get_type_hints
 
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError, ExperimentConfig, from_dict
+from ..config import ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
@@ -53,49 +53,16 @@ from .events import (
     RunInterrupted,
     RunStart,
 )
+from .device import resolve_device
 from .memory import memory_stats
 
 log = logging.getLogger(__name__)
 
-PHASES = ("w_train", "alpha", "mutate", "retrain")
 CHECKPOINT_NAME = "checkpoint.pt"
 # Position.phase in the final stage (cycle == search.cycles): 0 before the final
 # stage, FINAL_DONE once the final network is trained and checkpointed, so that
 # a resume from that checkpoint goes straight to the evaluation.
 FINAL_DONE = 1
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA, then MPS, then the CPU; an unavailable device is a config error."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
-        check_cuda_index(name, torch.cuda.device_count())
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'")
-    return torch.device(name)
-
-
-def check_cuda_index(name: str, count: int) -> None:
-    """Refuse ``cuda:N`` when the machine has only ``count`` CUDA devices.
-
-    torch would accept the name and fail at the first tensor moved there, with
-    an error that does not name the setting.
-    """
-    _, _, index = name.partition(":")
-    if index and not index.isdigit():
-        raise ConfigError(f"device = {name!r} is not valid; write cuda or cuda:N")
-    if index and int(index) >= count:
-        have = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
-        raise ConfigError(
-            f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device = 'cuda' or one of those"
-        )
 
 
 @dataclass
@@ -107,6 +74,59 @@ class Position:
     global_epoch: int = 0  # every training epoch so far (the MLflow step)
     weight_epoch: int = 0  # epochs that trained weights (drives the LR schedule)
     stage_epoch: int = 0  # final-stage epochs done (a checkpoint inside the final stage)
+
+
+@dataclass
+class RunState:
+    """What a run has done and found so far, beyond weights, optimizers and RNGs.
+
+    Saved in every checkpoint, field by field under the field's name, and read
+    back the same way: a field added here is checkpointed and restored with
+    nothing else to change. Its annotations say how each field is stored.
+    """
+
+    position: Position = field(default_factory=Position)
+    genotype: Optional[Genotype] = None  # the genotype retrained in the current cycle
+    derived: Optional[Genotype] = None  # what the alphas said before mutation
+    cycle_val_acc: list[float] = field(default_factory=list)
+    cycle_genotypes: list[Genotype] = field(default_factory=list)  # each cycle's, as evaluated at its end
+    # What the current cycle's mutation did; kept (and checkpointed) until the
+    # cycle ends, where CycleEnd carries it to observers.
+    cycle_edits: int = 0
+    cycle_growth: list[GrowthEvent] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: genotypes as JSON text ("" for none), dataclasses as dicts."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> "RunState":
+        hints = get_type_hints(cls)
+        return cls(**{f.name: _typed(hints[f.name], state[f.name]) for f in fields(cls)})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Genotype):
+        return value.to_json()
+    if value is None:
+        return ""  # an Optional[Genotype] not set yet
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return asdict(value) if is_dataclass(value) else value
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """The inverse of :func:`_plain` for a field annotated ``hint``."""
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        return [_typed(item, v) for v in value]
+    if get_origin(hint) is Union:  # Optional[X]
+        return _typed(get_args(hint)[0], value) if value != "" else None
+    if hint is Genotype:
+        return Genotype.from_json(value)
+    if is_dataclass(hint):
+        return hint(**value)
+    return hint(value)
 
 
 @dataclass
@@ -151,15 +171,7 @@ class Runner:
             self.net.alpha_parameters(), lr=s.alpha_lr, betas=(0.5, 0.999), weight_decay=s.alpha_weight_decay
         )
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
-        self.position = Position()
-        self.genotype: Optional[Genotype] = None  # the genotype retrained in the current cycle
-        self.derived: Optional[Genotype] = None  # what the alphas said before mutation
-        self.cycle_val_acc: list[float] = []
-        self.cycle_genotypes: list[Genotype] = []  # each cycle's genotype, as evaluated at its end
-        # What the current cycle's mutation did; kept (and checkpointed) until the
-        # cycle ends, where CycleEnd carries it to observers.
-        self.cycle_edits = 0
-        self.cycle_growth: list[GrowthEvent] = []
+        self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: Optional[dict[str, Any]] = None
         self._elapsed = 0.0  # seconds of the run before this process (restored on resume)
@@ -183,12 +195,12 @@ class Runner:
         return s.warmup_epochs + s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
 
     def temperature(self) -> float:
-        progress = min(1.0, self.position.global_epoch / max(1, self.search_epochs - 1))
+        progress = min(1.0, self.state.position.global_epoch / max(1, self.search_epochs - 1))
         return temperature_at(progress, self.cfg.temperature)
 
     def weight_lr(self) -> float:
         s = self.cfg.search
-        q = min(1.0, self.position.weight_epoch / max(1, self.weight_epochs))
+        q = min(1.0, self.state.position.weight_epoch / max(1, self.weight_epochs))
         return s.weight_lr_min + 0.5 * (s.weight_lr - s.weight_lr_min) * (1 + math.cos(math.pi * q))
 
     # ------------------------------------------------------------------ events
@@ -231,9 +243,11 @@ class Runner:
 
     # ------------------------------------------------------------------ epochs and phases
 
-    def _epoch(self, phase: str, epoch: int, split: Split, step: Callable, eval_genotype: Callable[[], Genotype]) -> None:
+    def _epoch(
+        self, phase: str, epoch: int, split: Split, step: Callable, eval_genotype: Callable[[], Genotype],
+        trains_weights: bool = True,
+    ) -> None:
         tau = self.temperature()
-        trains_weights = phase != "alpha"
         if trains_weights:
             for group in self.weight_opt.param_groups:
                 group["lr"] = self.weight_lr()
@@ -250,16 +264,16 @@ class Runner:
         seconds = time.perf_counter() - start
         if not math.isfinite(loss_sum.item()):
             raise FloatingPointError(
-                f"{phase} loss became {loss_sum.item()} in cycle {self.position.cycle}; lower search.weight_lr or search.alpha_lr"
+                f"{phase} loss became {loss_sum.item()} in cycle {self.state.position.cycle}; lower search.weight_lr or search.alpha_lr"
             )
         val_loss, val_acc = self.evaluate(self.data.val, eval_genotype())
         self.emit(
             "on_epoch_end",
             EpochEnd(
                 phase=phase,
-                cycle=self.position.cycle,
+                cycle=self.state.position.cycle,
                 epoch=epoch,
-                global_epoch=self.position.global_epoch,
+                global_epoch=self.state.position.global_epoch,
                 train_loss=loss_sum.item() / max(1, seen),
                 train_acc=correct.item() / max(1, seen),
                 val_loss=val_loss,
@@ -270,8 +284,8 @@ class Runner:
                 images_per_sec=seen / max(seconds, 1e-9),
             ),
         )
-        self.position.global_epoch += 1
-        self.position.weight_epoch += int(trains_weights)
+        self.state.position.global_epoch += 1
+        self.state.position.weight_epoch += int(trains_weights)
 
     def _calibrate(self, genotype: Genotype) -> Genotype:
         """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches."""
@@ -288,7 +302,7 @@ class Runner:
         def step(x, y, tau):
             return self._weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
 
-        epochs = self.cfg.search.w_epochs + (self.cfg.search.warmup_epochs if self.position.cycle == 0 else 0)
+        epochs = self.cfg.search.w_epochs + (self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0)
         for e in range(epochs):
             self._epoch("w_train", e, self.data.train, step, self._derive_calibrated)
 
@@ -298,60 +312,60 @@ class Runner:
             p.requires_grad_(False)
         try:
             for e in range(self.cfg.search.alpha_epochs):
-                self._epoch("alpha", e, self.data.val, self._alpha_step, self._derive_calibrated)
+                self._epoch("alpha", e, self.data.val, self._alpha_step, self._derive_calibrated, trains_weights=False)
         finally:
             for p in weights:
                 p.requires_grad_(True)
 
     def _mutate(self) -> None:
         tau = self.temperature()
-        self.derived = self.net.derive()
+        self.state.derived = self.net.derive()
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
-        self.genotype, edits = mutate(self.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
-        self.cycle_edits, self.cycle_growth = len(edits), []
-        self._calibrate(self.genotype)
+        self.state.genotype, edits = mutate(self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
+        self.state.cycle_edits, self.state.cycle_growth = len(edits), []
+        self._calibrate(self.state.genotype)
         self.emit(
             "on_mutation",
-            MutationEvent(self.position.cycle, self.derived, self.genotype, tuple(edits), tau, self.cfg.mutation.strength),
+            MutationEvent(self.state.position.cycle, self.state.derived, self.state.genotype, tuple(edits), tau, self.cfg.mutation.strength),
         )
         self._grow()
 
     @torch.no_grad()
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.genotype is not None
+        assert self.state.genotype is not None
         self.net.eval()
-        return self.net(x, self.net.genotype_plans(self.genotype))
+        return self.net(x, self.net.genotype_plans(self.state.genotype))
 
     def _grow(self) -> None:
         """The growth steps of this mutation phase (evolution/growth.py decides
         which); each is function-preserving and reported as a GrowthEvent."""
         strength = self.cfg.mutation.strength
-        kinds = growth.plan_steps(self.cfg.growth, strength, self.position.cycle, self.cycle_val_acc)
+        kinds = growth.plan_steps(self.cfg.growth, strength, self.state.position.cycle, self.state.cycle_val_acc)
         if not kinds:
             return
-        assert self.genotype is not None
+        assert self.state.genotype is not None
         probe = self.data.val.head(self.cfg.data.eval_batch_size).x  # fixed batch: the split's head
-        acc = self.evaluate(self.data.val, self.genotype)[1]
+        acc = self.evaluate(self.data.val, self.state.genotype)[1]
         for kind in kinds:
             before = self._logits(probe)
             try:
                 morph = growth.propose(self.net, kind, strength)
             except ValueError as exc:
                 # A warning, not info: the user asked for growth and does not get it.
-                log.warning("cycle %d: growth %s skipped: %s", self.position.cycle, kind, exc)
+                log.warning("cycle %d: growth %s skipped: %s", self.state.position.cycle, kind, exc)
                 break
             if not growth.within_cap(morph, self.cfg.growth.max_params):
                 log.warning(
                     "cycle %d: growth %s at %s skipped: it would exceed growth.max_params = %d",
-                    self.position.cycle, kind, morph.where, self.cfg.growth.max_params,
+                    self.state.position.cycle, kind, morph.where, self.cfg.growth.max_params,
                 )
                 break
             params_before = self.net.num_weights()
             self._adopt(morph)
             error = growth.preservation_error(before, self._logits(probe))
-            acc_after = self.evaluate(self.data.val, self.genotype)[1]
+            acc_after = self.evaluate(self.data.val, self.state.genotype)[1]
             event = GrowthEvent(
-                cycle=self.position.cycle,
+                cycle=self.state.position.cycle,
                 kind=morph.kind,
                 where=morph.where,
                 params_before=params_before,
@@ -361,7 +375,7 @@ class Runner:
                 val_acc_after=acc_after,
                 details={**morph.details, "spec": self.spec.to_dict()},
             )
-            self.cycle_growth.append(event)
+            self.state.cycle_growth.append(event)
             self.emit("on_growth", event)
             acc = acc_after
 
@@ -374,54 +388,47 @@ class Runner:
         self.net, self.spec = morph.net, morph.spec
         self.weight_opt = morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
         self.alpha_opt = morphism.remap_optimizer(self.alpha_opt, old, self.net.alpha_parameters(), morph)
-        self.genotype = morph.carry(self.genotype) if self.genotype is not None else None
-        self.derived = morph.carry(self.derived) if self.derived is not None else None
+        self.state.genotype = morph.carry(self.state.genotype) if self.state.genotype is not None else None
+        self.state.derived = morph.carry(self.state.derived) if self.state.derived is not None else None
         # Earlier cycles' genotypes are candidates for the final network, run on this one.
-        self.cycle_genotypes = [morph.carry(g) for g in self.cycle_genotypes]
+        self.state.cycle_genotypes = [morph.carry(g) for g in self.state.cycle_genotypes]
 
     def _genotype_step(self) -> Callable:
         """A weight step along the current genotype's path (W-retraining, final stage)."""
-        assert self.genotype is not None
-        plans = self.net.genotype_plans(self.genotype)
+        assert self.state.genotype is not None
+        plans = self.net.genotype_plans(self.state.genotype)
         return lambda x, y, tau: self._weight_step(x, y, plans)
 
     def _retrain(self, phase: str, epochs: int, split: Split) -> None:
         step = self._genotype_step()
         for e in range(epochs):
-            self._epoch(phase, e, split, step, lambda: self.genotype)
+            self._epoch(phase, e, split, step, lambda: self.state.genotype)
 
     def _end_cycle(self) -> None:
-        assert self.genotype is not None and self.derived is not None
-        val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
-        self.cycle_val_acc.append(val_acc)
-        self.cycle_genotypes.append(self.genotype)
+        assert self.state.genotype is not None and self.state.derived is not None
+        val_loss, val_acc = self.evaluate(self.data.val, self.state.genotype)
+        self.state.cycle_val_acc.append(val_acc)
+        self.state.cycle_genotypes.append(self.state.genotype)
         self.emit(
             "on_cycle_end",
             CycleEnd(
-                cycle=self.position.cycle,
-                genotype=self.genotype,
-                derived_genotype=self.derived,
+                cycle=self.state.position.cycle,
+                genotype=self.state.genotype,
+                derived_genotype=self.state.derived,
                 supernet_params=self.net.num_weights(),
-                derived_params=self.net.count_derived(self.genotype),
+                derived_params=self.net.count_derived(self.state.genotype),
                 memory=memory_stats(self.device),
                 val_acc=val_acc,
                 val_loss=val_loss,
-                global_epoch=self.position.global_epoch,
-                mutation_edits=self.cycle_edits,
-                growth=tuple(self.cycle_growth),
+                global_epoch=self.state.position.global_epoch,
+                mutation_edits=self.state.cycle_edits,
+                growth=tuple(self.state.cycle_growth),
             ),
         )
 
-    def _run_phase(self, phase: str) -> None:
-        if phase == "w_train":
-            self._w_train()
-        elif phase == "alpha":
-            self._alpha_train()
-        elif phase == "mutate":
-            self._mutate()
-        else:
-            self._retrain("retrain", self.cfg.search.retrain_epochs, self.data.train)
-            self._end_cycle()
+    def _retrain_cycle(self) -> None:
+        self._retrain("retrain", self.cfg.search.retrain_epochs, self.data.train)
+        self._end_cycle()
 
     # ------------------------------------------------------------------ run
 
@@ -442,38 +449,38 @@ class Runner:
                     total_epochs=self.total_epochs,
                 ),
             )
-            while self.position.cycle < self.cfg.search.cycles:
+            while self.state.position.cycle < self.cfg.search.cycles:
                 self._next_phase()
             result = self._finish()
         except BaseException as exc:
-            self.emit("on_run_interrupted", RunInterrupted(exc, self.position.global_epoch))
+            self.emit("on_run_interrupted", RunInterrupted(exc, self.state.position.global_epoch))
             raise
         return result
 
     def _next_phase(self) -> None:
         """Run the phase at the current position, advance, checkpoint."""
-        cycle, phase = self.position.cycle, PHASES[self.position.phase]
-        self._run_phase(phase)
-        if self.position.phase + 1 < len(PHASES):
-            self.position.phase += 1
+        cycle, phase = self.state.position.cycle, PHASES[self.state.position.phase]
+        phase.run(self)
+        if self.state.position.phase + 1 < len(PHASES):
+            self.state.position.phase += 1
         else:
-            self.position.cycle, self.position.phase = self.position.cycle + 1, 0
-        self.save_checkpoint(phase, cycle)  # the cycle the phase belonged to, not the next one
+            self.state.position.cycle, self.state.position.phase = self.state.position.cycle + 1, 0
+        self.save_checkpoint(phase.name, cycle)  # the cycle the phase belonged to, not the next one
 
     def _final_genotype(self) -> Genotype:
         """The network the final epochs train and the run reports (search.final_genotype)."""
-        assert self.genotype is not None
+        assert self.state.genotype is not None
         choice = self.cfg.search.final_genotype
         if choice == "derived":
             return self._derive_calibrated()
-        if choice == "best" and self.cycle_genotypes:
+        if choice == "best" and self.state.cycle_genotypes:
             # Mutation explores: the last cycle's edits may have made things worse, and
             # its new ops have had only one retraining. Ties go to the later cycle.
-            best = max(range(len(self.cycle_val_acc)), key=lambda i: (self.cycle_val_acc[i], i))
-            if self.cycle_genotypes[best] != self.genotype:
+            best = max(range(len(self.state.cycle_val_acc)), key=lambda i: (self.state.cycle_val_acc[i], i))
+            if self.state.cycle_genotypes[best] != self.state.genotype:
                 log.info("final network: cycle %d's genotype (best validation accuracy)", best)
-                return self._calibrate(self.cycle_genotypes[best])
-        return self.genotype
+                return self._calibrate(self.state.cycle_genotypes[best])
+        return self.state.genotype
 
     def _train_final(self) -> None:
         """The final epochs on the whole training split. The stage is most of a long
@@ -481,30 +488,30 @@ class Runner:
         ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch."""
         step = self._genotype_step()
         epochs, every = self.cfg.search.final_epochs, 60 * self.cfg.search.checkpoint_minutes
-        for e in range(self.position.stage_epoch, epochs):
-            self._epoch("final", e, self.data.full_train, step, lambda: self.genotype)
-            self.position.stage_epoch = e + 1
+        for e in range(self.state.position.stage_epoch, epochs):
+            self._epoch("final", e, self.data.full_train, step, lambda: self.state.genotype)
+            self.state.position.stage_epoch = e + 1
             if e + 1 < epochs and time.perf_counter() - self._last_checkpoint >= every:
-                self.save_checkpoint("final", self.position.cycle)
-        self.position.stage_epoch = 0
+                self.save_checkpoint("final", self.state.position.cycle)
+        self.state.position.stage_epoch = 0
 
     def _finish(self) -> RunResult:
         """The final stage (choose the final network, train it), its checkpoint, the evaluation."""
-        if self.position.phase != FINAL_DONE:
-            if self.position.stage_epoch == 0:  # else resumed inside the stage: the network is chosen
-                self.genotype = self._final_genotype()
+        if self.state.position.phase != FINAL_DONE:
+            if self.state.position.stage_epoch == 0:  # else resumed inside the stage: the network is chosen
+                self.state.genotype = self._final_genotype()
             self._train_final()
-            self.position.phase = FINAL_DONE
+            self.state.position.phase = FINAL_DONE
             # The stored checkpoint then holds the trained final network, and a run
             # killed during the evaluation resumes without training again.
-            self.save_checkpoint("final", self.position.cycle)
-        assert self.genotype is not None
-        val_loss, val_acc = self.evaluate(self.data.val, self.genotype)
-        test_loss, test_acc = self.evaluate(self.data.test, self.genotype)
+            self.save_checkpoint("final", self.state.position.cycle)
+        assert self.state.genotype is not None
+        val_loss, val_acc = self.evaluate(self.data.val, self.state.genotype)
+        test_loss, test_acc = self.evaluate(self.data.test, self.state.genotype)
         seconds = self._seconds()
         end = RunEnd(
-            genotype=self.genotype,
-            derived_params=self.net.count_derived(self.genotype),
+            genotype=self.state.genotype,
+            derived_params=self.net.count_derived(self.state.genotype),
             supernet_params=self.net.num_weights(),
             val_acc=val_acc,
             val_loss=val_loss,
@@ -512,11 +519,11 @@ class Runner:
             test_loss=test_loss,
             seconds=seconds,
             memory=memory_stats(self.device),
-            global_epoch=self.position.global_epoch,
+            global_epoch=self.state.position.global_epoch,
             supernet=self.net,
         )
         self.emit("on_run_end", end)
-        return RunResult(self.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.cycle_val_acc))
+        return RunResult(self.state.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.state.cycle_val_acc))
 
     def _seconds(self) -> float:
         """Wall time of the run so far, the processes before a resume included."""
@@ -524,7 +531,7 @@ class Runner:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds: plain data and tensors only (it loads with weights_only)."""
         return {
             "config": self.cfg.to_dict(),
@@ -532,13 +539,7 @@ class Runner:
             "model": self.net.state_dict(),
             "weight_opt": self.weight_opt.state_dict(),
             "alpha_opt": self.alpha_opt.state_dict(),
-            "position": asdict(self.position),
-            "genotype": self.genotype.to_json() if self.genotype else "",
-            "derived": self.derived.to_json() if self.derived else "",
-            "cycle_val_acc": list(self.cycle_val_acc),
-            "cycle_genotypes": [g.to_json() for g in self.cycle_genotypes],
-            "cycle_edits": self.cycle_edits,
-            "cycle_growth": [asdict(g) for g in self.cycle_growth],
+            **self.state.to_dict(),
             "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
@@ -548,9 +549,9 @@ class Runner:
         """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers."""
         if self.checkpoint_dir is None:
             return None
-        path = ckpt.save(self.state(), self.checkpoint_dir / CHECKPOINT_NAME)
+        path = ckpt.save(self.checkpoint_state(), self.checkpoint_dir / CHECKPOINT_NAME)
         self._last_checkpoint = time.perf_counter()
-        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.position.global_epoch, self.position.stage_epoch))
+        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.state.position.global_epoch, self.state.position.stage_epoch))
         return path
 
     @classmethod
@@ -581,13 +582,7 @@ class Runner:
         self.net.load_state_dict(state["model"])
         self.weight_opt.load_state_dict(state["weight_opt"])
         self.alpha_opt.load_state_dict(state["alpha_opt"])
-        self.position = Position(**state["position"])
-        self.genotype = Genotype.from_json(state["genotype"]) if state["genotype"] else None
-        self.derived = Genotype.from_json(state["derived"]) if state["derived"] else None
-        self.cycle_val_acc = list(state["cycle_val_acc"])
-        self.cycle_genotypes = [Genotype.from_json(g) for g in state["cycle_genotypes"]]
-        self.cycle_edits = int(state["cycle_edits"])
-        self.cycle_growth = [GrowthEvent(**g) for g in state["cycle_growth"]]
+        self.state = RunState.from_dict(state)
         self._elapsed = float(state["seconds"])
         ckpt.set_rng_state(state["rng"])
         self.shuffle.set_state(state["shuffle_rng"])
@@ -595,7 +590,24 @@ class Runner:
 
     def _next_name(self) -> str:
         """What runs next from the current position: a phase, "final" or "evaluation"."""
-        p = self.position
+        p = self.state.position
         if p.cycle < self.cfg.search.cycles:
-            return PHASES[p.phase]
+            return PHASES[p.phase].name
         return "evaluation" if p.phase == FINAL_DONE else "final"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a cycle: its name (in checkpoints, tags and events) and what runs it."""
+
+    name: str
+    run: Callable[[Runner], None]
+
+
+# The cycle's phases in order: the one table the loop, checkpoints and resume read.
+PHASES: tuple[Phase, ...] = (
+    Phase("w_train", Runner._w_train),
+    Phase("alpha", Runner._alpha_train),
+    Phase("mutate", Runner._mutate),
+    Phase("retrain", Runner._retrain_cycle),
+)

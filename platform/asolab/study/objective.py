@@ -18,7 +18,7 @@ import optuna
 from ..config import ExperimentConfig
 from ..data import DataBundle, load_data
 from ..runner import Runner
-from ..runner.cycle import resolve_device
+from ..runner.device import resolve_device
 from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
 from ..tracking.layout import TAG_STUDY, TAG_TRIAL
 from .config import ParamSpec, StudyConfig, trial_overrides

@@ -1,0 +1,44 @@
+"""The torch device a run uses, from the config's ``device`` setting.
+
+Shared by the runner and the study workers (which load each data set once per
+device); a device this machine lacks is a one-line :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then MPS, then the CPU; an unavailable device is a config error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
+        check_cuda_index(name, torch.cuda.device_count())
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError("device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def check_cuda_index(name: str, count: int) -> None:
+    """Refuse ``cuda:N`` when the machine has only ``count`` CUDA devices.
+
+    torch would accept the name and fail at the first tensor moved there, with
+    an error that does not name the setting.
+    """
+    _, _, index = name.partition(":")
+    if index and not index.isdigit():
+        raise ConfigError(f"device = {name!r} is not valid; write cuda or cuda:N")
+    if index and int(index) >= count:
+        have = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
+        raise ConfigError(
+            f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device = 'cuda' or one of those"
+        )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import mlflow
 import mlflow.pytorch
+import optuna
 import pytest
 import torch
 from asolab.cli import main, resume_command
@@ -34,6 +35,7 @@ from asolab.tracking import (
 )
 from asolab.tracking import layout as L
 from mlflow import MlflowClient
+from mlflow.entities import LoggedModelStatus
 
 # Tiny but complete: 2 cycles of every phase, growth in each mutation, 1 final epoch.
 TINY = [
@@ -212,7 +214,7 @@ def test_run_records_everything(tracked, store, tmp_path):
     linked = {m.key: m.value for m in logged.metrics or []}
     assert linked["test_acc"] == pytest.approx(end.test_acc) and linked["final_params"] == end.derived_params
     assert {m.step for m in logged.metrics} == {TOTAL_EPOCHS}
-    assert logged.source_run_id == tracker.run_id
+    assert logged.source_run_id == tracker.run_id and logged.status == LoggedModelStatus.READY
     outputs = client.get_run(tracker.run_id).outputs.model_outputs
     assert [(o.model_id, o.step) for o in outputs] == [(logged.model_id, TOTAL_EPOCHS)]
 
@@ -367,13 +369,9 @@ class _Raise(Observer):
         raise self.exc
 
 
-class TrialPruned(Exception):
-    """Stands in for optuna.TrialPruned: the tracker goes by the class name."""
-
-
 @pytest.mark.parametrize(
     "exc, status",
-    [(KeyboardInterrupt(), "KILLED"), (RuntimeError("boom\nsecond line"), "FAILED"), (TrialPruned("pruned at 0"), "FINISHED")],
+    [(KeyboardInterrupt(), "KILLED"), (RuntimeError("boom\nsecond line"), "FAILED"), (optuna.TrialPruned("pruned at 0"), "FINISHED")],
 )
 def test_run_states(exc, status, store, tmp_path):
     cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])

@@ -132,7 +132,7 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBSto
                     url,
                     heartbeat_interval=settings.heartbeat_interval,
                     grace_period=settings.grace_period,
-                    **{_RETRY_KWARG: RetryStaleTrial(settings.max_retry)},
+                    heartbeat_stale_trial_callback=RetryStaleTrial(settings.max_retry),
                     engine_kwargs={"pool_pre_ping": True} if not is_sqlite(url) else None,
                 )
         except (IntegrityError, ProgrammingError) as exc:
@@ -151,13 +151,6 @@ def _shown(url: str) -> str:
     return mask_password(url)
 
 
-# Optuna 4.9 renamed the stale-trial retry callback and its RDBStorage argument.
-if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
-    _OptunaRetry, _RETRY_KWARG = optuna.storages.RetryHeartbeatStaleTrialCallback, "heartbeat_stale_trial_callback"
-else:
-    _OptunaRetry, _RETRY_KWARG = optuna.storages.RetryFailedTrialCallback, "failed_trial_callback"
-
-
 class RetryStaleTrial:
     """Retries a stale trial's parameters: Optuna's retry callback, minus the dead attempt.
 
@@ -173,7 +166,7 @@ class RetryStaleTrial:
         self.max_retry = max_retry
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self._optuna = _OptunaRetry(max_retry=max_retry)
+            self._optuna = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         attempt = len(trial.system_attrs.get("retry_history", [])) + 1
@@ -187,13 +180,31 @@ class RetryStaleTrial:
         log.warning("trial %d's parameters are retried in a new trial (retry %d of %d)", trial.number, attempt, self.max_retry)
 
 
+def storage_of(study: optuna.Study) -> BaseStorage:
+    """The storage a study reads and writes (what ``optuna.load_study`` was given, or
+    Optuna's cache around it).
+
+    The one use of Optuna's private ``Study._storage`` (pinned by
+    ``test_storage_of_reaches_the_studys_storage``): Optuna has no public accessor, and
+    asolab needs the storage to write attributes of trials other workers own (stale
+    trials) and to beat on a trial from a second thread.
+    """
+    return study._storage
+
+
+def trial_id(study: optuna.Study, number: int) -> int:
+    """The storage's id of trial ``number`` of ``study``, through the storage's public API."""
+    storage = storage_of(study)
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
+
+
 def optuna_heartbeat(study: optuna.Study) -> Any | None:
     """The study's storage when Optuna keeps heartbeats in it (RDB storages), else None.
 
-    Reads ``study._storage``: Optuna has no public accessor, and wraps RDB
-    storages in a cache, so ``isinstance(..., RDBStorage)`` would not tell.
+    Optuna wraps RDB storages in a cache, so ``isinstance(..., RDBStorage)`` would
+    not tell; the heartbeat interval does.
     """
-    storage = study._storage
+    storage = storage_of(study)
     interval = getattr(storage, "get_heartbeat_interval", None)
     return storage if interval is not None and interval() is not None else None
 
@@ -312,10 +323,12 @@ def _stale_reason(t: FrozenTrial, grace_period: int, now: float, check_heartbeat
 
 def _fail_stale(study: optuna.Study, t: FrozenTrial, reason: str, retry: RetryStaleTrial) -> bool:
     """Fail one stale trial and retry its parameters; False if another worker got there first."""
-    storage = study._storage  # Optuna has no public way to set attributes of a trial this process did not ask for
+    # Optuna has no public way to set attributes of a trial this process did not ask
+    # for: through the storage, which every worker shares.
+    storage, tid = storage_of(study), trial_id(study, t.number)
     try:
-        storage.set_trial_user_attr(t._trial_id, ATTR_STALE, reason)
-        storage.set_trial_user_attr(t._trial_id, ATTR_ERROR, f"stale trial: {reason}")
+        storage.set_trial_user_attr(tid, ATTR_STALE, reason)
+        storage.set_trial_user_attr(tid, ATTR_ERROR, f"stale trial: {reason}")
         failed = study.tell(t.number, state=TrialState.FAIL)
     except (RuntimeError, ValueError):  # already finished: another worker failed it
         return False
@@ -373,6 +386,7 @@ class Heartbeat:
     def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float) -> None:
         self.study, self.trial, self.interval = study, trial, interval
         self._rdb = optuna_heartbeat(study)
+        self._trial_id = trial_id(study, trial.number)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -388,9 +402,9 @@ class Heartbeat:
         """One heartbeat; False once the trial has finished (no more beats needed)."""
         try:
             if self._rdb is not None:
-                self._rdb.record_heartbeat(self.trial._trial_id)
+                self._rdb.record_heartbeat(self._trial_id)
             else:  # not trial.set_user_attr: that also writes the Trial's cache, which the trial's thread reads
-                self.study._storage.set_trial_user_attr(self.trial._trial_id, ATTR_HEARTBEAT, time.time())
+                storage_of(self.study).set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Told meanwhile, here or by another worker that judged it stale
             # (the trial's own tell then reports that clash): nothing to keep alive.

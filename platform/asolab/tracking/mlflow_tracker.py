@@ -37,8 +37,19 @@ import mlflow
 import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
 import torch
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelOutput, Metric, Param, RunStatus, RunTag
+from mlflow.entities import (
+    Dataset,
+    DatasetInput,
+    InputTag,
+    LoggedModelOutput,
+    LoggedModelStatus,
+    Metric,
+    Param,
+    RunStatus,
+    RunTag,
+)
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model
 
 from .. import __version__
 from ..config import PROJECT_ROOT, ExperimentConfig, config_json
@@ -64,7 +75,6 @@ _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-_GLOBAL_URI_LOCK = threading.Lock()
 WRITE_MODES = ("auto", "inline", "thread")  # auto: inline for a local SQLite store, a thread otherwise
 
 
@@ -77,26 +87,6 @@ def git_commit() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-@contextmanager
-def _global_tracking_uri(uri: str) -> Iterator[None]:
-    # mlflow.pytorch.log_model talks to the global tracking URI; point it at ours briefly
-    # and put back both the global and MLFLOW_TRACKING_URI (set_tracking_uri rewrites it).
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    with _GLOBAL_URI_LOCK:
-        previous = getattr(tracking_utils, "_tracking_uri", None)
-        env = os.environ.get("MLFLOW_TRACKING_URI")
-        mlflow.set_tracking_uri(uri)
-        try:
-            yield
-        finally:
-            mlflow.set_tracking_uri(previous)
-            if env is None:
-                os.environ.pop("MLFLOW_TRACKING_URI", None)
-            else:
-                os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def _one_line(exc: BaseException) -> str:
@@ -362,11 +352,10 @@ class MlflowTracker(Observer):
         inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])]
         try:
             self._c.log_inputs(self.run_id, datasets=inputs)
-        except MlflowException as exc:
+        except MlflowException:
             # Runs of one experiment started at the same moment (study workers) race to
-            # insert the same dataset row; the loser's retry finds the winner's row.
-            if "UNIQUE constraint" not in str(exc) and "IntegrityError" not in str(exc):
-                raise
+            # insert the same dataset row, and the loser's insert fails (how depends on the
+            # store); its retry finds the winner's row. Any other error fails again.
             self._c.log_inputs(self.run_id, datasets=inputs)
 
     def _resume(self, run_id: str, position: dict[str, Any] | None) -> None:
@@ -500,30 +489,42 @@ class MlflowTracker(Observer):
             self._terminate("FINISHED")
 
     def _log_model(self, event: RunEnd, model_id: str, step: int) -> None:
+        """Save the final network in the mlflow.pytorch format into the logged model
+        ``model_id`` (created by on_run_end), with this tracker's client only.
+
+        ``mlflow.pytorch.log_model`` would write through the process-wide tracking URI,
+        which a library must not change; what it does for a logged model that already
+        exists is: save the model with its metadata, upload the folder, mark it READY.
+        """
         from ..space.network import extract
 
         model = extract(event.supernet, event.genotype)
+        logged = self._c.get_logged_model(model_id)
+        meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
         quiet = logging.getLogger("mlflow.pytorch")  # its pickle-format warning would repeat every run
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            with _global_tracking_uri(self.tracking_uri or ""):
-                info = mlflow.pytorch.log_model(
+            with tempfile.TemporaryDirectory() as tmp:
+                local = os.path.join(tmp, L.MODEL_DIR)
+                mlflow.pytorch.save_model(
                     model,
-                    name=L.MODEL_NAME,
-                    model_id=model_id,  # created by on_run_end; log_model would first probe for Databricks
-                    # No run_id: given one, log_model reads back the history of every metric of the
-                    # run to link the step's values; on_run_end wrote them linked already, and the
-                    # run's link to its model is logged below.
+                    local,
+                    mlflow_model=meta,
                     # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
                     serialization_format="pickle",
                     # Inferring requirements would load the model in a subprocess: slow, and we know them.
                     pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"asolab=={__version__}"],
                 )
+                self._c.log_model_artifacts(model_id, local)
+        except BaseException:
+            self._c.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+            raise
         finally:
             quiet.setLevel(level)
+        self._c.finalize_logged_model(model_id, LoggedModelStatus.READY)
         self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
-        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, info.model_uri)
+        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, meta.get_model_info(logged).model_uri)
 
     def on_run_interrupted(self, event: RunInterrupted) -> None:
         if self.run_id is None or self._closed:
@@ -545,7 +546,7 @@ class MlflowTracker(Observer):
             try:
                 if interrupted:
                     self._terminate("KILLED")
-                elif type(exc).__name__ == "TrialPruned":
+                elif _pruned(exc):
                     self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it
                 else:
                     self._c.set_tag(self.run_id, L.TAG_ERROR, _one_line(exc))
@@ -556,6 +557,14 @@ class MlflowTracker(Observer):
     def _terminate(self, status: str) -> None:
         self._closed = True
         self._c.set_terminated(self.run_id, status=status)
+
+
+def _pruned(exc: BaseException) -> bool:
+    """Whether a study's pruner stopped the run: it ended normally, and the study tags it.
+    optuna is imported only here, so that plain runs never load it."""
+    import optuna
+
+    return isinstance(exc, optuna.TrialPruned)
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from mlflow.tracking import MlflowClient
 
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
 from ..space.ops import PRIMITIVES
-from .select import RunRecord, Selection, cycle_genotypes
+from ..tracking import layout
+from .select import VAL_ACC_METRICS, RunRecord, Selection, cycle_genotypes
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
 OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
@@ -97,8 +98,8 @@ def clusters(records: Sequence[RunRecord]) -> pd.DataFrame:
     names = labels(records)
     rows = []
     for canonical, members in groups.items():
-        val = [records[k].metric("final_val_acc", "cycle_val_acc", "val_acc") for k in members]
-        test = [records[k].metric("test_acc") for k in members]
+        val = [records[k].metric(*VAL_ACC_METRICS) for k in members]
+        test = [records[k].metric(layout.TEST_ACC) for k in members]
         rows.append({
             "runs": len(members),
             "genotype": canonical,
@@ -122,7 +123,7 @@ def best(records: Sequence[RunRecord]) -> Optional[RunRecord]:
     """The run with the highest validation accuracy (the first run when none has one)."""
     if not records:
         return None
-    scored = [(r.metric("final_val_acc", "cycle_val_acc", "val_acc"), -k, r) for k, r in enumerate(records)]
+    scored = [(r.metric(*VAL_ACC_METRICS), -k, r) for k, r in enumerate(records)]
     valid = [s for s in scored if not math.isnan(s[0])]
     return max(valid, key=lambda s: (s[0], s[1]))[2] if valid else records[0]
 
@@ -201,7 +202,7 @@ def val_acc_by_cycle(values: Sequence[Metric], epoch_cycles: Sequence[Metric]) -
 
 def load_evolution(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc`` history."""
-    accs = val_acc_by_cycle(client.get_metric_history(run_id, "cycle_val_acc"), client.get_metric_history(run_id, "cycle"))
+    accs = val_acc_by_cycle(client.get_metric_history(run_id, layout.CYCLE_VAL_ACC), client.get_metric_history(run_id, layout.CYCLE))
     return evolution(cycle_genotypes(client, run_id), accs)
 
 

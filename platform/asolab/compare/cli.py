@@ -9,6 +9,8 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, TextIO
 
+from ..tracking.layout import FINAL_VAL_ACC
+
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
 
@@ -36,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--filter", default="", metavar="EXPR", help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"")
     p.add_argument("--study", default="", metavar="NAME", help="the trial runs of an Optuna study")
     p.add_argument("--top", type=int, default=0, metavar="K", help="compare the K best runs by --by (runs without a genotype take no place)")
-    p.add_argument("--by", default="final_val_acc", metavar="METRIC", help="metric for --top (default final_val_acc; highest first)")
+    p.add_argument("--by", default=FINAL_VAL_ACC, metavar="METRIC", help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)")
     p.add_argument("--ascending", action="store_true", help="for --top: lowest first (losses, parameters)")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="print the edge-by-edge diff of two selected runs (id, id prefix or run name)")
     p.add_argument("--evolution", action="store_true", help="print each run's genotype per cycle and the distance between cycles")

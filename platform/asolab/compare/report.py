@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .select import VAL_ACC_METRICS  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
         ref = comparison.diffs[0].reference
         parts.append(
             f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
-            f"val acc {ref.metric('final_val_acc', 'cycle_val_acc', 'val_acc'):.4g})<br>"
+            f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
             f'<span class="geno">{html.escape(ref.genotype.canonical)}</span></p>'
         )
         for d in comparison.diffs:
@@ -229,29 +230,26 @@ def log_to_mlflow(comparison: Comparison, directory: str | Path, experiment: str
     """
     from mlflow.tracking import MlflowClient
 
-    from .select import KIND_COMPARISON, TAG_KIND
+    from ..tracking.store import ensure_experiment
+    from ..tracking import layout as L
 
     uri = comparison.selection.tracking_uri
     client = MlflowClient(tracking_uri=uri)
-    try:
-        from ..tracking.store import ensure_experiment
-    except ImportError:  # older tree: MLflow's default artifact location
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-    else:
-        exp_id = ensure_experiment(client, uri, experiment)
-    run = client.create_run(exp_id, run_name=f"compare {len(comparison.records)} runs", tags={TAG_KIND: KIND_COMPARISON, "mlflow.note.content": comparison.selection.description})
+    exp_id = ensure_experiment(client, uri, experiment)
+    run = client.create_run(exp_id, run_name=f"compare {len(comparison.records)} runs", tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.MLFLOW_NOTE: comparison.selection.description})
     rid = run.info.run_id
     try:
-        client.log_param(rid, "selection", comparison.selection.description[:500])
-        client.log_param(rid, "run_ids", ",".join(r.run_id for r in comparison.records)[:6000])
-        client.log_metric(rid, "runs", len(comparison.records))
-        client.log_metric(rid, "skipped", len(comparison.selection.skipped))
-        client.log_metric(rid, "distinct_genotypes", len(comparison.clusters))
+        selection, run_ids = L.COMPARISON_PARAMS
+        client.log_param(rid, selection, comparison.selection.description[:500])
+        client.log_param(rid, run_ids, ",".join(r.run_id for r in comparison.records)[:6000])
+        runs, skipped, distinct, best_val_acc = L.COMPARISON_METRICS
+        client.log_metric(rid, runs, len(comparison.records))
+        client.log_metric(rid, skipped, len(comparison.selection.skipped))
+        client.log_metric(rid, distinct, len(comparison.clusters))
         best = comparison.table["val_acc"].max() if not comparison.table.empty else math.nan
         if not math.isnan(best):
-            client.log_metric(rid, "best_val_acc", float(best))
-        client.log_artifacts(rid, str(directory), "report")
+            client.log_metric(rid, best_val_acc, float(best))
+        client.log_artifacts(rid, str(directory), L.REPORT_DIR)
     except BaseException:
         client.set_terminated(rid, "FAILED")
         raise

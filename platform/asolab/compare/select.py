@@ -14,7 +14,6 @@ import difflib
 import json
 import logging
 import math
-import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -26,20 +25,16 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..config import PROJECT_ROOT, ConfigError
+from ..config import ConfigError
 from ..space.genotype import Genotype
 from ..tracking import layout
+from ..tracking.store import resolve_tracking_uri as store_tracking_uri
 
 log = logging.getLogger(__name__)
 
 COMPARISON_EXPERIMENT = "asolab-comparisons"
-# Comparison runs carry asolab.kind = comparison, so that compare never selects them.
-TAG_KIND = getattr(layout, "TAG_RUN_KIND", "asolab.kind")
-KIND_COMPARISON = "comparison"
-# A study's parent run (tagged by asolab.study.report, which is not imported here
-# because it loads optuna) only groups the trial runs and has no genotype.
-TAG_STUDY_PARENT = "asolab.study_parent"
-KIND_STUDY = "study"
+# a run's validation accuracy: the final one, else the last cycle's, else the last epoch's
+VAL_ACC_METRICS = (layout.FINAL_VAL_ACC, layout.CYCLE_VAL_ACC, layout.VAL_ACC)
 _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 
 # Table columns, in order: (column, where it comes from).
@@ -55,16 +50,9 @@ class CompareError(ConfigError):
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the project's local SQLite store.
-
-    Defers to :func:`asolab.tracking.store.resolve_tracking_uri` when present, so
-    compare always reads the store that ``asolab run`` writes to.
-    """
-    try:
-        from ..tracking.store import resolve_tracking_uri as tracker_resolve
-    except ImportError:  # an older tree without the tracker: the same documented rule
-        return explicit or os.environ.get("MLFLOW_TRACKING_URI", "") or f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
-    return tracker_resolve(explicit or "")
+    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the project's local SQLite store:
+    the store that ``asolab run`` writes to."""
+    return store_tracking_uri(explicit or "")
 
 
 def open_store(tracking_uri: str) -> MlflowClient:
@@ -118,10 +106,10 @@ class RunRecord:
             "mutation_strength": self.param("mutation.strength", float, math.nan),
             "cycles": self.param("search.cycles", int),
             "genotype": self.genotype.canonical,
-            "params": self.metric("final_params", "derived_params"),
-            "peak_rss_mb": self.metric("final_peak_rss_mb", "peak_rss_mb", "rss_mb"),
-            "val_acc": self.metric("final_val_acc", "cycle_val_acc", "val_acc"),
-            "test_acc": self.metric("test_acc"),
+            "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),
+            "peak_rss_mb": self.metric(layout.FINAL_PREFIX + layout.PEAK_RSS_MB, layout.PEAK_RSS_MB, layout.RSS_MB),
+            "val_acc": self.metric(*VAL_ACC_METRICS),
+            "test_acc": self.metric(layout.TEST_ACC),
             "status": self.status,
         }
 
@@ -187,7 +175,7 @@ def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> dict[str, str
 
 
 def _store_name(client: MlflowClient) -> str:
-    return str(getattr(client, "tracking_uri", getattr(client, "_tracking_uri", "the tracking store")))
+    return str(client.tracking_uri)
 
 
 def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: str) -> list[Run]:
@@ -222,7 +210,8 @@ def _and(*parts: str) -> str:
 def is_bookkeeping(run: Run) -> bool:
     """A run that only groups others (a comparison run, a study's parent run): no genotype of its own."""
     tags = run.data.tags
-    return tags.get(TAG_KIND) in (KIND_COMPARISON, KIND_STUDY) or tags.get(TAG_STUDY_PARENT) == "true"
+    kind = tags.get(layout.TAG_RUN_KIND)
+    return kind in (layout.KIND_COMPARISON, layout.KIND_STUDY) or tags.get(layout.TAG_STUDY_PARENT) == "true"
 
 
 def find_runs(
@@ -362,7 +351,7 @@ def load_selection(
     filter_string: str = "",
     study: str = "",
     top: int = 0,
-    by: str = "final_val_acc",
+    by: str = layout.FINAL_VAL_ACC,
     ascending: bool = False,
 ) -> Selection:
     """Select runs and read each one's records; runs without a genotype are skipped.
@@ -382,7 +371,7 @@ def load_selection(
         # and runs ranked below the K-th compared one are never read.
         if top and len(selection.records) == top:
             break
-        name = run.info.run_name or run.data.tags.get("mlflow.runName", "")
+        name = run.info.run_name or run.data.tags.get(layout.MLFLOW_RUN_NAME, "")
         exp = names[run.info.experiment_id]
         try:
             genotype = final_genotype(client, run)

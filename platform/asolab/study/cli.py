@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
+from ..tracking.layout import TAG_ERROR
 from .config import check_study_name
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
     values = ", ".join(f"{m}={v:.4g}" for m, v in zip(metrics, t.values)) if t.values else ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
-    error = t.user_attrs.get("asolab.error", "")
+    error = t.user_attrs.get(TAG_ERROR, "")  # storage.ATTR_ERROR, without importing optuna
     extra = f"  ({error})" if error else ""
     return f"trial {t.number:4d} {t.state.name:8s} {values}  [{params}]{extra}"
 

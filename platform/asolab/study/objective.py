@@ -26,8 +26,9 @@ from .storage import ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
-# what the pruner watches per cycle, for each objective metric
-_CYCLE_VALUE = {"val_acc": "val_acc", "val_loss": "val_loss", "params": "derived_params"}
+# objective metric (the keys of study.config.OBJECTIVES) -> the attribute of CycleEnd
+# (what the pruner watches per cycle) and of RunEnd (the trial's value) that holds it
+EVENT_FIELD = {"val_acc": "val_acc", "val_loss": "val_loss", "params": "derived_params"}
 
 
 def suggest(trial: optuna.Trial, p: ParamSpec) -> Any:
@@ -60,7 +61,7 @@ class TrialReporter(Observer):
     def on_cycle_end(self, event: CycleEnd) -> None:
         if self.metric is None:
             return
-        value = float(getattr(event, _CYCLE_VALUE[self.metric]))
+        value = float(getattr(event, EVENT_FIELD[self.metric]))
         self.trial.report(value, event.cycle)
         if self.trial.should_prune():
             log.info("trial %d pruned after cycle %d (%s = %.4f)", self.trial.number, event.cycle, self.metric, value)
@@ -114,8 +115,7 @@ class _RunEndKeeper(Observer):
 def objective_values(end: RunEnd, metrics: tuple[str, ...]) -> list[float]:
     """The trial's objective values, from the run's final evaluation (validation split;
     the test split is reported in the trial's run, never returned to Optuna)."""
-    table = {"val_acc": end.val_acc, "val_loss": end.val_loss, "params": end.derived_params}
-    values = [float(table[m]) for m in metrics]
+    values = [float(getattr(end, EVENT_FIELD[m])) for m in metrics]
     for m, v in zip(metrics, values):
         if not math.isfinite(v):  # Optuna would fail the trial without saying why
             raise FloatingPointError(f"objective {m} is {v}")
@@ -143,7 +143,7 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     )
     first = cfg.objective.metrics[0]
     # Optuna cannot prune multi-objective trials; single objectives report per cycle.
-    metric = first if not cfg.multi_objective and first in _CYCLE_VALUE else None
+    metric = first if not cfg.multi_objective and first in EVENT_FIELD else None
     keeper = _RunEndKeeper()
     observers = [tracker, RunLink(trial, tracker), keeper, TrialReporter(trial, metric)]
     Runner(exp, observers, data=ctx.data_for(exp)).run()

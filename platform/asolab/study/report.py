@@ -18,17 +18,23 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from ..tracking import layout as L
+from ..tracking.layout import (
+    BEST_PREFIX,
+    PLOTS_DIR,
+    TAG_BEST_TRIAL,
+    TAG_ERROR,
+    TAG_RUN_KIND,
+    TAG_STORAGE,
+    TAG_STUDY,
+    TAG_STUDY_PARENT,
+    TAG_TRIAL,
+    TAG_TRIAL_STATE,
+)
 from .config import StudyConfig
 
 log = logging.getLogger(__name__)
 
-TAG_STUDY_PARENT = "asolab.study_parent"  # "true" on a study's parent run
-TAG_RUN_KIND = "asolab.kind"
-TAG_STORAGE = "asolab.study_storage"  # the Optuna storage URL (password masked)
-TAG_BEST_TRIAL = "asolab.best_trial"
-BEST_PREFIX = "best."  # parent metrics/tags: best.value, best.<param>
-PLOTS_DIR = "plots"
 CONTOUR_PARAMS = ("temperature.initial_temperature", "mutation.strength")
 
 
@@ -73,23 +79,19 @@ def ensure_parent_run(uri: str, cfg: StudyConfig, study_name: str, storage_url: 
     tags = {
         TAG_STUDY: study_name,
         TAG_STUDY_PARENT: "true",
-        TAG_RUN_KIND: "study",
+        TAG_RUN_KIND: L.KIND_STUDY,
         TAG_STORAGE: mask_password(storage_url),
-        "asolab.study_directions": ",".join(cfg.objective.directions),
-        "asolab.study_objective": ",".join(cfg.objective.metrics),
+        L.TAG_STUDY_DIRECTIONS: ",".join(cfg.objective.directions),
+        L.TAG_STUDY_OBJECTIVE: ",".join(cfg.objective.metrics),
     }
     run = c.create_run(exp_id, tags=tags, run_name=f"study-{study_name}")
     run_id = run.info.run_id
     from mlflow.entities import Param
 
-    params = [
-        Param("study.name", study_name),
-        Param("study.experiment", Path(cfg.experiment).name),
-        Param("study.objective", ",".join(cfg.objective.metrics)),
-        Param("study.sampler", cfg.sampler.name),
-        Param("study.pruner", cfg.pruner.name),
-        Param("study.seed", str(cfg.seed)),
-    ] + [Param(f"space.{p.optuna_name}", _describe(p)) for p in cfg.params]
+    values = (study_name, Path(cfg.experiment).name, ",".join(cfg.objective.metrics),
+              cfg.sampler.name, cfg.pruner.name, str(cfg.seed))
+    params = [Param(k, v) for k, v in zip(L.STUDY_PARAMS, values, strict=True)]
+    params += [Param(L.SPACE_PREFIX + p.optuna_name, _describe(p)) for p in cfg.params]
     c.log_batch(run_id, params=params)
     if cfg.source and Path(cfg.source).exists():
         c.log_artifact(run_id, cfg.source)
@@ -121,18 +123,18 @@ def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str
 
         exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
         run = c.create_run(exp_id, run_name=f"{study_name}-trial-{trial.number:04d}",
-                           tags={"mlflow.parentRunId": parent_run_id, TAG_STUDY: study_name, TAG_TRIAL: str(trial.number)})
+                           tags={L.MLFLOW_PARENT_RUN: parent_run_id, TAG_STUDY: study_name, TAG_TRIAL: str(trial.number)})
         run_id = run.info.run_id
         c.set_terminated(run_id, status="FAILED" if trial.state == TrialState.FAIL else "FINISHED")
     tags = [RunTag(TAG_TRIAL_STATE, trial.state.name), RunTag(TAG_STUDY, study_name), RunTag(TAG_TRIAL, str(trial.number))]
     error = trial.user_attrs.get(ATTR_ERROR)
     if error:
         tags.append(RunTag(TAG_ERROR, str(error)[:5000]))
-    params = [Param(f"trial.{k}", str(v)[:500]) for k, v in trial.params.items()]
+    params = [Param(L.TRIAL_PARAM_PREFIX + k, str(v)[:500]) for k, v in trial.params.items()]
     now = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else 0
     metrics = []
     if trial.values is not None:
-        metrics = [Metric(f"objective.{m}", float(v), now, 0) for m, v in zip(cfg.objective.metrics, trial.values)]
+        metrics = [Metric(L.OBJECTIVE_PREFIX + m, float(v), now, 0) for m, v in zip(cfg.objective.metrics, trial.values)]
     c.log_batch(run_id, metrics=metrics, params=params, tags=tags)
     return run_id
 
@@ -171,13 +173,14 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
     finished = [t for t in trials if t.state.is_finished()]
     step = len(finished)
     now = int(max((t.datetime_complete.timestamp() for t in finished if t.datetime_complete), default=0) * 1000)
-    metrics = [Metric(f"trials.{s.name.lower()}", float(sum(t.state == s for t in trials)), now, step)
-               for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+    states = {s.name.lower(): s for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    metrics = [Metric(L.TRIALS_PREFIX + name, float(sum(t.state == states[name] for t in trials)), now, step)
+               for name in L.TRIAL_STATES_COUNTED]
     tags: list[RunTag] = []
     best = best_trials(study)
     if len(study.directions) == 1 and best:
         b = best[0]
-        metrics.append(Metric(f"{BEST_PREFIX}value", float(b.value), now, step))
+        metrics.append(Metric(L.BEST_VALUE, float(b.value), now, step))
         metrics.append(Metric(f"{BEST_PREFIX}{cfg.objective.metrics[0]}", float(b.value), now, step))
         tags.append(RunTag(TAG_BEST_TRIAL, str(b.number)))
         for k, v in b.params.items():
@@ -185,8 +188,8 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 metrics.append(Metric(f"{BEST_PREFIX}{k}", float(v), now, step))
     elif best:
-        tags.append(RunTag("asolab.pareto_trials", ",".join(str(t.number) for t in best)[:5000]))
-        metrics.append(Metric("pareto.size", float(len(best)), now, step))
+        tags.append(RunTag(L.TAG_PARETO_TRIALS, ",".join(str(t.number) for t in best)[:5000]))
+        metrics.append(Metric(L.PARETO_SIZE, float(len(best)), now, step))
     c.log_batch(parent_run_id, metrics=metrics, tags=tags)
     plots = log_plots(c, parent_run_id, cfg, study)
     c.set_terminated(parent_run_id, status="FINISHED")

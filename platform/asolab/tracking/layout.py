@@ -1,10 +1,18 @@
 """Names of everything asolab records in MLflow: the one contract between the
-tracker that writes runs and the readers (compare, studies, tests, the README).
+writers (the run tracker, a study's parent and trial runs, a comparison run) and
+the readers (compare, studies, tests, the docs).
 
-Change a name here and every reader follows.
+Every metric, tag, param and artifact path written anywhere is named here; a
+test runs a run, a study and a comparison and checks that everything they
+recorded is declared (:func:`declared`). Change a name here and every reader
+follows.
 """
 
 from __future__ import annotations
+
+import re
+
+# ================================================================ runs (asolab run, a study's trials)
 
 # ---------------------------------------------------------------- tags
 TAG_VERSION = "asolab.version"
@@ -19,57 +27,74 @@ TAG_ERROR = "asolab.error"  # one line: why a run failed
 TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
 TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
 TAG_TRIAL_STATE = "asolab.trial_state"  # COMPLETE | PRUNED | FAIL
+TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
+TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
+TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
+TAG_RESUMED_FROM = "asolab.resumed_from"  # where the latest resume started, e.g. "cycle 0 / before retrain"
+KIND_RUN = "run"  # asolab runs and study trials
+KIND_STUDY = "study"  # a study's parent run
+KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
+# MLflow's own tags that asolab sets
+MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
+MLFLOW_PARENT_RUN = "mlflow.parentRunId"  # a trial run's study parent run
+MLFLOW_NOTE = "mlflow.note.content"  # a comparison run's description
+MLFLOW_RUN_NAME = "mlflow.runName"
+MLFLOW_DATA_CONTEXT = "mlflow.data.context"  # tag of the run's dataset input
+DATASET_CONTEXT = "train"  # its value
 
 # ---------------------------------------------------------------- params
 # The whole resolved config, flattened: "seed", "data.name", "temperature.initial_temperature",
-# "mutation.strength", ... (ExperimentConfig.flat()).
+# "mutation.strength", ... (ExperimentConfig.flat()); no prefix.
 
 # ---------------------------------------------------------------- metrics (step = global epoch)
+TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC = "train_loss", "train_acc", "val_loss", "val_acc"
+TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
+EPOCH_SECONDS, IMAGES_PER_SEC, CYCLE, PHASE_INDEX_METRIC = "epoch_seconds", "images_per_sec", "cycle", "phase_index"
 EPOCH_METRICS = (
-    "train_loss", "train_acc", "val_loss", "val_acc", "temperature",
-    "weight_lr", "alpha_lr", "epoch_seconds", "images_per_sec", "cycle", "phase_index",
+    TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC, TEMPERATURE,
+    WEIGHT_LR, ALPHA_LR, EPOCH_SECONDS, IMAGES_PER_SEC, CYCLE, PHASE_INDEX_METRIC,
 )
-# per cycle (step = global epoch at the cycle's end)
-CYCLE_METRICS = (
-    "cycle_val_acc", "cycle_val_loss", "supernet_params", "derived_params",
-    "rss_mb", "peak_rss_mb", "cuda_allocated_mb", "cuda_peak_mb", "mutation_edits",
+# per cycle (step = global epoch at the cycle's end); the memory ones are runner/memory.py's keys
+CYCLE_VAL_ACC, CYCLE_VAL_LOSS = "cycle_val_acc", "cycle_val_loss"
+SUPERNET_PARAMS, DERIVED_PARAMS, MUTATION_EDITS = "supernet_params", "derived_params", "mutation_edits"
+RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB = "rss_mb", "peak_rss_mb", "cuda_allocated_mb", "cuda_peak_mb"
+MEMORY_METRICS = (RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB)
+CYCLE_METRICS = (CYCLE_VAL_ACC, CYCLE_VAL_LOSS, SUPERNET_PARAMS, DERIVED_PARAMS, *MEMORY_METRICS, MUTATION_EDITS)
+# per cycle with growth (step = global epoch at the cycle's end)
+GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER = (
+    "growth_events", "growth_preservation_error", "growth_params_after",
 )
-# once, at the end (step = total epochs)
+GROWTH_METRICS = (GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER)
+# once, at the end (step = total epochs); memory as FINAL_PREFIX + a MEMORY_METRICS name
+FINAL_PREFIX = "final_"
+FINAL_VAL_ACC, FINAL_VAL_LOSS, TEST_ACC, TEST_LOSS = "final_val_acc", "final_val_loss", "test_acc", "test_loss"
+FINAL_PARAMS, FINAL_SUPERNET_PARAMS, RUN_SECONDS = "final_params", "final_supernet_params", "run_seconds"
 FINAL_METRICS = (
-    "final_val_acc", "final_val_loss", "test_acc", "test_loss", "final_params", "final_supernet_params",
-    "run_seconds", "final_rss_mb", "final_peak_rss_mb", "final_cuda_allocated_mb", "final_cuda_peak_mb",
+    FINAL_VAL_ACC, FINAL_VAL_LOSS, TEST_ACC, TEST_LOSS, FINAL_PARAMS, FINAL_SUPERNET_PARAMS,
+    RUN_SECONDS, *(FINAL_PREFIX + m for m in MEMORY_METRICS),
 )
+RUN_METRICS = EPOCH_METRICS + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
+
+# phase -> the value of the "phase_index" epoch metric: the runner's cycle phases in
+# order, then the final stage (a test checks them against runner.cycle.PHASES)
+PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
 
 # ---------------------------------------------------------------- artifacts
 CONFIG_ARTIFACT = "config.json"
+RUN_INFO_ARTIFACT = "run_info.json"  # the data split sizes, the architecture spec, total epochs
 GENOTYPE_DIR = "genotypes"  # genotypes/cycle_000.json ... and genotypes/final.json
-
-
-def genotype_artifact(cycle: int) -> str:
-    return f"{GENOTYPE_DIR}/cycle_{cycle:03d}.json"
-
-
 FINAL_GENOTYPE_ARTIFACT = f"{GENOTYPE_DIR}/final.json"
 CELLS_DIR = "cells"  # cells/cycle_000.png: normal and reduction cell side by side
 MUTATIONS_DIR = "mutations"  # mutations/cycle_000.json: before, after, edits
 GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
 CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
-MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
-
-# ---------------------------------------------------------------- added with the MLflow tracker
-TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
-TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
-TAG_RUN_KIND = "asolab.kind"  # "run" for asolab runs
-TAG_RESUMED_FROM = "asolab.resumed_from"  # where the latest resume started, e.g. "cycle 0 / before retrain"
-
-# phase -> the value of the "phase_index" epoch metric
-PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
-# per cycle with growth (step = global epoch at the cycle's end)
-GROWTH_METRICS = ("growth_events", "growth_preservation_error", "growth_params_after")
-
 CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
+MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
 MODEL_NAME = MODEL_DIR  # mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_NAME}")
-DATASET_CONTEXT = "train"  # mlflow.data.context tag of the run's dataset input
+
+
+def genotype_artifact(cycle: int) -> str:
+    return f"{GENOTYPE_DIR}/cycle_{cycle:03d}.json"
 
 
 def cells_artifact(cycle: int) -> str:
@@ -100,3 +125,64 @@ def resumed_text(position: dict) -> str:
     if nxt in ("final", "evaluation"):
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
+
+
+# ================================================================ a study's parent and trial runs
+
+TAG_STUDY_PARENT = "asolab.study_parent"  # "true" on a study's parent run
+TAG_STORAGE = "asolab.study_storage"  # the Optuna storage URL (password masked)
+TAG_STUDY_DIRECTIONS = "asolab.study_directions"  # e.g. "maximize" or "maximize,minimize"
+TAG_STUDY_OBJECTIVE = "asolab.study_objective"  # e.g. "val_acc" or "val_acc,params"
+TAG_BEST_TRIAL = "asolab.best_trial"  # number of the best trial (one objective)
+TAG_PARETO_TRIALS = "asolab.pareto_trials"  # numbers of the Pareto-front trials (two objectives)
+# parent params: the study's settings, and the search space as "space.<parameter>"
+STUDY_PARAMS = ("study.name", "study.experiment", "study.objective", "study.sampler", "study.pruner", "study.seed")
+SPACE_PREFIX = "space."
+# parent metrics (step = finished trials): trials.<state>, the best trial's value and
+# parameters (also as tags) under BEST_PREFIX, the Pareto front's size
+TRIALS_PREFIX = "trials."
+TRIAL_STATES_COUNTED = ("complete", "pruned", "fail")
+BEST_PREFIX = "best."
+BEST_VALUE = BEST_PREFIX + "value"
+PARETO_SIZE = "pareto.size"
+PLOTS_DIR = "plots"  # plots/<name>.png|html; the study file itself sits at the artifact root
+# trial runs: their sampled parameters as "trial.<parameter>", their values as "objective.<metric>"
+TRIAL_PARAM_PREFIX = "trial."
+OBJECTIVE_PREFIX = "objective."
+
+# ================================================================ a comparison run (asolab compare --log)
+
+COMPARISON_PARAMS = ("selection", "run_ids")
+COMPARISON_METRICS = ("runs", "skipped", "distinct_genotypes", "best_val_acc")
+REPORT_DIR = "report"  # the written report: index.html, runs.csv, pictures
+
+# ================================================================ what counts as declared
+
+TAGS = tuple(v for k, v in list(globals().items()) if k.startswith(("TAG_", "MLFLOW_")) and isinstance(v, str))
+_ARTIFACTS = (
+    re.escape(CONFIG_ARTIFACT), re.escape(RUN_INFO_ARTIFACT), re.escape(FINAL_GENOTYPE_ARTIFACT),
+    rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json", rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
+    rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json", rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
+    re.escape(CHECKPOINT_ARTIFACT), rf"{MODEL_DIR}/.+", rf"{PLOTS_DIR}/[^/]+", r"[^/]+\.toml",
+    rf"{REPORT_DIR}/.+",
+)
+
+
+def declared(kind: str, name: str, config_keys: tuple[str, ...] = ()) -> bool:
+    """Whether ``name`` is a declared ``kind`` ("metric", "tag", "param", "artifact").
+
+    ``config_keys`` are the flattened experiment keys (a run's params); passed in,
+    so that this module stays free of imports.
+    """
+    if kind == "metric":
+        fixed = RUN_METRICS + COMPARISON_METRICS + (BEST_VALUE, PARETO_SIZE)
+        prefixes = (TRIALS_PREFIX, BEST_PREFIX, OBJECTIVE_PREFIX)
+        return name in fixed or name.startswith(prefixes)
+    if kind == "tag":
+        return name in TAGS or name.startswith(BEST_PREFIX)
+    if kind == "param":
+        fixed = STUDY_PARAMS + COMPARISON_PARAMS + tuple(config_keys)
+        return name in fixed or name.startswith((SPACE_PREFIX, TRIAL_PARAM_PREFIX))
+    if kind == "artifact":
+        return any(re.fullmatch(p, name) for p in _ARTIFACTS)
+    raise ValueError(f"unknown kind {kind!r}")

@@ -315,15 +315,15 @@ class MlflowTracker(Observer):
         tags = {
             L.TAG_VERSION: __version__,
             L.TAG_GIT_COMMIT: commit,
-            "mlflow.source.git.commit": commit,
+            L.MLFLOW_GIT_COMMIT: commit,
             L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
             L.TAG_DEVICE: event.device,
             L.TAG_HOST: socket.gethostname(),
-            L.TAG_RUN_KIND: "run",
+            L.TAG_RUN_KIND: L.KIND_RUN,
             **self.extra_tags,
         }
         if self.parent_run_id:
-            tags["mlflow.parentRunId"] = self.parent_run_id
+            tags[L.MLFLOW_PARENT_RUN] = self.parent_run_id
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
         self.run_id = run.info.run_id
         if not self._run_name:
@@ -333,7 +333,7 @@ class MlflowTracker(Observer):
         for i in range(0, len(params), _PARAM_BATCH):
             client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
         self._artifact_text(config_json(cfg), L.CONFIG_ARTIFACT)
-        self._artifact_text(json.dumps({"data": event.data, "arch": event.arch, "total_epochs": event.total_epochs}, indent=2, default=str), "run_info.json")
+        self._artifact_text(json.dumps({"data": event.data, "arch": event.arch, "total_epochs": event.total_epochs}, indent=2, default=str), L.RUN_INFO_ARTIFACT)
         self._log_dataset(event.data)
 
     def _log_dataset(self, summary: dict[str, Any]) -> None:
@@ -349,7 +349,7 @@ class MlflowTracker(Observer):
             schema=json.dumps(schema),
             profile=json.dumps({k: v for k, v in summary.items() if k != "name"}, default=str),
         )
-        inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", L.DATASET_CONTEXT)])]
+        inputs = [DatasetInput(dataset, tags=[InputTag(L.MLFLOW_DATA_CONTEXT, L.DATASET_CONTEXT)])]
         try:
             self._c.log_inputs(self.run_id, datasets=inputs)
         except MlflowException:
@@ -387,16 +387,16 @@ class MlflowTracker(Observer):
             self._phase_key = key
             step = event.global_epoch
             values = {
-                "train_loss": event.train_loss,
-                "train_acc": event.train_acc,
-                "val_loss": event.val_loss,
-                "val_acc": event.val_acc,
-                "temperature": event.temperature,
-                "epoch_seconds": event.seconds,
-                "images_per_sec": event.images_per_sec,
-                "cycle": event.cycle,
-                "phase_index": L.PHASE_INDEX.get(event.phase, -1),
-                **event.lrs,
+                L.TRAIN_LOSS: event.train_loss,
+                L.TRAIN_ACC: event.train_acc,
+                L.VAL_LOSS: event.val_loss,
+                L.VAL_ACC: event.val_acc,
+                L.TEMPERATURE: event.temperature,
+                L.EPOCH_SECONDS: event.seconds,
+                L.IMAGES_PER_SEC: event.images_per_sec,
+                L.CYCLE: event.cycle,
+                L.PHASE_INDEX_METRIC: L.PHASE_INDEX.get(event.phase, -1),
+                **event.lrs,  # L.WEIGHT_LR, L.ALPHA_LR: the runner names them
             }
             for k, v in values.items():
                 self._metric(k, v, step)
@@ -419,9 +419,9 @@ class MlflowTracker(Observer):
         """A cycle's growth steps: the artifact and the per-cycle growth metrics."""
         record = [asdict(g) for g in events]  # every field of the event, as the checkpoint keeps it
         self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(events[0].cycle))
-        self._metric("growth_events", len(events), step)
-        self._metric("growth_preservation_error", max(g.preservation_error for g in events), step)
-        self._metric("growth_params_after", events[-1].params_after, step)
+        self._metric(L.GROWTH_EVENTS, len(events), step)
+        self._metric(L.GROWTH_PRESERVATION_ERROR, max(g.preservation_error for g in events), step)
+        self._metric(L.GROWTH_PARAMS_AFTER, events[-1].params_after, step)
 
     def on_cycle_end(self, event: CycleEnd) -> None:
         with self._timed():
@@ -430,15 +430,15 @@ class MlflowTracker(Observer):
             self._artifact_text(g.to_json(), L.genotype_artifact(c))
             self._artifact_png(g, f"cycle {c}: {g}"[:160], L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
-            self._metric("cycle_val_acc", event.val_acc, step)
-            self._metric("cycle_val_loss", event.val_loss, step)
-            self._metric("supernet_params", event.supernet_params, step)
-            self._metric("derived_params", event.derived_params, step)
-            for k, v in event.memory.items():
+            self._metric(L.CYCLE_VAL_ACC, event.val_acc, step)
+            self._metric(L.CYCLE_VAL_LOSS, event.val_loss, step)
+            self._metric(L.SUPERNET_PARAMS, event.supernet_params, step)
+            self._metric(L.DERIVED_PARAMS, event.derived_params, step)
+            for k, v in event.memory.items():  # L.MEMORY_METRICS: runner/memory.py names them
                 self._metric(k, v, step)
             # From the event, not from on_mutation / on_growth: after a resume in
             # mid-cycle this process never saw the mutation.
-            self._metric("mutation_edits", event.mutation_edits, step)
+            self._metric(L.MUTATION_EDITS, event.mutation_edits, step)
             if event.growth:
                 self._log_growth(event.growth, step)
             # written with the retrain phase's metrics at its checkpoint (or the next flush)
@@ -458,17 +458,17 @@ class MlflowTracker(Observer):
             step = event.global_epoch
             g = event.genotype
             finals = {
-                "final_val_acc": event.val_acc,
-                "final_val_loss": event.val_loss,
-                "test_acc": event.test_acc,
-                "test_loss": event.test_loss,
-                "final_params": event.derived_params,
-                "final_supernet_params": event.supernet_params,
-                "run_seconds": event.seconds,
+                L.FINAL_VAL_ACC: event.val_acc,
+                L.FINAL_VAL_LOSS: event.val_loss,
+                L.TEST_ACC: event.test_acc,
+                L.TEST_LOSS: event.test_loss,
+                L.FINAL_PARAMS: event.derived_params,
+                L.FINAL_SUPERNET_PARAMS: event.supernet_params,
+                L.RUN_SECONDS: event.seconds,
             }
             # Memory under final_* names: with no final epochs the run ends on the last
             # cycle's step, where the per-cycle figures already hold that step.
-            finals.update({f"final_{k}": v for k, v in event.memory.items()})
+            finals.update({L.FINAL_PREFIX + k: v for k, v in event.memory.items()})
             model_id = None
             if self.log_models and event.supernet is not None:
                 # Created before the final metrics so that they are written linked to the model

@@ -33,6 +33,7 @@ from asolab.runner.events import Recorder
 from asolab.space.genotype import Genotype, distance
 from asolab.tracking import layout
 from asolab.tracking.mlflow_tracker import MlflowTracker
+from layout_check import undeclared
 
 from conftest import TINY
 
@@ -425,6 +426,7 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert exp is not None
     [comparison_run] = client.search_runs([exp.experiment_id])
     assert comparison_run.data.metrics["runs"] == len(runs)
+    assert undeclared(client, comparison_run.info.run_id) == []  # every name is in tracking/layout.py
     assert {a.path for a in client.list_artifacts(comparison_run.info.run_id, "report")} >= {"report/index.html", "report/runs.csv"}
     # The comparison run itself is never selected by a later comparison.
     again = load_selection(uri)

@@ -46,6 +46,7 @@ from asolab.study.storage import (
     used_budget,
 )
 from asolab.tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from layout_check import undeclared
 
 pytestmark = pytest.mark.slow
 
@@ -169,6 +170,10 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     assert parent.data.tags["asolab.best_trial"] == str(study.best_trial.number)
     plots = artifacts(tmp_path, parent.info.run_id, "plots")
     assert {"optimization_history.png", "param_importances.png", "contour.png"} <= set(plots)
+    # every name the parent and the trial runs hold is declared in tracking/layout.py
+    client = MlflowClient(stores(tmp_path)["tracking_uri"])
+    for run in (parent, *children):
+        assert undeclared(client, run.info.run_id, cfg.base.flat()) == [], run.info.run_id
 
     # The same command again, with a bigger budget: same study, same parent run, one more trial.
     s = stores(tmp_path)
@@ -309,6 +314,7 @@ def test_two_objectives_give_a_pareto_front(tmp_path: Path) -> None:
     assert "pareto_front.png" in artifacts(tmp_path, parent.info.run_id, "plots")
     front = {int(n) for n in parent.data.tags["asolab.pareto_trials"].split(",")}
     assert front == {t.number for t in study.best_trials}
+    assert undeclared(MlflowClient(stores(tmp_path)["tracking_uri"]), parent.info.run_id) == []
 
 
 def test_trial_of_a_dead_worker_is_failed_and_retried(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from asolab.tracking import (
     resolve_tracking_uri,
 )
 from asolab.tracking import layout as L
+from layout_check import undeclared
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
@@ -101,6 +102,8 @@ def test_run_records_everything(tracked, store, tmp_path):
     # artifacts land beside the database, not in ./mlartifacts
     assert Path(store[len("sqlite:///"):]).parent.as_uri() in run.info.artifact_uri
     assert run.info.run_name.startswith("digits-seed3-") and tracker.run_id[:8] in run.info.run_name
+
+    assert undeclared(client, tracker.run_id, cfg.flat()) == []  # every name is in tracking/layout.py
 
     tags = run.data.tags
     for key in (L.TAG_VERSION, L.TAG_GIT_COMMIT, L.TAG_DEVICE, L.TAG_HOST):
@@ -580,3 +583,15 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
     ref = client.get_run(reference.run_id).data
     assert run.data.metrics["test_acc"] == ref.metrics["test_acc"]
     assert run.data.tags[L.TAG_FINAL_GENOTYPE] == ref.tags[L.TAG_FINAL_GENOTYPE]
+
+
+def test_layout_names_what_the_runner_reports(tracked):
+    """The phase_index values follow the runner's phase table; the memory metrics are
+    memory_stats' keys; the learning rates are the EpochEnd.lrs keys."""
+    from asolab.runner.cycle import PHASES
+    from asolab.runner.memory import memory_stats
+
+    assert list(L.PHASE_INDEX) == [p.name for p in PHASES] + ["final"]
+    assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
+    assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
+    assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {L.WEIGHT_LR, L.ALPHA_LR}

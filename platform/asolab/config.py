@@ -290,18 +290,9 @@ def _build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") ->
 
 
 def _section_type(f: dataclasses.Field) -> type | None:
-    return _SECTIONS.get(str(f.type))
-
-
-_SECTIONS = {
-    "DataConfig": DataConfig,
-    "SpaceConfig": SpaceConfig,
-    "SearchConfig": SearchConfig,
-    "TemperatureConfig": TemperatureConfig,
-    "MutationConfig": MutationConfig,
-    "GrowthConfig": GrowthConfig,
-    "TrackingConfig": TrackingConfig,
-}
+    """The settings class of a field that is a table (``[data]``, ``[sampler]``...), else None."""
+    factory = f.default_factory
+    return factory if isinstance(factory, type) and dataclasses.is_dataclass(factory) else None
 
 
 def _cross_checks(cfg: ExperimentConfig, source: str) -> None:

@@ -32,11 +32,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import PROJECT_ROOT, ConfigError, ExperimentConfig, flatten, load, resolve_experiment_path, resolve_named_file
+from ..config import (
+    PROJECT_ROOT,
+    ConfigError,
+    ExperimentConfig,
+    _build,
+    _field,
+    flatten,
+    load,
+    resolve_experiment_path,
+    resolve_named_file,
+)
 
 STUDIES_DIR = PROJECT_ROOT / "studies"
 DEFAULT_STUDY = STUDIES_DIR / "temperature_mutation.toml"
@@ -77,7 +87,10 @@ class ParamSpec:
 class ObjectiveConfig:
     """What a trial returns: one metric (a best value) or two (a Pareto front)."""
 
-    metrics: tuple[str, ...] = ("val_acc",)
+    metrics: tuple[str, ...] = _field(
+        ("val_acc",), choices=tuple(OBJECTIVES),
+        help="one metric (the best value) or two (a Pareto front), all on the validation split",
+    )
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -88,64 +101,77 @@ class ObjectiveConfig:
 class SamplerConfig:
     """Which Optuna sampler; every setting explicit (Optuna 5 changed some defaults)."""
 
-    name: str = "tpe"
-    n_startup_trials: int = 5  # tpe: random trials before the model takes over
-    multivariate: bool = True  # tpe: model the parameters jointly (temperature and its floor interact)
-    constant_liar: bool = True  # tpe: keep parallel workers from sampling the same point
-    population_size: int = 8  # nsga2
+    name: str = _field("tpe", choices=SAMPLERS)
+    n_startup_trials: int = _field(5, ge=0, help="tpe: random trials before the model takes over")
+    multivariate: bool = _field(True, help="tpe: model the parameters jointly (temperature and its floor interact)")
+    constant_liar: bool = _field(True, help="tpe: keep parallel workers from sampling the same point")
+    population_size: int = _field(8, ge=2, help="nsga2: individuals per generation")
 
 
 @dataclass(frozen=True)
 class PrunerConfig:
     """When a trial stops early on its per-cycle validation accuracy."""
 
-    name: str = "median"
-    n_startup_trials: int = 3  # median / percentile: never prune before this many trials finished
-    n_warmup_steps: int = 0  # median / percentile: never prune before this cycle
-    percentile: float = 25.0  # percentile: keep trials in the top (100 - percentile)%
-    min_resource: int = 1  # hyperband, in cycles
-    reduction_factor: int = 3  # hyperband
-    lower: float = 0.0  # threshold: prune when val_acc < lower
+    name: str = _field("median", choices=PRUNERS)
+    n_startup_trials: int = _field(3, ge=0, help="median / percentile: never prune before this many trials finished")
+    n_warmup_steps: int = _field(0, ge=0, help="median / percentile: never prune before this cycle")
+    percentile: float = _field(25.0, ge=0.0, le=100.0, help="percentile: keep trials in the top (100 - percentile)%")
+    min_resource: int = _field(1, ge=1, help="hyperband, in cycles")
+    reduction_factor: int = _field(3, ge=2, help="hyperband")
+    lower: float = _field(0.0, help="threshold: prune when val_acc < lower")
 
 
 @dataclass(frozen=True)
 class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
-    url: str = ""  # '' = JournalStorage in mlruns/optuna-journal.log
-    heartbeat_interval: int = 60  # seconds between a running trial's heartbeats (< grace_period)
-    grace_period: int = 180  # a RUNNING trial silent this long is stale: failed and retried
-    # (a trial whose owner process is alive on this host is never failed on the journal)
-    max_retry: int = 1  # how often a stale trial's parameters are retried
+    url: str = _field("", help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); --storage overrides it")
+    heartbeat_interval: int = _field(60, ge=1, help="seconds between a running trial's heartbeats (< grace_period)")
+    grace_period: int = _field(180, ge=1, help="a RUNNING trial silent this long is stale: failed and retried "
+                               "(one whose owner process is alive on this host never is, on a journal)")
+    max_retry: int = _field(1, ge=0, help="how often a stale trial's parameters are retried")
 
 
 @dataclass(frozen=True)
 class StudyTrackingConfig:
     """Where the study's MLflow parent run and trial runs go."""
 
-    tracking_uri: str = ""  # '' = the base experiment's tracking.tracking_uri, MLFLOW_TRACKING_URI, or mlruns/
-    experiment: str = ""  # MLflow experiment ('' = "study-<name>")
+    tracking_uri: str = _field("", help="'' = the base experiment's tracking.tracking_uri, MLFLOW_TRACKING_URI, or mlruns/")
+    experiment: str = _field("", help="MLflow experiment ('' = study-<name>)")
 
 
 @dataclass(frozen=True)
-class StudyConfig:
-    """A whole study, validated; ``base`` is the resolved base experiment."""
+class StudySettings:
+    """A study file's own keys and tables, checked like an experiment file's fields.
 
-    name: str
-    source: str
-    experiment: str
-    base: ExperimentConfig
-    params: tuple[ParamSpec, ...]
-    n_trials: int = 10
-    timeout: float = 0.0
-    seed: int = 0
-    overrides: tuple[tuple[str, Any], ...] = ()
-    enqueue: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    ``[overrides]``, ``[params.*]`` and ``[[enqueue]]`` name experiment keys, so they
+    are free-form tables, checked against the base experiment in :func:`from_dict`.
+    """
+
+    name: str = _field("study", help="study name (default: the file's stem); no quotes or backslashes")
+    experiment: str = _field("digits", help="base experiment file: a bare name looks in experiments/, "
+                             "a relative path next to the study file")
+    n_trials: int = _field(10, ge=0, help="trials the study should hold in total (0 = no limit, needs a timeout)")
+    timeout: float = _field(0.0, ge=0.0, help="seconds per invocation (0 = no limit)")
+    seed: int = _field(0, ge=0, help="seeds the sampler (mixed with the worker and the trials so far)")
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     tracking: StudyTrackingConfig = field(default_factory=StudyTrackingConfig)
+
+
+@dataclass(frozen=True)
+class StudyConfig(StudySettings):
+    """A whole study, validated: the file's settings, ``source`` (the file), ``base``
+    (the resolved base experiment, overrides applied; ``experiment`` is its path),
+    the tuned ``params``, fixed ``overrides`` and ``enqueue``-d points."""
+
+    source: str = ""
+    base: ExperimentConfig = field(default_factory=ExperimentConfig)
+    params: tuple[ParamSpec, ...] = ()
+    overrides: tuple[tuple[str, Any], ...] = ()
+    enqueue: tuple[tuple[tuple[str, Any], ...], ...] = ()
 
     @property
     def multi_objective(self) -> bool:
@@ -161,49 +187,9 @@ class StudyConfig:
 
 # --------------------------------------------------------------------------- validation
 
-_TOP_KEYS = ("name", "experiment", "n_trials", "timeout", "seed", "overrides", "params", "enqueue",
-             "objective", "sampler", "pruner", "storage", "tracking")
+_FREE_TABLES = ("overrides", "params", "enqueue")  # experiment keys: checked against the base
 _PARAM_KEYS = ("type", "low", "high", "log", "step", "choices", "fraction_of")
 _SPEC_MARKERS = {"type", "low", "high", "choices"}
-
-
-def _table(cls: type, data: Any, source: str, section: str, checks: Mapping[str, Any]) -> Any:
-    """Build a settings dataclass from a TOML table, checking types and ranges."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: '{section}' must be a table [{section}]")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    defaults = cls()
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        where = f"{source}: {section}.{key}"
-        if key not in fields:
-            raise ConfigError(f"{source}: unknown key '{section}.{key}'; allowed: {', '.join(fields)}")
-        kind = type(getattr(defaults, key))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if kind is tuple:
-            value = tuple(value) if isinstance(value, list) else (value,)
-        elif not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ConfigError(f"{where} must be {_kind_name(kind)} (got {value!r})")
-        check = checks.get(key)
-        if check is not None:
-            ok, allowed = check
-            if not ok(value):
-                raise ConfigError(f"{where} = {value!r} is out of range; allowed: {allowed}")
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-def _kind_name(kind: type) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, kind.__name__)
-
-
-def _choice(options: tuple[str, ...] | list[str]) -> tuple[Any, str]:
-    return (lambda v: v in options, "one of " + ", ".join(options))
-
-
-def _at_least(lo: float) -> tuple[Any, str]:
-    return (lambda v: v >= lo, f">= {lo}")
 
 
 def _spec_tables(data: Mapping[str, Any], prefix: str = "") -> dict[str, Mapping[str, Any]]:
@@ -290,58 +276,33 @@ def _pairs(data: Any, source: str, section: str) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(flatten(data).items()))
 
 
-def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
-    """Validate a parsed study file."""
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise ConfigError(f"{source}: unknown key '{key}'; allowed: {', '.join(_TOP_KEYS)}")
-    name = data.get("name", "study")
-    check_study_name(name, f"{source}: name")
-    experiment = data.get("experiment", "digits")
-    if not isinstance(experiment, str):
-        raise ConfigError(f"{source}: experiment must be a string naming an experiment file (got {experiment!r})")
-    n_trials = data.get("n_trials", 10)
-    if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials < 0:
-        raise ConfigError(f"{source}: n_trials must be an integer >= 0 (got {n_trials!r}; 0 = no limit, needs a timeout)")
-    timeout = data.get("timeout", 0)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
-        raise ConfigError(f"{source}: timeout must be a number of seconds >= 0 (got {timeout!r})")
-    if n_trials == 0 and timeout == 0:
-        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: set timeout > 0 (seconds) or n_trials >= 1")
-    seed = data.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"{source}: seed must be an integer >= 0 (got {seed!r})")
-
-    overrides = _pairs(data.get("overrides", {}), source, "overrides")
-    base_path = _resolve_base(experiment, source)
-    try:
-        base = load(base_path, dict(overrides))
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: base experiment: {exc}") from None
-
-    objective = _table(ObjectiveConfig, data.get("objective", {}), source, "objective", {})
-    if "test_acc" in objective.metrics:
+def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
+    """The file's own keys, through the experiment config's validator, then the
+    constraints between them."""
+    metrics = data.get("objective", {}).get("metrics") if isinstance(data.get("objective"), Mapping) else None
+    if metrics == "test_acc" or (isinstance(metrics, list) and "test_acc" in metrics):
         raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, which is reported, never optimised; use val_acc")
-    bad = [m for m in objective.metrics if m not in OBJECTIVES]
-    if bad or not 1 <= len(objective.metrics) <= 2 or len(set(objective.metrics)) != len(objective.metrics):
+    plain = {k: v for k, v in data.items() if k not in _FREE_TABLES}
+    allowed = [f.name for f in fields(StudySettings)] + list(_FREE_TABLES)
+    for key in plain:
+        if key not in allowed:
+            raise ConfigError(f"{source}: unknown key '{key}'; allowed: {', '.join(allowed)}")
+    s = _build(StudySettings, plain, source)
+    check_study_name(s.name, f"{source}: name")
+    if s.n_trials == 0 and s.timeout == 0:
+        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: set timeout > 0 (seconds) or n_trials >= 1")
+    if len(s.objective.metrics) > 2:
         raise ConfigError(f"{source}: objective.metrics must list one or two distinct metrics; allowed: {', '.join(OBJECTIVES)}")
-    sampler = _table(SamplerConfig, data.get("sampler", {}), source, "sampler", {
-        "name": _choice(SAMPLERS), "n_startup_trials": _at_least(0), "population_size": _at_least(2)})
-    pruner = _table(PrunerConfig, data.get("pruner", {}), source, "pruner", {
-        "name": _choice(PRUNERS), "n_startup_trials": _at_least(0), "n_warmup_steps": _at_least(0),
-        "percentile": (lambda v: 0 <= v <= 100, "in [0, 100]"), "min_resource": _at_least(1),
-        "reduction_factor": _at_least(2)})
-    storage = _table(StorageConfig, data.get("storage", {}), source, "storage", {
-        "heartbeat_interval": _at_least(1), "grace_period": _at_least(1), "max_retry": _at_least(0)})
-    if storage.heartbeat_interval >= storage.grace_period:
+    if s.storage.heartbeat_interval >= s.storage.grace_period:
         raise ConfigError(
-            f"{source}: storage.heartbeat_interval ({storage.heartbeat_interval}) must be less than storage.grace_period "
-            f"({storage.grace_period}), or live trials would be failed as stale between two heartbeats")
-    tracking = _table(StudyTrackingConfig, data.get("tracking", {}), source, "tracking", {})
-    if len(objective.metrics) > 1 and pruner.name != "none":
-        raise ConfigError(f"{source}: pruner.name = {pruner.name!r}: Optuna cannot prune multi-objective trials; use pruner.name = 'none'")
+            f"{source}: storage.heartbeat_interval ({s.storage.heartbeat_interval}) must be less than storage.grace_period "
+            f"({s.storage.grace_period}), or live trials would be failed as stale between two heartbeats")
+    if len(s.objective.metrics) > 1 and s.pruner.name != "none":
+        raise ConfigError(f"{source}: pruner.name = {s.pruner.name!r}: Optuna cannot prune multi-objective trials; use pruner.name = 'none'")
+    return s
 
-    known = base.flat()
+
+def _params(data: Mapping[str, Any], base: ExperimentConfig, source: str) -> tuple[ParamSpec, ...]:
     raw_params = data.get("params", {})
     if not isinstance(raw_params, Mapping) or not raw_params:
         raise ConfigError(f"{source}: [params] must declare at least one parameter, e.g. [params.mutation.strength] low = 0.0, high = 1.0")
@@ -349,9 +310,12 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         tables = _spec_tables(raw_params)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    params = tuple(_param(k, v, source, known) for k, v in tables.items())
+    params = tuple(_param(k, v, source, base.flat()) for k, v in tables.items())
     _check_space(params, base, source)
+    return params
 
+
+def _enqueue(data: Mapping[str, Any], params: tuple[ParamSpec, ...], source: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
     enqueue_raw = data.get("enqueue", [])
     if not isinstance(enqueue_raw, list) or not all(isinstance(e, Mapping) for e in enqueue_raw):
         raise ConfigError(f"{source}: enqueue must be a list of tables ([[enqueue]]) of parameter values")
@@ -363,12 +327,23 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
         if unknown:
             raise ConfigError(f"{source}: enqueue[{i}] names '{unknown[0]}', which is not a parameter; allowed: {', '.join(sorted(names))}")
         enqueue.append(tuple(sorted(flat.items())))
+    return tuple(enqueue)
 
+
+def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
+    """Validate a parsed study file."""
+    settings = _settings(data, source)
+    overrides = _pairs(data.get("overrides", {}), source, "overrides")
+    base_path = _resolve_base(settings.experiment, source)
+    try:
+        base = load(base_path, dict(overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: base experiment: {exc}") from None
+    params = _params(data, base, source)
     return StudyConfig(
-        name=name, source=source, experiment=str(base_path), base=base, params=params,
-        n_trials=n_trials, timeout=float(timeout), seed=seed, overrides=overrides, enqueue=tuple(enqueue),
-        objective=objective, sampler=sampler, pruner=pruner, storage=storage, tracking=tracking,
-    )
+        **{f.name: getattr(settings, f.name) for f in fields(StudySettings)},
+        source=source, base=base, params=params, overrides=overrides, enqueue=_enqueue(data, params, source),
+    ).replace(experiment=str(base_path))
 
 
 def check_study_name(name: Any, where: str = "--study-name") -> str:

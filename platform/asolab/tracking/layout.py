@@ -1,6 +1,6 @@
 """Names of everything asolab records in MLflow: the one contract between the
 writers (the run tracker, a study's parent and trial runs, a comparison run) and
-the readers (compare, studies, tests, the docs).
+the readers (compare, studies, tests, docs/tracking.md).
 
 Every metric, tag, param and artifact path written anywhere is named here; a
 test runs a run, a study and a comparison and checks that everything they

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from asolab import config
@@ -81,3 +85,38 @@ def test_flat_view_has_dotted_keys():
     assert flat["temperature.initial_temperature"] == 5.0
     assert flat["seed"] == 0
     assert config.from_dict(config.load().to_dict()) == config.load()
+
+
+def test_configuration_reference_matches_the_code():
+    """docs/configuration.md's tables are what `python -m asolab.config_doc --write` makes
+    of the fields: change a field's default, range or help and regenerate the page."""
+    from asolab.config_doc import DOC, markdown, replace_generated
+
+    page = DOC.read_text()
+    assert replace_generated(page, markdown()) == page, "run: python -m asolab.config_doc --write"
+    assert "| `search.cycles` | `3` |" in page and "| `sampler.name` | `\"tpe\"` |" in page
+
+
+def test_the_configs_choices_are_the_registries():
+    """Each name lives in its registry; the config accepts exactly those names."""
+    from asolab.data import REGISTRY
+    from asolab.evolution.growth import POLICIES
+    from asolab.evolution.sampling import SCHEDULES
+    from asolab.space.ops import OPS, PRIMITIVES
+
+    assert config.DATASETS() == tuple(REGISTRY)
+    assert config.SCHEDULES() == tuple(SCHEDULES)
+    assert config.GROWTH_POLICIES() == tuple(POLICIES)
+    # OPS and PRIMITIVES list the same operations in the same order, the default space is all of them
+    assert config.PRIMITIVES() == tuple(OPS) == PRIMITIVES == config.SpaceConfig().primitives
+    for key, name in (("data.name", "svhn"), ("temperature.schedule", "step"), ("growth.policy", "prune")):
+        with pytest.raises(config.ConfigError, match=f"{key} = '{name}' is out of range; allowed: one of "):
+            config.load(None, {key: name})
+    with pytest.raises(config.ConfigError, match="unknown value 'conv_7x7'; allowed: one of none, max_pool_3x3"):
+        config.load(None, {"space.primitives": ["conv_7x7"]})
+
+
+def test_reading_a_config_does_not_import_torch():
+    """The registries are read when a config is checked, so `import asolab.config` stays light."""
+    code = "import sys, asolab.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(config.PROJECT_ROOT / "platform")})

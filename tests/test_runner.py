@@ -363,3 +363,18 @@ def test_a_diverging_loss_is_a_one_line_cli_error(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "loss became nan" in err
+
+
+def test_run_state_round_trips_through_plain_data(tiny_cfg):
+    """What a checkpoint stores of RunState reads back equal, field by field."""
+    from asolab.runner.cycle import Position, RunState
+    from asolab.runner.events import GrowthEvent
+
+    g = Runner(tiny_cfg).net.derive()
+    event = GrowthEvent(cycle=1, kind="widen", where="cell 0", params_before=10, params_after=12,
+                        preservation_error=0.0, val_acc_before=0.5, val_acc_after=0.5, details={"spec": {}})
+    state = RunState(Position(cycle=1, phase=2, global_epoch=7, weight_epoch=5), g, None, [0.25, 0.5], [g, g], 3, [event])
+    plain = state.to_dict()
+    assert plain["derived"] == "" and plain["genotype"] == g.to_json() and plain["position"]["global_epoch"] == 7
+    assert RunState.from_dict(plain) == state
+    assert RunState.from_dict(RunState().to_dict()) == RunState()

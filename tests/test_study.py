@@ -614,3 +614,23 @@ def test_budget_lock_serialises_workers_whatever_the_storage(tmp_path: Path) -> 
             events.append("this enters")
         worker.join()
         assert events == expected
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test asks for a trial itself
+@pytest.mark.parametrize("kind", ["journal", "rdb"])
+def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> None:
+    """Pins the one private Optuna access (``Study._storage``, behind storage_of): it is
+    the storage the study was opened on, or Optuna's cache around it, and writing a
+    trial's attribute through it (by the public trial id) is what the study reads back."""
+    from asolab.study.config import StorageConfig
+    from asolab.study.storage import make_storage, optuna_heartbeat, storage_of, trial_id
+
+    url = str(tmp_path / "j.log") if kind == "journal" else f"sqlite:///{tmp_path / 'o.db'}"
+    storage = make_storage(url, StorageConfig())
+    study = optuna.create_study(study_name="pin", storage=storage)
+    trial = study.ask()
+    reached = storage_of(study)
+    assert reached is storage or getattr(reached, "_backend", None) is storage
+    assert (optuna_heartbeat(study) is not None) == (kind == "rdb")
+    reached.set_trial_user_attr(trial_id(study, trial.number), "asolab.pin", 1)
+    assert study.get_trials(deepcopy=False)[trial.number].user_attrs["asolab.pin"] == 1

@@ -92,8 +92,8 @@ class DataConfig:
     test_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share carved out as test split for data sets without one (digits)")
     split_seed: int = _field(0, ge=0, help="seed of the test carve-out; fixed so that all runs share one test split")
     train_subset: int = _field(0, ge=0, help="use at most this many training examples for search (0 = all)")
-    batch_size: int = _field(64, ge=1, le=65536)
-    eval_batch_size: int = _field(512, ge=1, le=65536)
+    batch_size: int = _field(64, ge=1, le=65536, help="training batch size")
+    eval_batch_size: int = _field(512, ge=1, le=65536, help="evaluation batch size (validation, test)")
     augment: bool = _field(True, help="the data set's own batched augmentation on the training split")
 
 
@@ -102,29 +102,29 @@ class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
     primitives: tuple[str, ...] = _field(PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge")
-    init_channels: int = _field(16, ge=1, le=1024)
+    init_channels: int = _field(16, ge=1, le=1024, help="supernet width: channels of the first cells")
     layers: int = _field(3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth")
     steps: int = _field(2, ge=1, le=8, help="intermediate nodes per cell")
-    stem_multiplier: int = _field(3, ge=1, le=8)
+    stem_multiplier: int = _field(3, ge=1, le=8, help="stem width = stem_multiplier * init_channels")
 
 
 @dataclass(frozen=True)
 class SearchConfig:
     """The ASO-SE cycle: epochs per phase and optimiser settings."""
 
-    cycles: int = _field(3, ge=1, le=1000)
+    cycles: int = _field(3, ge=1, le=1000, help="ASO-SE cycles (W-training, alpha-training, mutation, W-retraining)")
     warmup_epochs: int = _field(0, ge=0, le=1000, help="extra W-training epochs in the first cycle, before alphas are trained")
     w_epochs: int = _field(2, ge=0, le=1000, help="W-training epochs per cycle")
     alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
     retrain_epochs: int = _field(2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle")
     final_epochs: int = _field(0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle")
-    weight_lr: float = _field(0.05, gt=0.0, le=10.0)
-    weight_lr_min: float = _field(0.001, ge=0.0, le=10.0)
-    weight_momentum: float = _field(0.9, ge=0.0, le=0.999)
-    weight_decay: float = _field(3e-4, ge=0.0, le=1.0)
-    alpha_lr: float = _field(3e-3, gt=0.0, le=10.0)
-    alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0)
-    grad_clip: float = _field(5.0, gt=0.0)
+    weight_lr: float = _field(0.05, gt=0.0, le=10.0, help="SGD on weights: initial learning rate (cosine-annealed over the weight epochs)")
+    weight_lr_min: float = _field(0.001, ge=0.0, le=10.0, help="SGD on weights: the learning rate the annealing ends at")
+    weight_momentum: float = _field(0.9, ge=0.0, le=0.999, help="SGD on weights: momentum")
+    weight_decay: float = _field(3e-4, ge=0.0, le=1.0, help="SGD on weights: weight decay")
+    alpha_lr: float = _field(3e-3, gt=0.0, le=10.0, help="Adam on alphas: learning rate")
+    alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0, help="Adam on alphas: weight decay")
+    grad_clip: float = _field(5.0, gt=0.0, help="gradient-norm clip of every weight step")
     checkpoint_minutes: float = _field(5.0, ge=0.0, le=1440.0, help="inside the final stage, checkpoint after an epoch once the last checkpoint is this old (0 = every epoch); phases always end with one")
     calibration_batches: int = _field(8, ge=0, le=10000, help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)")
     final_genotype: str = _field("best", choices=FINAL_GENOTYPES, help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated")
@@ -134,9 +134,9 @@ class SearchConfig:
 class TemperatureConfig:
     """Gumbel-softmax temperature: a pure function of run progress."""
 
-    schedule: str = _field("exponential", choices=SCHEDULES)
-    initial_temperature: float = _field(5.0, gt=0.0, le=100.0)
-    min_temperature: float = _field(0.5, gt=0.0, le=100.0)
+    schedule: str = _field("exponential", choices=SCHEDULES, help="how the temperature falls from initial to min (docs/concepts.md)")
+    initial_temperature: float = _field(5.0, gt=0.0, le=100.0, help="Gumbel-softmax temperature at the start of the run")
+    min_temperature: float = _field(0.5, gt=0.0, le=100.0, help="the temperature's floor (<= initial_temperature)")
     anneal_fraction: float = _field(0.8, gt=0.0, le=1.0, help="share of the run after which the temperature stays at min_temperature")
 
 
@@ -160,7 +160,7 @@ class GrowthConfig:
 class TrackingConfig:
     """Where runs are recorded (used by the MLflow observer)."""
 
-    enabled: bool = _field(True)
+    enabled: bool = _field(True, help="record the run in MLflow (asolab run --no-track turns it off)")
     tracking_uri: str = _field("", help="MLflow tracking URI ('' = MLFLOW_TRACKING_URI or the local mlruns/ store)")
     experiment: str = _field("", help="MLflow experiment name ('' = the experiment file's name)")
     log_models: bool = _field(True, help="log the final derived network as an MLflow model")
@@ -171,8 +171,8 @@ class ExperimentConfig:
     """One experiment: everything a run needs, validated."""
 
     name: str = _field("digits", help="experiment name (defaults to the file's stem)")
-    seed: int = _field(0, ge=0)
-    device: str = _field("auto", help="auto | cpu | cuda | cuda:N | mps")
+    seed: int = _field(0, ge=0, help="seeds weights, sampling, mutation and the validation split; same seed, same run on the CPU")
+    device: str = _field("auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps")
     threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = torch's default)")
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)

@@ -85,7 +85,7 @@ GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
 class DataConfig:
     """Which data set, how it is split, batched and augmented."""
 
-    name: str = _field("digits", choices=DATASETS, help="registered data set")
+    name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
     data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
     val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection")
@@ -101,7 +101,7 @@ class DataConfig:
 class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
-    primitives: tuple[str, ...] = _field(PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge")
+    primitives: tuple[str, ...] = _field(PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge (default: all)")
     init_channels: int = _field(16, ge=1, le=1024, help="supernet width: channels of the first cells")
     layers: int = _field(3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth")
     steps: int = _field(2, ge=1, le=8, help="intermediate nodes per cell")

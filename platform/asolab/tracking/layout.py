@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-# ================================================================ runs (asolab run, a study's trials)
+# ======================================================= runs (asolab run, a study's trials)
 
 # ---------------------------------------------------------------- tags
 TAG_VERSION = "asolab.version"
@@ -22,15 +22,18 @@ TAG_DEVICE = "asolab.device"
 TAG_HOST = "asolab.host"
 TAG_GENOTYPE = "asolab.genotype"  # canonical string of the latest genotype
 TAG_FINAL_GENOTYPE = "asolab.final_genotype"
-TAG_PHASE = "asolab.position"  # last checkpointed position, e.g. "cycle 1 / after alpha" (position_text)
+# last checkpointed position, e.g. "cycle 1 / after alpha" (position_text)
+TAG_PHASE = "asolab.position"
 TAG_ERROR = "asolab.error"  # one line: why a run failed
 TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
 TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
 TAG_TRIAL_STATE = "asolab.trial_state"  # COMPLETE | PRUNED | FAIL
 TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
-TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
+# models:/<id> of the final network (load with mlflow.pytorch.load_model)
+TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
-TAG_RESUMED_FROM = "asolab.resumed_from"  # where the latest resume started, e.g. "cycle 0 / before retrain"
+# where the latest resume started, e.g. "cycle 0 / before retrain"
+TAG_RESUMED_FROM = "asolab.resumed_from"
 KIND_RUN = "run"  # asolab runs and study trials
 KIND_STUDY = "study"  # a study's parent run
 KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
@@ -49,17 +52,22 @@ DATASET_CONTEXT = "train"  # its value
 # ---------------------------------------------------------------- metrics (step = global epoch)
 TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC = "train_loss", "train_acc", "val_loss", "val_acc"
 TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
-EPOCH_SECONDS, IMAGES_PER_SEC, CYCLE, PHASE_INDEX_METRIC = "epoch_seconds", "images_per_sec", "cycle", "phase_index"
+EPOCH_SECONDS, IMAGES_PER_SEC = "epoch_seconds", "images_per_sec"
+CYCLE, PHASE_INDEX_METRIC = "cycle", "phase_index"
 EPOCH_METRICS = (
     TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC, TEMPERATURE,
     WEIGHT_LR, ALPHA_LR, EPOCH_SECONDS, IMAGES_PER_SEC, CYCLE, PHASE_INDEX_METRIC,
 )
 # per cycle (step = global epoch at the cycle's end); the memory ones are runner/memory.py's keys
 CYCLE_VAL_ACC, CYCLE_VAL_LOSS = "cycle_val_acc", "cycle_val_loss"
-SUPERNET_PARAMS, DERIVED_PARAMS, MUTATION_EDITS = "supernet_params", "derived_params", "mutation_edits"
-RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB = "rss_mb", "peak_rss_mb", "cuda_allocated_mb", "cuda_peak_mb"
+SUPERNET_PARAMS, DERIVED_PARAMS = "supernet_params", "derived_params"
+MUTATION_EDITS = "mutation_edits"
+RSS_MB, PEAK_RSS_MB = "rss_mb", "peak_rss_mb"
+CUDA_ALLOCATED_MB, CUDA_PEAK_MB = "cuda_allocated_mb", "cuda_peak_mb"
 MEMORY_METRICS = (RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB)
-CYCLE_METRICS = (CYCLE_VAL_ACC, CYCLE_VAL_LOSS, SUPERNET_PARAMS, DERIVED_PARAMS, *MEMORY_METRICS, MUTATION_EDITS)
+CYCLE_METRICS = (
+    CYCLE_VAL_ACC, CYCLE_VAL_LOSS, SUPERNET_PARAMS, DERIVED_PARAMS, *MEMORY_METRICS, MUTATION_EDITS,
+)
 # per cycle with growth (step = global epoch at the cycle's end)
 GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER = (
     "growth_events", "growth_preservation_error", "growth_params_after",
@@ -67,8 +75,10 @@ GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER = (
 GROWTH_METRICS = (GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER)
 # once, at the end (step = total epochs); memory as FINAL_PREFIX + a MEMORY_METRICS name
 FINAL_PREFIX = "final_"
-FINAL_VAL_ACC, FINAL_VAL_LOSS, TEST_ACC, TEST_LOSS = "final_val_acc", "final_val_loss", "test_acc", "test_loss"
-FINAL_PARAMS, FINAL_SUPERNET_PARAMS, RUN_SECONDS = "final_params", "final_supernet_params", "run_seconds"
+FINAL_VAL_ACC, FINAL_VAL_LOSS = "final_val_acc", "final_val_loss"
+TEST_ACC, TEST_LOSS = "test_acc", "test_loss"
+FINAL_PARAMS, FINAL_SUPERNET_PARAMS = "final_params", "final_supernet_params"
+RUN_SECONDS = "run_seconds"
 FINAL_METRICS = (
     FINAL_VAL_ACC, FINAL_VAL_LOSS, TEST_ACC, TEST_LOSS, FINAL_PARAMS, FINAL_SUPERNET_PARAMS,
     RUN_SECONDS, *(FINAL_PREFIX + m for m in MEMORY_METRICS),
@@ -136,7 +146,10 @@ TAG_STUDY_OBJECTIVE = "asolab.study_objective"  # e.g. "val_acc" or "val_acc,par
 TAG_BEST_TRIAL = "asolab.best_trial"  # number of the best trial (one objective)
 TAG_PARETO_TRIALS = "asolab.pareto_trials"  # numbers of the Pareto-front trials (two objectives)
 # parent params: the study's settings, and the search space as "space.<parameter>"
-STUDY_PARAMS = ("study.name", "study.experiment", "study.objective", "study.sampler", "study.pruner", "study.seed")
+STUDY_PARAMS = (
+    "study.name", "study.experiment", "study.objective",
+    "study.sampler", "study.pruner", "study.seed",
+)
 SPACE_PREFIX = "space."
 # parent metrics (step = finished trials): trials.<state>, the best trial's value and
 # parameters (also as tags) under BEST_PREFIX, the Pareto front's size
@@ -150,7 +163,7 @@ PLOTS_DIR = "plots"  # plots/<name>.png|html; the study file itself sits at the 
 TRIAL_PARAM_PREFIX = "trial."
 OBJECTIVE_PREFIX = "objective."
 
-# ================================================================ a comparison run (asolab compare --log)
+# ======================================================= a comparison run (asolab compare --log)
 
 COMPARISON_PARAMS = ("selection", "run_ids")
 COMPARISON_METRICS = ("runs", "skipped", "distinct_genotypes", "best_val_acc")
@@ -158,7 +171,8 @@ REPORT_DIR = "report"  # the written report: index.html, runs.csv, pictures
 
 # ================================================================ what counts as declared
 
-TAGS = tuple(v for k, v in list(globals().items()) if k.startswith(("TAG_", "MLFLOW_")) and isinstance(v, str))
+# every TAG_* and MLFLOW_* name above
+TAGS = tuple(v for k, v in list(globals().items()) if k.startswith(("TAG_", "MLFLOW_")))
 _ARTIFACTS = (
     re.escape(CONFIG_ARTIFACT), re.escape(RUN_INFO_ARTIFACT), re.escape(FINAL_GENOTYPE_ARTIFACT),
     rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json", rf"{CELLS_DIR}/cycle_\d{{3}}\.png",

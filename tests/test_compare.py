@@ -426,7 +426,7 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert exp is not None
     [comparison_run] = client.search_runs([exp.experiment_id])
     assert comparison_run.data.metrics["runs"] == len(runs)
-    assert undeclared(client, comparison_run.info.run_id) == []  # every name is in tracking/layout.py
+    assert undeclared(client, comparison_run.info.run_id) == []  # every name in tracking/layout.py
     assert {a.path for a in client.list_artifacts(comparison_run.info.run_id, "report")} >= {"report/index.html", "report/runs.csv"}
     # The comparison run itself is never selected by a later comparison.
     again = load_selection(uri)

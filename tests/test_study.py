@@ -616,7 +616,7 @@ def test_budget_lock_serialises_workers_whatever_the_storage(tmp_path: Path) -> 
         assert events == expected
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test asks for a trial itself
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test asks itself
 @pytest.mark.parametrize("kind", ["journal", "rdb"])
 def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> None:
     """Pins the one private Optuna access (``Study._storage``, behind storage_of): it is

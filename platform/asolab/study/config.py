@@ -103,8 +103,12 @@ class SamplerConfig:
 
     name: str = _field("tpe", choices=SAMPLERS)
     n_startup_trials: int = _field(5, ge=0, help="tpe: random trials before the model takes over")
-    multivariate: bool = _field(True, help="tpe: model the parameters jointly (temperature and its floor interact)")
-    constant_liar: bool = _field(True, help="tpe: keep parallel workers from sampling the same point")
+    multivariate: bool = _field(
+        True, help="tpe: model the parameters jointly (temperature and its floor interact)"
+    )
+    constant_liar: bool = _field(
+        True, help="tpe: keep parallel workers from sampling the same point"
+    )
     population_size: int = _field(8, ge=2, help="nsga2: individuals per generation")
 
 
@@ -113,9 +117,13 @@ class PrunerConfig:
     """When a trial stops early on its per-cycle validation accuracy."""
 
     name: str = _field("median", choices=PRUNERS)
-    n_startup_trials: int = _field(3, ge=0, help="median / percentile: never prune before this many trials finished")
+    n_startup_trials: int = _field(
+        3, ge=0, help="median / percentile: never prune before this many trials finished"
+    )
     n_warmup_steps: int = _field(0, ge=0, help="median / percentile: never prune before this cycle")
-    percentile: float = _field(25.0, ge=0.0, le=100.0, help="percentile: keep trials in the top (100 - percentile)%")
+    percentile: float = _field(
+        25.0, ge=0.0, le=100.0, help="percentile: keep trials in the top (100 - percentile)%"
+    )
     min_resource: int = _field(1, ge=1, help="hyperband, in cycles")
     reduction_factor: int = _field(3, ge=2, help="hyperband")
     lower: float = _field(0.0, help="threshold: prune when val_acc < lower")
@@ -125,10 +133,15 @@ class PrunerConfig:
 class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
-    url: str = _field("", help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); --storage overrides it")
-    heartbeat_interval: int = _field(60, ge=1, help="seconds between a running trial's heartbeats (< grace_period)")
-    grace_period: int = _field(180, ge=1, help="a RUNNING trial silent this long is stale: failed and retried "
-                               "(one whose owner process is alive on this host never is, on a journal)")
+    url: str = _field("", help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); "
+                      "--storage overrides it")
+    heartbeat_interval: int = _field(
+        60, ge=1, help="seconds between a running trial's heartbeats (< grace_period)"
+    )
+    grace_period: int = _field(
+        180, ge=1, help="a RUNNING trial silent this long is stale: failed and retried (one "
+        "whose owner process is alive on this host never is, on a journal)",
+    )
     max_retry: int = _field(1, ge=0, help="how often a stale trial's parameters are retried")
 
 
@@ -136,7 +149,9 @@ class StorageConfig:
 class StudyTrackingConfig:
     """Where the study's MLflow parent run and trial runs go."""
 
-    tracking_uri: str = _field("", help="'' = the base experiment's tracking.tracking_uri, MLFLOW_TRACKING_URI, or mlruns/")
+    tracking_uri: str = _field(
+        "", help="'' = the base experiment's tracking.tracking_uri, MLFLOW_TRACKING_URI, or mlruns/"
+    )
     experiment: str = _field("", help="MLflow experiment ('' = study-<name>)")
 
 
@@ -149,11 +164,15 @@ class StudySettings:
     """
 
     name: str = _field("study", help="study name (default: the file's stem); no quotes or backslashes")
-    experiment: str = _field("digits", help="base experiment file: a bare name looks in experiments/, "
-                             "a relative path next to the study file")
-    n_trials: int = _field(10, ge=0, help="trials the study should hold in total (0 = no limit, needs a timeout)")
+    experiment: str = _field("digits", help="base experiment file: a bare name looks in "
+                             "experiments/, a relative path next to the study file")
+    n_trials: int = _field(
+        10, ge=0, help="trials the study should hold in total (0 = no limit, needs a timeout)"
+    )
     timeout: float = _field(0.0, ge=0.0, help="seconds per invocation (0 = no limit)")
-    seed: int = _field(0, ge=0, help="seeds the sampler (mixed with the worker and the trials so far)")
+    seed: int = _field(
+        0, ge=0, help="seeds the sampler (mixed with the worker and the trials so far)"
+    )
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
@@ -279,9 +298,11 @@ def _pairs(data: Any, source: str, section: str) -> tuple[tuple[str, Any], ...]:
 def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
     """The file's own keys, through the experiment config's validator, then the
     constraints between them."""
-    metrics = data.get("objective", {}).get("metrics") if isinstance(data.get("objective"), Mapping) else None
+    objective = data.get("objective")
+    metrics = objective.get("metrics") if isinstance(objective, Mapping) else None
     if metrics == "test_acc" or (isinstance(metrics, list) and "test_acc" in metrics):
-        raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, which is reported, never optimised; use val_acc")
+        raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, "
+                          "which is reported, never optimised; use val_acc")
     plain = {k: v for k, v in data.items() if k not in _FREE_TABLES}
     allowed = [f.name for f in fields(StudySettings)] + list(_FREE_TABLES)
     for key in plain:
@@ -290,15 +311,19 @@ def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
     s = _build(StudySettings, plain, source)
     check_study_name(s.name, f"{source}: name")
     if s.n_trials == 0 and s.timeout == 0:
-        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: set timeout > 0 (seconds) or n_trials >= 1")
+        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: "
+                          "set timeout > 0 (seconds) or n_trials >= 1")
     if len(s.objective.metrics) > 2:
-        raise ConfigError(f"{source}: objective.metrics must list one or two distinct metrics; allowed: {', '.join(OBJECTIVES)}")
-    if s.storage.heartbeat_interval >= s.storage.grace_period:
+        raise ConfigError(f"{source}: objective.metrics must list one or two distinct metrics; "
+                          f"allowed: {', '.join(OBJECTIVES)}")
+    beat, grace = s.storage.heartbeat_interval, s.storage.grace_period
+    if beat >= grace:
         raise ConfigError(
-            f"{source}: storage.heartbeat_interval ({s.storage.heartbeat_interval}) must be less than storage.grace_period "
-            f"({s.storage.grace_period}), or live trials would be failed as stale between two heartbeats")
+            f"{source}: storage.heartbeat_interval ({beat}) must be less than storage.grace_period "
+            f"({grace}), or live trials would be failed as stale between two heartbeats")
     if len(s.objective.metrics) > 1 and s.pruner.name != "none":
-        raise ConfigError(f"{source}: pruner.name = {s.pruner.name!r}: Optuna cannot prune multi-objective trials; use pruner.name = 'none'")
+        raise ConfigError(f"{source}: pruner.name = {s.pruner.name!r}: Optuna cannot prune "
+                          "multi-objective trials; use pruner.name = 'none'")
     return s
 
 
@@ -315,7 +340,10 @@ def _params(data: Mapping[str, Any], base: ExperimentConfig, source: str) -> tup
     return params
 
 
-def _enqueue(data: Mapping[str, Any], params: tuple[ParamSpec, ...], source: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
+Point = tuple[tuple[str, Any], ...]  # an enqueued point: (parameter, value) pairs
+
+
+def _enqueue(data: Mapping[str, Any], params: tuple[ParamSpec, ...], source: str) -> tuple[Point, ...]:
     enqueue_raw = data.get("enqueue", [])
     if not isinstance(enqueue_raw, list) or not all(isinstance(e, Mapping) for e in enqueue_raw):
         raise ConfigError(f"{source}: enqueue must be a list of tables ([[enqueue]]) of parameter values")
@@ -342,7 +370,8 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
     params = _params(data, base, source)
     return StudyConfig(
         **{f.name: getattr(settings, f.name) for f in fields(StudySettings)},
-        source=source, base=base, params=params, overrides=overrides, enqueue=_enqueue(data, params, source),
+        source=source, base=base, params=params, overrides=overrides,
+        enqueue=_enqueue(data, params, source),
     ).replace(experiment=str(base_path))
 
 

@@ -195,7 +195,8 @@ def storage_of(study: optuna.Study) -> BaseStorage:
 def trial_id(study: optuna.Study, number: int) -> int:
     """The storage's id of trial ``number`` of ``study``, through the storage's public API."""
     storage = storage_of(study)
-    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
 def optuna_heartbeat(study: optuna.Study) -> Any | None:
@@ -404,7 +405,8 @@ class Heartbeat:
             if self._rdb is not None:
                 self._rdb.record_heartbeat(self._trial_id)
             else:  # not trial.set_user_attr: that also writes the Trial's cache, which the trial's thread reads
-                storage_of(self.study).set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
+                storage = storage_of(self.study)
+                storage.set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Told meanwhile, here or by another worker that judged it stale
             # (the trial's own tell then reports that clash): nothing to keep alive.

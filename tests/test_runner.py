@@ -372,7 +372,8 @@ def test_run_state_round_trips_through_plain_data(tiny_cfg):
 
     g = Runner(tiny_cfg).net.derive()
     event = GrowthEvent(cycle=1, kind="widen", where="cell 0", params_before=10, params_after=12,
-                        preservation_error=0.0, details={"spec": {}})
+                        preservation_error=0.0, val_acc_before=0.5, val_acc_after=0.5,
+                        details={"spec": {}})
     position = Position(cycle=1, phase=2, global_epoch=7, weight_epoch=5)
     state = RunState(position, g, None, [0.25, 0.5], [g, g], 3, [event])
     plain = state.to_dict()

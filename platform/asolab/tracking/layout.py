@@ -60,6 +60,9 @@ MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
 TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
 TAG_MODEL_URI = "asolab.model_uri"  # models:/<id> of the final network (load with mlflow.pytorch.load_model)
 TAG_RUN_KIND = "asolab.kind"  # "run" for asolab runs
+# torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
+# also the param "threads" (the first process's; a resume may force another count)
+TAG_THREADS = "asolab.threads"
 TAG_RESUMED_FROM = "asolab.resumed_from"  # where the latest resume started, e.g. "cycle 0 / before retrain"
 
 # phase -> the value of the "phase_index" epoch metric

@@ -182,7 +182,14 @@ def test_tracking_overhead(capsys):
     assert [p[0] for p in pairs] == ["0", "1"] and all(float(p[1]) > 0 and float(p[2]) > 0 for p in pairs)
 
 
-@pytest.mark.parametrize("name", ["search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
+def test_concurrency(capsys):
+    lines = _run(capsys, "concurrency", ["--smoke"])
+    assert lines[-1].startswith("auto threads, slowdown against alone: 2 at once")
+    rows = [line.split() for line in lines if line.startswith("auto ")][:2]
+    assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
+
+
+@pytest.mark.parametrize("name", ["concurrency", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
 

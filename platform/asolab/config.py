@@ -152,7 +152,7 @@ class ExperimentConfig:
     name: str = _field("digits", help="experiment name (defaults to the file's stem)")
     seed: int = _field(0, ge=0)
     device: str = _field("auto", help="auto | cpu | cuda | cuda:N | mps")
-    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = torch's default)")
+    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = auto: usable cores minus other asolab processes' threads; asolab/threads.py)")
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)

@@ -60,7 +60,6 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
         threads.prepare_environment()
     import torch
     import torch.nn.functional as F
-
     from asolab.config import DataConfig, SpaceConfig
     from asolab.data import Batches, load_data
     from asolab.space import ArchSpec, SearchNetwork

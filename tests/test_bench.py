@@ -182,6 +182,12 @@ def test_tracking_overhead(capsys):
     assert [p[0] for p in pairs] == ["0", "1"] and all(float(p[1]) > 0 and float(p[2]) > 0 for p in pairs)
 
 
+def test_search_throughput_neuroexapt_shaped_cycle(capsys):
+    lines = _run(capsys, "search_throughput", ["--cycle", "--smoke", "--threads", "1"])
+    assert lines[1].split()[:2] == ["shape", "W-step"] and lines[2].startswith("L5 3x8x8")
+    assert all(float(v) > 0 for v in lines[2].split()[2:])
+
+
 def test_concurrency(capsys):
     lines = _run(capsys, "concurrency", ["--smoke"])
     assert lines[-1].startswith("auto threads, slowdown against alone: 2 at once")

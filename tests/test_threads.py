@@ -10,7 +10,6 @@ import time
 
 import pytest
 import torch
-
 from asolab import threads
 from asolab.cli import _forced_threads
 from asolab.config import ConfigError

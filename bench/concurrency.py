@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.alone_repeats):  # interleaved, so a drift in load hits every setting alike
         for s in settings:
             (r,) = together(s, 1, args)
+            print(f"# alone, {s}: {r['threads']} threads, {r['seconds']:.2f} s", flush=True)
             alone[s].append(r["seconds"])
             threads_alone[s] = r["threads"]
     base = {s: statistics.median(v) for s, v in alone.items()}
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([s, "1", str(threads_alone[s]), f"{base[s]:.2f}", "1.00x"])
         for k in ks:
             results = together(s, k, args)
+            print(f"# {k} at once, {s}: " + ", ".join(f"{r['threads']} threads {r['seconds']:.2f} s" for r in results),
+                  flush=True)
             worst = max(r["seconds"] for r in results)
             slow[(s, k)] = worst / base[s]
             rows.append([s, str(k), "+".join(str(r["threads"]) for r in results),

@@ -191,7 +191,7 @@ def test_search_throughput_neuroexapt_shaped_cycle(capsys):
 def test_concurrency(capsys):
     lines = _run(capsys, "concurrency", ["--smoke"])
     assert lines[-1].startswith("auto threads, slowdown against alone: 2 at once")
-    rows = [line.split() for line in lines if line.startswith("auto ")][:2]
+    rows = [line.split() for line in lines if line.startswith("auto ")][:2]  # the table's rows
     assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
 
 

@@ -188,6 +188,12 @@ def test_search_throughput_neuroexapt_shaped_cycle(capsys):
     assert all(float(v) > 0 for v in lines[2].split()[2:])
 
 
+def test_final_speed(capsys):
+    lines = _run(capsys, "final_speed", ["--smoke", "--threads", "1"])
+    assert [line.split()[0] for line in lines[2:5]] == ["eager", "channels-last", "bf16"]
+    assert lines[-1].startswith("final training speed-up over eager:") and "GFLOP/s fp32 peak" in lines[-1]
+
+
 def test_concurrency(capsys):
     lines = _run(capsys, "concurrency", ["--smoke"])
     assert lines[-1].startswith("auto threads, slowdown against alone: 2 at once")
@@ -195,7 +201,7 @@ def test_concurrency(capsys):
     assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
 
 
-@pytest.mark.parametrize("name", ["concurrency", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
+@pytest.mark.parametrize("name", ["concurrency", "final_speed", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
 

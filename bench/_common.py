@@ -13,6 +13,11 @@ import statistics
 import time
 from typing import Callable, Mapping, Sequence
 
+from asolab import threads
+
+# Before torch loads OpenMP (a benchmark imports this module first): sleeping waits.
+threads.prepare_environment()
+
 import torch
 
 
@@ -38,6 +43,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     for r in cells:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     return "\n".join(lines)
+
+
+def use_threads(requested: int = 0) -> int:
+    """The thread count by asolab's rule (0 = auto), registered like a run's."""
+    return threads.acquire(requested)
 
 
 def machine() -> str:

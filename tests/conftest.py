@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+from asolab import threads
+
+# As the CLI does: before torch loads OpenMP, let its waiting threads sleep, not spin.
+threads.prepare_environment()
 
 from asolab import config
 from asolab.data import load_data
 
-# Two cores: keep every test process to one torch thread so parallel tools do not thrash.
-torch.set_num_threads(1)
+# One torch thread per test process (tiny tensors gain nothing from more), registered
+# like every asolab process so that runs started beside the suite leave it its core.
+threads.acquire(1)
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 TINY = {

@@ -182,7 +182,26 @@ def test_tracking_overhead(capsys):
     assert [p[0] for p in pairs] == ["0", "1"] and all(float(p[1]) > 0 and float(p[2]) > 0 for p in pairs)
 
 
-@pytest.mark.parametrize("name", ["search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
+def test_search_throughput_neuroexapt_shaped_cycle(capsys):
+    lines = _run(capsys, "search_throughput", ["--cycle", "--smoke", "--threads", "1"])
+    assert lines[1].split()[:2] == ["shape", "W-step"] and lines[2].startswith("L5 3x8x8")
+    assert all(float(v) > 0 for v in lines[2].split()[2:])
+
+
+def test_final_speed(capsys):
+    lines = _run(capsys, "final_speed", ["--smoke", "--threads", "1"])
+    assert [line.split()[0] for line in lines[2:5]] == ["eager", "channels-last", "bf16"]
+    assert lines[-1].startswith("final training speed-up over eager:") and "GFLOP/s fp32 peak" in lines[-1]
+
+
+def test_concurrency(capsys):
+    lines = _run(capsys, "concurrency", ["--smoke"])
+    assert lines[-1].startswith("auto threads, slowdown against alone: 2 at once")
+    rows = [line.split() for line in lines if line.startswith("auto ")][:2]  # the table's rows
+    assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
+
+
+@pytest.mark.parametrize("name", ["concurrency", "final_speed", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
 

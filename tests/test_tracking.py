@@ -109,6 +109,7 @@ def test_run_records_everything(tracked, store, tmp_path):
     for key in (L.TAG_VERSION, L.TAG_GIT_COMMIT, L.TAG_DEVICE, L.TAG_HOST):
         assert tags.get(key), key
     assert tags[L.TAG_DATASET] == "digits" and tags[L.TAG_DEVICE] == "cpu"
+    assert tags[L.TAG_THREADS] == "1 (set)" and run.data.params["threads"] == "1"
 
     # the whole resolved config, as params and as config.json
     flat = cfg.flat()

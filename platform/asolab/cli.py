@@ -13,6 +13,11 @@ import shlex
 import sys
 from typing import Callable, Sequence
 
+from . import threads as _threads
+
+# Before anything imports torch: OpenMP reads its wait policy once, when torch loads it.
+_threads.prepare_environment()
+
 from .compare.cli import add_parser as _add_compare
 from .study.cli import add_parser as _add_study
 from .config import ConfigError, load
@@ -84,7 +89,8 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     try:
         if args.resume:
             path = download_checkpoint(uri, args.resume, workdir / "resume")
-            runner = Runner.resume(path, [*observers, tracker], checkpoint_dir=workdir)
+            forced = _forced_threads(args.overrides)
+            runner = Runner.resume(path, [*observers, tracker], checkpoint_dir=workdir, threads=forced)
         else:
             runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
         try:
@@ -112,8 +118,23 @@ def resume_command(file: str | None, run_id: str, uri: str) -> str:
     return shlex.join(parts)
 
 
+def _forced_threads(overrides: list[str]) -> int:
+    """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
+    resume takes (0 = keep the run's own count)."""
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].strip() == "threads" and "=" in o]
+    if not values:
+        return 0
+    try:
+        threads = int(values[-1])
+    except ValueError:
+        raise ConfigError(f"--set threads={values[-1]}: threads must be a whole number") from None
+    if not 0 <= threads <= 1024:
+        raise ConfigError(f"--set threads={threads}: threads must be between 0 and 1024")
+    return threads
+
+
 def _warn_ignored_overrides(overrides: list[str]) -> None:
-    ignored = [o for o in overrides if not o.strip().startswith("tracking.")]
+    ignored = [o for o in overrides if not (o.strip().startswith("tracking.") or o.split("=", 1)[0].strip() == "threads")]
     if ignored:
         log.warning(
             "--resume continues the run with the config in its checkpoint; ignoring %s", ", ".join(ignored)

@@ -171,9 +171,9 @@ class ExperimentConfig:
     """One experiment: everything a run needs, validated."""
 
     name: str = _field("digits", help="experiment name (defaults to the file's stem)")
-    seed: int = _field(0, ge=0, help="seeds weights, sampling, mutation and the validation split; same seed, same run on the CPU")
+    seed: int = _field(0, ge=0, help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU")
     device: str = _field("auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps")
-    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = torch's default)")
+    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = auto: usable cores minus other asolab processes' threads)")
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Optional, Union, get_args, get_origi
 import torch
 import torch.nn.functional as F
 
-from ..config import ExperimentConfig, from_dict
+from .. import threads as cpu_threads
+from ..config import ConfigError, ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
@@ -154,11 +155,15 @@ class Runner:
         data: Optional[DataBundle] = None,
         spec: Optional[ArchSpec] = None,
     ) -> None:
+        self.device = resolve_device(cfg.device)
+        # The thread count changes the numbers (sums split across threads), so it is
+        # chosen once, written into the config (MLflow params, checkpoint) and kept.
+        threads = cpu_threads.acquire(cfg.threads)
+        self.threads_source = "set" if cfg.threads else "auto"
+        if not cfg.threads:
+            cfg = cfg.replace(threads=threads)
         self.cfg = cfg
         self.observers = list(observers)
-        self.device = resolve_device(cfg.device)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
         self.spec = spec or ArchSpec.from_config(cfg.space, self.data.in_channels, self.data.num_classes)
@@ -447,6 +452,7 @@ class Runner:
                     arch=self.spec.to_dict(),
                     resumed_from=self._resumed_from,
                     total_epochs=self.total_epochs,
+                    threads_source=self.threads_source,
                 ),
             )
             while self.state.position.cycle < self.cfg.search.cycles:
@@ -562,17 +568,26 @@ class Runner:
         *,
         checkpoint_dir: str | Path | None = None,
         data: Optional[DataBundle] = None,
+        threads: int = 0,
     ) -> "Runner":
         """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
 
-        A checkpoint that reads but lacks a part, or whose weights do not fit its
-        architecture spec, is a :class:`CheckpointError`, like a corrupt one.
+        The run continues with the thread count it started with (its config holds
+        it), unless ``threads`` forces another one, which changes the numbers from
+        there on. A checkpoint that reads but lacks a part, or whose weights do not
+        fit its architecture spec, is a :class:`CheckpointError`, like a corrupt one.
         """
         state = ckpt.load(path)
         with ckpt.restoring(path):
             cfg = from_dict(state["config"], source=f"checkpoint {path}")
             spec = ArchSpec.from_dict(state["spec"])
+        source = "resumed" if cfg.threads else "auto"
+        if threads and threads != cfg.threads:
+            log.warning("resuming with %d threads instead of the run's %d: the run will not repeat exactly",
+                        threads, cfg.threads)
+            cfg, source = cfg.replace(threads=threads), "set"
         runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=spec)
+        runner.threads_source = source
         with ckpt.restoring(path):
             runner._restore(state)
         return runner

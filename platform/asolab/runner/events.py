@@ -26,6 +26,9 @@ class RunStart:
     # and "next", the name of what runs first (a phase, "final" or "evaluation")
     resumed_from: Optional[dict[str, Any]] = None
     total_epochs: int = 0
+    # how config.threads was chosen: "auto" (the rule of asolab/threads.py), "set"
+    # (the config asked for it) or "resumed" (the count the run started with)
+    threads_source: str = "set"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ re-running the same command resumes the study and only tops it up; ``n_trials``
 Workers are ``asolab study --worker`` subprocesses sharing the storage; a worker
 that exits non-zero makes the invocation end with :class:`WorkersFailed` after
 the parent run recorded what the others did. Each worker gets
-``max(1, cores // K)`` torch threads. The sampler's seed mixes the study's
+``max(1, auto // K)`` torch threads, ``auto`` being the cores left by other
+asolab processes (asolab/threads.py). The sampler's seed mixes the study's
 ``seed`` with the worker index and the number of trials already in the study,
 so parallel workers and resumed invocations do not replay the same points,
 while a given study state is reproducible.
@@ -31,6 +32,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
+from ..threads import auto_threads
 from . import report
 from .config import StudyConfig, check_study_name
 from .objective import TrialContext, run_trial
@@ -89,15 +91,10 @@ class StudyOutcome:
         return optuna.load_study(study_name=self.study_name, storage=make_storage(self.storage_url, cfg.storage))
 
 
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def threads_per_worker(workers: int) -> int:
-    return max(1, cpu_cores() // max(1, workers))
+    """Torch threads for each of ``workers`` processes: the "auto" rule's share
+    (usable cores minus what other asolab processes took; asolab/threads.py)."""
+    return max(1, auto_threads() // max(1, workers))
 
 
 def sampler_seed(seed: int, worker: int = 0, trials_so_far: int = 0) -> int:

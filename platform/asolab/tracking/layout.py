@@ -32,6 +32,9 @@ TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent whe
 # models:/<id> of the final network (load with mlflow.pytorch.load_model)
 TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
+# torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
+# also the param "threads" (the first process's; a resume may force another count)
+TAG_THREADS = "asolab.threads"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
 KIND_RUN = "run"  # asolab runs and study trials

@@ -152,6 +152,11 @@ class _StoreWriter:
             raise error
 
 
+def threads_text(event: RunStart) -> str:
+    """The ``asolab.threads`` tag: the count and how it was chosen, e.g. ``2 (auto)``."""
+    return f"{event.config.threads} ({event.threads_source})"
+
+
 class MlflowTracker(Observer):
     """Records one run (new, resumed, or a study's child run) in MLflow.
 
@@ -301,6 +306,7 @@ class MlflowTracker(Observer):
             self.log_models = self.log_models and cfg.tracking.log_models
             if self.resume_run_id:
                 self._resume(self.resume_run_id, event.resumed_from)
+                self._tag(L.TAG_THREADS, threads_text(event))
             else:
                 self._create(event)
             self.flush()
@@ -320,6 +326,7 @@ class MlflowTracker(Observer):
             L.TAG_DEVICE: event.device,
             L.TAG_HOST: socket.gethostname(),
             L.TAG_RUN_KIND: L.KIND_RUN,
+            L.TAG_THREADS: threads_text(event),
             **self.extra_tags,
         }
         if self.parent_run_id:

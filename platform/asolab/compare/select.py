@@ -14,7 +14,6 @@ import difflib
 import json
 import logging
 import math
-import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..config import PROJECT_ROOT, ConfigError
+from ..config import ConfigError
 from ..space.genotype import Genotype
 from ..tracking import layout
 
@@ -55,24 +54,26 @@ class CompareError(ConfigError):
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the project's local SQLite store.
+    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the local store ``./mlruns``:
+    the store that ``asolab run`` writes to (:func:`asolab.tracking.store.resolve_tracking_uri`)."""
+    from ..tracking.store import resolve_tracking_uri as tracker_resolve
 
-    Defers to :func:`asolab.tracking.store.resolve_tracking_uri` when present, so
-    compare always reads the store that ``asolab run`` writes to.
-    """
-    try:
-        from ..tracking.store import resolve_tracking_uri as tracker_resolve
-    except ImportError:  # an older tree without the tracker: the same documented rule
-        return explicit or os.environ.get("MLFLOW_TRACKING_URI", "") or f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
     return tracker_resolve(explicit or "")
 
 
 def open_store(tracking_uri: str) -> MlflowClient:
-    """A client for ``tracking_uri``; a SQLite file that does not exist is an error, not a new store."""
+    """A client for ``tracking_uri``; a SQLite file that does not exist, or is not an
+    MLflow store, and a server or database that does not answer are one-line errors
+    (the MLflow client would retry for minutes, or make a new store)."""
+    from ..tracking.store import check_reachable, check_sqlite_store
+
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
-        if not db.exists():
+        if not db.is_file():
             raise CompareError(f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri")
+        check_sqlite_store(tracking_uri)
+    else:
+        check_reachable(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -44,6 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config import PROJECT_ROOT, ConfigError
 from ..tracking.layout import TAG_ERROR
+from ..tracking.store import database_unreachable
 from .config import StorageConfig
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
 
             return JournalStorage(JournalRedisBackend(url))
         if is_rdb(url):
+            reason = "" if is_sqlite(url) else database_unreachable(url)
+            if reason:  # before Optuna, which retries a refused connection for minutes
+                raise ConfigError(f"study storage {_shown(url)!r} cannot be reached ({reason}); start the "
+                                  "database or fix the URL, or omit --storage for the local journal file")
             return _rdb_storage(url, settings)
     except ConfigError:
         raise

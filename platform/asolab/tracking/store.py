@@ -104,7 +104,10 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         )
     reason = database_unreachable(uri, timeout)  # another database (postgresql://, mysql://, ...)
     if reason:
-        raise TrackingError(f"tracking store {mask_password(uri)} cannot be reached ({reason}); {_fix_hint(uri)}")
+        raise TrackingError(
+            f"tracking store {mask_password(uri)} cannot be reached ({reason}); start the database or "
+            "fix the URL in tracking.tracking_uri / MLFLOW_TRACKING_URI, or run with --no-track"
+        )
     _check_api(uri)
 
 

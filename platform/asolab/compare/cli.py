@@ -64,6 +64,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         check_writable(args.csv, "--csv", CompareError, folder=False)
     if args.report:
         check_writable(args.report, "--report", CompareError, folder=True)
+    if args.log_to_mlflow and not args.comparison_experiment.strip():
+        raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
     selection = load_selection(
         args.tracking_uri or None, experiments=args.experiment, run_ids=args.runs, filter_string=args.filter,
         study=args.study, top=args.top, by=args.by, ascending=args.ascending,
@@ -129,7 +131,15 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if args.report:
                 print(f"report written to {page}", file=out)
             if args.log_to_mlflow:
-                rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+                from mlflow.exceptions import MlflowException
+
+                try:
+                    rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+                except MlflowException as exc:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise CompareError(
+                        f"--log-to-mlflow: the store refused the comparison run ({first})"
+                    ) from None
                 print(f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)", file=out)
     return 0
 

@@ -159,9 +159,22 @@ def check_sqlite_store(uri: str) -> None:
     """Refuse a SQLite file that is not an MLflow store: not a database at all, or a
     database with tables of its own, which MLflow would silently add its tables to."""
     db = sqlite_path(uri)
-    if db is None or not db.is_file() or db.stat().st_size == 0:
-        return  # a new or empty file becomes an MLflow store
-    fix = "point tracking.tracking_uri (or --tracking-uri) at an MLflow database or a new file"
+    reason = foreign_sqlite(db, MLFLOW_TABLES, "an MLflow store") if db is not None else ""
+    if reason:
+        raise TrackingError(
+            f"tracking store {uri}: {reason}; point tracking.tracking_uri (or --tracking-uri) "
+            "at an MLflow database or a new file"
+        )
+
+
+def foreign_sqlite(db: Path, own_tables: frozenset[str], what: str) -> str:
+    """Why the SQLite file ``db`` cannot become or be ``what`` ('' if it can): not a
+    database, or one with tables but not ``own_tables`` (another program's data).
+    A missing or empty file is fine: it becomes a new store."""
+    if db.is_dir():
+        return f"{db} is a directory, not a database file (such as {db / DB_NAME})"
+    if not db.is_file() or db.stat().st_size == 0:
+        return ""
     try:
         con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
         try:
@@ -169,13 +182,14 @@ def check_sqlite_store(uri: str) -> None:
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
-        raise TrackingError(f"tracking store {uri}: {db} is not an SQLite database ({exc}); {fix}") from None
-    if tables and not MLFLOW_TABLES <= tables:
+        return f"{db} is not an SQLite database ({exc})"
+    if tables and not own_tables <= tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise TrackingError(
-            f"tracking store {uri}: {db} is a database of something else (tables: {shown}), "
-            f"not an MLflow store; asolab will not add MLflow's tables to it; {fix}"
+        return (
+            f"{db} is a database of something else (tables: {shown}), not {what}; "
+            "asolab will not add tables to it"
         )
+    return ""
 
 
 def _check_health(uri: str, timeout: float) -> None:

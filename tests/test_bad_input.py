@@ -39,6 +39,14 @@ high = 1.0
 """
 
 
+@pytest.fixture(scope="module")
+def ok_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An MLflow store that works, made once (making one takes seconds): ``{S}`` in a case."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()
+    return uri
+
+
 @pytest.fixture
 def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working directory with the bad files the cases name (``{T}`` in a case)."""
@@ -69,7 +77,7 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
     return rc, capsys.readouterr().err.strip()
 
 
-OK_STORE = "sqlite:///{T}/ok/mlflow.db"
+OK_STORE = "{S}"
 STUDY = ["study", "{T}/tiny_study.toml", "--tracking-uri", OK_STORE, "--storage", "{T}/j.log"]
 COMPARE = ["compare", "--tracking-uri", OK_STORE]
 UI = ["ui", "--tracking-uri", OK_STORE]
@@ -107,7 +115,8 @@ CASES = {
     "run dead server": (["run", "--set", f"tracking.tracking_uri=http://{DEAD}"], "not reachable"),
     "run dead database": (["run", "--set", f"tracking.tracking_uri=postgresql://u:pw@{DEAD}/x"], "cannot be reached"),
     "run supernet too big": (
-        ["run", "--set", "space.init_channels=1024", "--set", "space.layers=64", "--set", "space.steps=8"],
+        ["run", "--set", "space.init_channels=1024", "--set", "space.layers=64", "--set", "space.steps=8",
+         "--set", "tracking.tracking_uri={S}"],
         "space.init_channels",
     ),
     # asolab study
@@ -155,8 +164,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("argv, words", CASES.values(), ids=CASES.keys())
-def test_bad_input_is_one_error_line_and_status_2(argv, words, place, capsys):
-    argv = [a.replace("{T}", str(place)) for a in argv]
+def test_bad_input_is_one_error_line_and_status_2(argv, words, place, ok_store, capsys):
+    argv = [a.replace("{T}", str(place)).replace("{S}", ok_store) for a in argv]
     started = time.monotonic()
     rc, err = run_main(argv, capsys)
     assert rc == 2, err
@@ -169,12 +178,12 @@ def test_bad_input_is_one_error_line_and_status_2(argv, words, place, capsys):
     con.close()
 
 
-def test_ui_on_a_port_in_use_is_one_line(place, capsys):
+def test_ui_on_a_port_in_use_is_one_line(ok_store, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rc, err = run_main(["ui", "--tracking-uri", f"sqlite:///{place}/ok/mlflow.db", "--port", str(port)], capsys)
+        rc, err = run_main(["ui", "--tracking-uri", ok_store, "--port", str(port)], capsys)
     assert rc == 2 and err.startswith("asolab: error: ") and "\n" not in err, err
     assert f"127.0.0.1:{port}" in err and "--port" in err
 
@@ -197,7 +206,7 @@ def test_a_supernet_that_cannot_fit_is_refused_before_it_is_allocated():
     assert check_fits(ArchSpec.from_config(load().space, 1, 10), 64, 8, torch.device("cpu")).total < 2**30
 
 
-def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, capsys, monkeypatch):
+def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, ok_store, capsys, monkeypatch):
     """What torch raises when CUDA runs out (raised here where a CPU-only machine cannot run
     out of GPU memory): the run ends FAILED in MLflow and the command in one line."""
 
@@ -205,7 +214,7 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, capsys, 
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
     monkeypatch.setattr(Runner, "_w_train", out_of_memory)
-    store = f"sqlite:///{place}/ok/mlflow.db"
+    store = ok_store
     rc, err = run_main(["run", "--quiet", "--set", "threads=1", "--set", "space.init_channels=4",
                         "--set", "data.train_subset=200", "--set", f"tracking.tracking_uri={store}"], capsys)
     assert rc == 2 and err.startswith("asolab: error: out of memory") and "\n" not in err, err
@@ -225,3 +234,32 @@ def test_cuda_out_of_memory_ends_the_run_failed(place, capsys):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert rc == 2 and "out of memory" in err and "\n" not in err, err
+
+
+@pytest.mark.slow
+def test_a_trial_that_cannot_fit_fails_and_the_study_goes_on(tmp_path):
+    import optuna
+    from optuna.trial import TrialState
+
+    from asolab.study import load_study, run_study
+
+    (tmp_path / "tiny.toml").write_text(
+        'seed = 0\ndevice = "cpu"\nthreads = 1\n[data]\ntrain_subset = 200\n[space]\ninit_channels = 4\n'
+        "[search]\ncycles = 1\nw_epochs = 1\nalpha_epochs = 1\nretrain_epochs = 1\nfinal_epochs = 0\n"
+        "[tracking]\nlog_models = false\n"
+    )
+    (tmp_path / "big.toml").write_text(
+        'experiment = "tiny.toml"\nn_trials = 2\n[sampler]\nname = "random"\n[pruner]\nname = "none"\n'
+        "[params.space.init_channels]\nchoices = [1024, 4]\n[params.space.layers]\nchoices = [64, 3]\n"
+        "[params.space.steps]\nchoices = [8, 2]\n"
+        '[[enqueue]]\n"space.init_channels" = 1024\n"space.layers" = 64\n"space.steps" = 8\n'
+        '[[enqueue]]\n"space.init_channels" = 4\n"space.layers" = 3\n"space.steps" = 2\n'
+    )
+    journal = tmp_path / "optuna-journal.log"
+    run_study(load_study(tmp_path / "big.toml"), storage_url=str(journal),
+              tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    trials = optuna.load_study(study_name="big", storage=storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert "MemoryLimitError" in trials[0].user_attrs["asolab.error"]
+    assert "space.init_channels" in trials[0].user_attrs["asolab.error"]

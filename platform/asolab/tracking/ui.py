@@ -68,8 +68,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
         check_reachable(uri)
         print(f"runs are on the tracking server {uri}; open it in a browser")
         return 0
+    check_port(args.host, args.port)  # first: it costs nothing
     check_reachable(uri)
-    check_port(args.host, args.port)
     # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
     proc = subprocess.Popen(server_command(uri, args.host, args.port), start_new_session=True)
 

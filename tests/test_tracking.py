@@ -356,9 +356,12 @@ def test_unreachable_server_fails_before_training(monkeypatch, capsys):
         check_reachable("file:///tmp/mlruns")
 
 
-def test_uri_resolution(monkeypatch):
+def test_uri_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(PROJECT_ROOT)  # the quick start's store: mlruns/ of the checkout
     assert default_tracking_uri() == f"sqlite:///{PROJECT_ROOT / 'mlruns' / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)  # an installed asolab, run from any folder
+    assert default_tracking_uri() == f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     assert resolve_tracking_uri() == default_tracking_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert resolve_tracking_uri() == "http://tracking.example:5000"

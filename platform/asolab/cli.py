@@ -11,7 +11,7 @@ import argparse
 import logging
 import shlex
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from . import threads as _threads
 
@@ -151,8 +151,18 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare, _add_ui, _add_study]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with asolab's one-line errors (``asolab: error: ...``, exit status 2)
+    instead of a usage block; its subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"asolab: error: {self.prog}: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asolab", description="ASO-SE neural architecture evolution with MLflow and Optuna")
+    parser = _Parser(
+        prog="asolab", description="ASO-SE neural architecture evolution with MLflow and Optuna"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:

@@ -21,7 +21,21 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS_DIR = PROJECT_ROOT / "experiments"
+# The largest seed torch.manual_seed and numpy's generators both accept as one signed 64-bit value.
+SEED_MAX = 2**63 - 1
+
+
+def shipped_dir(name: str) -> Path:
+    """Where the configs that come with asolab live: ``<checkout>/<name>`` in a source
+    checkout (editable install, PYTHONPATH), else the package data of an installed wheel
+    (``asolab/<name>``, mapped from the checkout's folder by pyproject.toml)."""
+    checkout = PROJECT_ROOT / name
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and checkout.is_dir():
+        return checkout
+    return Path(__file__).resolve().parent / name
+
+
+EXPERIMENTS_DIR = shipped_dir("experiments")
 DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
 
 FINAL_GENOTYPES = ("best", "last", "derived")
@@ -90,7 +104,7 @@ class DataConfig:
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
     val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection")
     test_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share carved out as test split for data sets without one (digits)")
-    split_seed: int = _field(0, ge=0, help="seed of the test carve-out; fixed so that all runs share one test split")
+    split_seed: int = _field(0, ge=0, le=SEED_MAX, help="seed of the test carve-out; fixed so that all runs share one test split")
     train_subset: int = _field(0, ge=0, help="use at most this many training examples for search (0 = all)")
     batch_size: int = _field(64, ge=1, le=65536, help="training batch size")
     eval_batch_size: int = _field(512, ge=1, le=65536, help="evaluation batch size (validation, test)")
@@ -171,7 +185,7 @@ class ExperimentConfig:
     """One experiment: everything a run needs, validated."""
 
     name: str = _field("digits", help="experiment name (defaults to the file's stem)")
-    seed: int = _field(0, ge=0, help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU")
+    seed: int = _field(0, ge=0, le=SEED_MAX, help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU")
     device: str = _field("auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps")
     threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = auto: usable cores minus other asolab processes' threads)")
     data: DataConfig = field(default_factory=DataConfig)
@@ -359,32 +373,55 @@ def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], source:
 
 
 def resolve_named_file(path: str | Path | None, default: Path, folder: Path, kind: str) -> Path:
-    """``path`` if it exists, else a bare name looked up in ``folder`` (``.toml`` optional);
-    ``default`` when None. ``kind`` names the file in the error ("experiment", "study")."""
+    """The file a user named: ``path`` if it is a file, else a bare name (``.toml``
+    optional) looked up first in ``./<folder.name>/`` of the working directory, then
+    in ``folder`` (the shipped configs); ``default``'s name looked up the same way
+    when None. ``kind`` names the file in the error ("experiment", "study")."""
     if path is None:
-        return default
+        path = default.stem
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{kind} file {str(path)!r} is a directory; name a .toml file in it")
     if p.exists():
         return p
-    candidate = folder / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
-    if candidate.exists():
-        return candidate
-    known = ", ".join(sorted(x.stem for x in folder.glob("*.toml")))
+    name = p.name if p.suffix == ".toml" else f"{p.name}.toml"
+    folders = _search_folders(folder)
+    for candidate in (f / name for f in folders):
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(sorted({x.stem for f in folders for x in f.glob("*.toml")}))
     raise ConfigError(f"{kind} file {str(path)!r} not found; known {folder.name}: {known}")
 
 
+def _search_folders(folder: Path) -> list[Path]:
+    """``./<name>`` of the working directory first, then the shipped folder (once)."""
+    local = Path.cwd() / folder.name
+    if local.is_dir() and local.resolve() != folder.resolve():
+        return [local, folder]
+    return [folder]
+
+
+def read_toml(file: Path, kind: str) -> dict[str, Any]:
+    """A TOML file's tables; one ConfigError line for a file that cannot be read or parsed."""
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: not a text file (it holds bytes that are not UTF-8); {kind} files are TOML text") from None
+    except OSError as exc:
+        raise ConfigError(f"{kind} file {file} cannot be read ({exc.strerror or exc})") from None
+
+
 def resolve_experiment_path(path: str | Path | None) -> Path:
-    """A file path, or a bare name looked up in experiments/."""
+    """A file path, or a bare name looked up in ./experiments/, then in the shipped ones."""
     return resolve_named_file(path, DEFAULT_EXPERIMENT, EXPERIMENTS_DIR, "experiment")
 
 
 def load(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> ExperimentConfig:
-    """Load an experiment file (default: experiments/digits.toml) and apply ``--set`` overrides."""
+    """Load an experiment file (default: digits) and apply ``--set`` overrides."""
     file = resolve_experiment_path(path)
-    try:
-        data = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: not valid TOML ({exc})") from None
+    data = read_toml(file, "experiment")
     data.setdefault("name", file.stem)
     cfg = from_dict(data, str(file))
     if overrides:

@@ -61,6 +61,13 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.top < 0:
         raise CompareError(f"--top must be >= 0 (got {args.top})")
+    # Before reading any run: a place that cannot be written costs seconds, not a comparison.
+    if args.csv:
+        check_writable(args.csv, "--csv", CompareError, folder=False)
+    if args.report:
+        check_writable(args.report, "--report", CompareError, folder=True)
+    if args.log_to_mlflow and not args.comparison_experiment.strip():
+        raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
     selection = load_selection(
         args.tracking_uri or None, experiments=args.experiment, run_ids=args.runs, filter_string=args.filter,
         study=args.study, top=args.top, by=args.by, ascending=args.ascending,
@@ -111,18 +118,49 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"  {s}", file=out)
 
     if args.csv:
-        comparison.table.to_csv(args.csv, index=False)
+        try:
+            comparison.table.to_csv(args.csv, index=False)
+        except OSError as exc:
+            raise CompareError(f"--csv {args.csv}: cannot write it ({exc.strerror or exc})") from None
         print(f"\ntable written to {args.csv}", file=out)
     if args.report or args.log_to_mlflow:
         with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
             directory = args.report or tmp
-            page = write_report(comparison, directory, title=f"asolab compare: {selection.description}")
+            try:
+                page = write_report(comparison, directory, title=f"asolab compare: {selection.description}")
+            except OSError as exc:
+                raise CompareError(f"--report {directory}: cannot write the report ({exc.strerror or exc})") from None
             if args.report:
                 print(f"report written to {page}", file=out)
             if args.log_to_mlflow:
-                rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+                from mlflow.exceptions import MlflowException
+
+                try:
+                    rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+                except MlflowException as exc:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise CompareError(
+                        f"--log-to-mlflow: the store refused the comparison run ({first})"
+                    ) from None
                 print(f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)", file=out)
     return 0
+
+
+def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:
+    """Raise ``error`` (one line) unless ``path`` can be written: a file whose folder
+    exists and is writable, or (``folder``) a folder that exists or can be made."""
+    p = os.path.abspath(path)
+    if not folder and os.path.isdir(p):
+        raise error(f"{flag} {path}: is a directory; give a file name such as {os.path.join(path, 'runs.csv')}")
+    if folder and os.path.exists(p) and not os.path.isdir(p):
+        raise error(f"{flag} {path}: is a file; give a folder for the report")
+    target = p if folder and os.path.isdir(p) else os.path.dirname(p)
+    if not folder and not os.path.isdir(target):
+        raise error(f"{flag} {path}: folder {target} does not exist; create it or choose another path")
+    while folder and not os.path.exists(target):  # the report makes missing folders: check the first that exists
+        target = os.path.dirname(target)
+    if not os.path.isdir(target) or not os.access(target, os.W_OK):
+        raise error(f"{flag} {path}: {target} is not a writable folder; choose another path")
 
 
 def terminal_table(table: "pd.DataFrame", clusters: "pd.DataFrame") -> str:

@@ -50,17 +50,24 @@ class CompareError(ConfigError):
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the project's local SQLite store:
+    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the local store ``./mlruns``:
     the store that ``asolab run`` writes to."""
     return store_tracking_uri(explicit or "")
 
 
 def open_store(tracking_uri: str) -> MlflowClient:
-    """A client for ``tracking_uri``; a SQLite file that does not exist is an error, not a new store."""
+    """A client for ``tracking_uri``; a SQLite file that does not exist, or is not an
+    MLflow store, and a server or database that does not answer are one-line errors
+    (the MLflow client would retry for minutes, or make a new store)."""
+    from ..tracking.store import check_reachable, check_sqlite_store
+
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
-        if not db.exists():
+        if not db.is_file():
             raise CompareError(f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri")
+        check_sqlite_store(tracking_uri)
+    else:
+        check_reachable(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

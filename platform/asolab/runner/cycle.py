@@ -55,7 +55,7 @@ from .events import (
     RunStart,
 )
 from .device import resolve_device
-from .memory import memory_stats
+from .memory import check_fits, memory_stats, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,12 @@ class Runner:
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
         self.spec = spec or ArchSpec.from_config(cfg.space, self.data.in_channels, self.data.num_classes)
-        self.net = SearchNetwork(self.spec).to(self.device)
+        # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
+        check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
+        try:
+            self.net = SearchNetwork(self.spec).to(self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
         s = cfg.search
         self.weight_opt = torch.optim.SGD(
             self.net.weight_parameters(), lr=s.weight_lr, momentum=s.weight_momentum, weight_decay=s.weight_decay
@@ -458,6 +463,10 @@ class Runner:
             while self.state.position.cycle < self.cfg.search.cycles:
                 self._next_phase()
             result = self._finish()
+        except torch.cuda.OutOfMemoryError as exc:  # CUDA (or another accelerator) ran out: a user error
+            error = out_of_memory(exc, self.device, self.cfg.data.batch_size)
+            self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
+            raise error from None
         except BaseException as exc:
             self.emit("on_run_interrupted", RunInterrupted(exc, self.state.position.global_epoch))
             raise

@@ -1,12 +1,22 @@
-"""Memory statistics: process RSS and its peak; CUDA allocated and peak on GPU."""
+"""Memory: statistics (process RSS and its peak; CUDA allocated and peak on GPU),
+and whether a supernet fits before it is allocated (:func:`check_fits`)."""
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
+import torch.nn as nn
+
+from ..config import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..space.spec import ArchSpec
 
 _MB = 1024.0 * 1024.0
 
@@ -24,3 +34,197 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         stats["cuda_allocated_mb"] = torch.cuda.memory_allocated(device) / _MB
         stats["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / _MB
     return stats
+
+
+# --------------------------------------------------------------------------- fitting in memory
+
+_GIB = 1024.0**3
+FLOAT_BYTES = 4  # float32 weights and activations
+# Per weight: the weight, its gradient and SGD's momentum buffer.
+WEIGHT_COPIES = 3
+# Saved activations, plus their gradients alive during the backward pass.
+ACTIVATION_COPIES = 2
+
+
+class MemoryLimitError(ConfigError):
+    """A run that would not fit in memory (estimated before allocating, or a CUDA
+    out-of-memory error), phrased as one line naming the keys to lower."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a supernet needs while it trains, in bytes (an estimate, float32)."""
+
+    params: int
+    weight_bytes: int  # weights, gradients, momentum
+    activation_bytes: int  # one training step at the batch size
+
+    @property
+    def total(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+
+def _leaf_elements(module: nn.Module, shape: tuple[int, ...]) -> int:
+    """Elements of every leaf module's output for one input of ``shape``: what autograd
+    keeps for the backward pass, roughly."""
+    total = 0
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+        nonlocal total
+        if isinstance(out, torch.Tensor):
+            total += out.numel()
+
+    leaves = [m for m in module.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            module.eval()(torch.zeros(shape))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+# Edge operations keep every intermediate tensor at the edge's channel count, so their
+# activations are measured at this many channels (a real forward, tiny) and scaled.
+_PROBE_CHANNELS = 4
+
+
+@functools.lru_cache(maxsize=1024)
+def _op_elements(name: str, channels: int, stride: int, height: int) -> int:
+    """Leaf output elements of edge operation ``name`` for one image of ``height``."""
+    from ..space.ops import OPS
+
+    op = OPS[name](_PROBE_CHANNELS, stride, False)
+    return _leaf_elements(op, (1, _PROBE_CHANNELS, height, height)) * channels // _PROBE_CHANNELS
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_params(channels: int, stride: int, primitives: tuple[str, ...]) -> int:
+    """Parameters of one supernet edge, built on the meta device (nothing allocated)."""
+    from ..space.cells import MixedOp
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in MixedOp(channels, stride, primitives).parameters())
+
+
+def _op_params(name: str, channels: int, stride: int) -> int:
+    from ..space.ops import OPS
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in OPS[name](channels, stride, False).parameters())
+
+
+def _preprocess(c_in: int, c: int, height: int, reduce: bool) -> tuple[int, int]:
+    """(parameters, leaf output elements per image) of a cell's input preprocessing:
+    ReLU-Conv1x1-BN, or FactorizedReduce (ReLU, two strided 1x1 convs of c/2, BN)."""
+    from ..space.ops import FactorizedReduce, ReLUConvBN
+
+    with torch.device("meta"):
+        m = (
+            FactorizedReduce(c_in, c, affine=False)
+            if reduce
+            else ReLUConvBN(c_in, c, 1, 1, 0, affine=False)
+        )
+        params = sum(p.numel() for p in m.parameters())
+    h = (height + 1) // 2 if reduce else height
+    return params, c_in * height**2 + 2 * c * h**2
+
+
+def estimate_supernet(spec: ArchSpec, batch_size: int, image_size: int) -> MemoryEstimate:
+    """Memory to train the supernet of ``spec`` at ``batch_size``, without building it.
+
+    Parameters are counted module by module (each distinct edge built once on the
+    meta device); activations assume the heaviest operation on every edge, since
+    a W-training step runs one sampled operation per edge.
+    """
+    prims = [p for p in spec.primitives if p != "none"]
+    stem = spec.stem_channels
+    params = spec.in_channels * stem * 9 + 2 * stem
+    elements = 2 * stem * image_size**2
+    c_pp, c_p, h_pp, h_p, reduction_prev = stem, stem, image_size, image_size, False
+    for cs in spec.cells:
+        c, h_out = cs.channels, (h_p + 1) // 2 if cs.reduction else h_p
+        for c_in, h, reduce in ((c_pp, h_pp, reduction_prev), (c_p, h_p, False)):
+            p, e = _preprocess(c_in, c, h, reduce)
+            params, elements = params + p, elements + e
+        for k in range(spec.steps):
+            for j in range(k + 2):
+                stride = 2 if cs.reduction and j < 2 else 1
+                h_in = h_p if stride == 2 else h_out
+                params += _mixed_params(c, stride, tuple(spec.primitives))
+                elements += max(_op_elements(p, c, stride, h_in) for p in prims)
+        for _k, j, op in cs.branches:
+            stride = 2 if cs.reduction and j < 2 else 1
+            params += _op_params(op, c, stride) + 1  # and its gate
+            elements += _op_elements(op, c, stride, h_p if stride == 2 else h_out)
+        elements += 2 * spec.steps * c * h_out**2  # node sums and the concatenated output
+        if cs.residual:
+            params += 1  # its gate
+            continue
+        c_pp, c_p, h_pp, h_p, reduction_prev = c_p, spec.steps * c, h_p, h_out, cs.reduction
+    params += c_p * spec.num_classes + spec.num_classes
+    params += len(spec.alpha_keys) * spec.num_edges * len(spec.primitives)
+    return MemoryEstimate(
+        params=params,
+        weight_bytes=WEIGHT_COPIES * FLOAT_BYTES * params,
+        activation_bytes=ACTIVATION_COPIES * FLOAT_BYTES * elements * batch_size,
+    )
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a new supernet may take on ``device``: free GPU memory, else available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return int(psutil.virtual_memory().available)
+
+
+_LOWER = "lower space.init_channels, space.layers, space.steps or data.batch_size"
+
+
+def check_fits(
+    spec: ArchSpec, batch_size: int, image_size: int, device: torch.device
+) -> MemoryEstimate:
+    """Refuse (MemoryLimitError, one line) a supernet that would not fit in memory:
+    better than the kernel's OOM killer, which ends the run with no message."""
+    est = estimate_supernet(spec, batch_size, image_size)
+    gib = {k: f"{v / _GIB:.1f} GiB" for k, v in vars(est).items() if k.endswith("_bytes")}
+    what = (
+        f"{est.params / 1e6:,.1f} M parameters: {gib['weight_bytes']} with gradients and momentum; "
+        f"activations at data.batch_size={batch_size}: {gib['activation_bytes']}"
+    )
+    ram = int(psutil.virtual_memory().available)
+    if device.type == "cuda":
+        # The supernet is built in RAM before it moves to the GPU: its weights must fit there too.
+        weights = est.weight_bytes // WEIGHT_COPIES
+        if weights > ram:
+            raise MemoryLimitError(
+                f"the supernet's weights need about {weights / _GIB:.1f} GiB of RAM to be built "
+                f"({est.params / 1e6:,.1f} M parameters) but {ram / _GIB:.1f} GiB is available; "
+                + _LOWER
+            )
+        free = available_bytes(device)
+        if est.total > free:
+            raise MemoryLimitError(
+                f"the supernet needs about {est.total / _GIB:.1f} GiB on {device} ({what}) but "
+                f"{free / _GIB:.1f} GiB of GPU memory is free; {_LOWER}"
+            )
+    elif device.type == "cpu" and est.total > ram:  # MPS has no free-memory query: torch reports
+        raise MemoryLimitError(
+            f"the supernet needs about {est.total / _GIB:.1f} GiB ({what}) but "
+            f"{ram / _GIB:.1f} GiB "
+            f"of RAM is available; {_LOWER}"
+        )
+    return est
+
+
+def out_of_memory(exc: BaseException, device: torch.device, batch_size: int) -> MemoryLimitError:
+    """A CUDA (or other accelerator) out-of-memory error as one line; frees the cache,
+    so that the next run in this process (a study's next trial) starts clean."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return MemoryLimitError(
+        f"out of memory on {device} at data.batch_size={batch_size} ({first[:200]}); {_LOWER}"
+    )

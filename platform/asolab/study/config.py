@@ -37,18 +37,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import (
-    PROJECT_ROOT,
     ConfigError,
     ExperimentConfig,
     _build,
     _field,
     flatten,
     load,
+    read_toml,
     resolve_experiment_path,
     resolve_named_file,
+    shipped_dir,
 )
 
-STUDIES_DIR = PROJECT_ROOT / "studies"
+STUDIES_DIR = shipped_dir("studies")
 DEFAULT_STUDY = STUDIES_DIR / "temperature_mutation.toml"
 
 SAMPLERS = ("tpe", "random", "nsga2")
@@ -405,11 +406,7 @@ def resolve_study_path(path: str | Path | None) -> Path:
 def load_study(path: str | Path | None = None) -> StudyConfig:
     """Load and validate a study file (default: studies/temperature_mutation.toml)."""
     file = resolve_study_path(path)
-    try:
-        data = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: not valid TOML ({exc})") from None
-    data = dict(data)
+    data = read_toml(file, "study")
     data.setdefault("name", file.stem)
     return from_dict(data, str(file))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -44,6 +45,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config import PROJECT_ROOT, ConfigError
 from ..tracking.layout import TAG_ERROR
+from ..tracking.store import database_unreachable, foreign_sqlite
 from .config import StorageConfig
 
 log = logging.getLogger(__name__)
@@ -95,12 +97,16 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
             from optuna.storages.journal import JournalFileBackend
 
             path.parent.mkdir(parents=True, exist_ok=True)
+            _check_journal(path)
             return JournalStorage(JournalFileBackend(str(path)))
         if url.startswith("redis://"):
             from optuna.storages.journal import JournalRedisBackend
 
-            return JournalStorage(JournalRedisBackend(url))
+            with warnings.catch_warnings():  # experimental in Optuna; asolab documents it
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return JournalStorage(JournalRedisBackend(url))
         if is_rdb(url):
+            _check_rdb(url)
             return _rdb_storage(url, settings)
     except ConfigError:
         raise
@@ -110,6 +116,52 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
         f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
         "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
+
+
+def _check_journal(path: Path) -> None:
+    """Refuse a file that is not an Optuna journal (one JSON operation per line):
+    Optuna would append its own lines to it, and fail later with an assertion."""
+    if path.is_dir():
+        raise ConfigError(
+            f"study storage {path} is a directory; give a journal file such as "
+            f"{path / JOURNAL_NAME}"
+        )
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 20)
+    try:
+        ok = first.endswith(b"\n") and "op_code" in json.loads(first.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"study storage {path} is not an Optuna journal file (its first line is not a journal "
+            f"entry); give a new file, or the journal the study was started with"
+        )
+
+
+# Tables of every Optuna RDB storage; a SQLite file without them belongs to something else.
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
+
+
+def _check_rdb(url: str) -> None:
+    """One line, before Optuna opens the storage: a SQLite file that holds something
+    else (Optuna would add its tables to it), or a database server that does not
+    answer (Optuna would retry for minutes, with a warning each time)."""
+    fix = "omit --storage for the local journal file"
+    if is_sqlite(url):
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        reason = foreign_sqlite(Path(path), OPTUNA_TABLES, "an Optuna storage") if path else ""
+        if reason:
+            raise ConfigError(f"study storage {url}: {reason}; give a new file or {fix}")
+        return
+    reason = database_unreachable(url)
+    if reason:
+        raise ConfigError(
+            f"study storage {_shown(url)!r} cannot be reached ({reason}); "
+            f"start the database or fix the URL, or {fix}"
+        )
 
 
 def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBStorage:

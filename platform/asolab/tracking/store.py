@@ -1,8 +1,9 @@
 """Where runs are recorded: resolving the tracking URI, checking it, and the
 experiment and checkpoint plumbing shared by the tracker, the CLI and ``asolab ui``.
 
-The default store is MLflow's SQLite backend at ``<project>/mlruns/mlflow.db``
-with artifacts under ``<project>/mlruns/artifacts/``. ``tracking.tracking_uri``
+The default store is MLflow's SQLite backend at ``./mlruns/mlflow.db`` of the
+working directory (the project root when run from a checkout) with artifacts
+under ``./mlruns/artifacts/``. ``tracking.tracking_uri``
 in the experiment file, else ``MLFLOW_TRACKING_URI``, points elsewhere (another
 SQLite file, or a remote ``mlflow server``). This module imports mlflow only
 inside the functions that need it, so the CLI starts fast.
@@ -13,20 +14,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sqlite3
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import PROJECT_ROOT
-
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORE_DIR = PROJECT_ROOT / "mlruns"
 DB_NAME = "mlflow.db"
 ARTIFACTS_DIRNAME = "artifacts"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -36,9 +35,18 @@ class TrackingError(RuntimeError):
     """The tracking store cannot be used; one line naming the URI and the fix."""
 
 
+# Tables every MLflow SQLite store has; a database without them belongs to something else.
+MLFLOW_TABLES = frozenset({"experiments", "runs", "metrics", "params", "tags"})
+
+
+def default_store_dir() -> Path:
+    """``./mlruns`` of the working directory (the project root when run from a checkout)."""
+    return Path.cwd() / "mlruns"
+
+
 def default_tracking_uri() -> str:
-    """``sqlite:///<project>/mlruns/mlflow.db``."""
-    return f"sqlite:///{DEFAULT_STORE_DIR / DB_NAME}"
+    """``sqlite:///<working directory>/mlruns/mlflow.db``."""
+    return f"sqlite:///{default_store_dir() / DB_NAME}"
 
 
 def resolve_tracking_uri(config_uri: str = "") -> str:
@@ -86,6 +94,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
             raise TrackingError(f"tracking store {uri}: cannot create {db.parent} ({exc.strerror}); choose another tracking.tracking_uri") from None
         if not os.access(db.parent, os.W_OK):
             raise TrackingError(f"tracking store {uri}: {db.parent} is not writable; choose another tracking.tracking_uri")
+        check_sqlite_store(uri)
         _check_api(uri)
         return
     if uri.startswith("file:") or "://" not in uri:
@@ -93,7 +102,94 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
             f"tracking URI {uri!r} is MLflow's old file store, which MLflow 3 refuses; "
             f"use a SQLite store such as {default_tracking_uri()!r} or a tracking server"
         )
-    _check_api(uri)  # another database (postgresql://, mysql://, ...)
+    reason = database_unreachable(uri, timeout)  # another database (postgresql://, mysql://, ...)
+    if reason:
+        raise TrackingError(
+            f"tracking store {mask_password(uri)} cannot be reached ({reason}); start the database or "
+            "fix the URL in tracking.tracking_uri / MLFLOW_TRACKING_URI, or run with --no-track"
+        )
+    _check_api(uri)
+
+
+# Drivers whose connect() takes a timeout in seconds; without one a dead host waits minutes.
+_CONNECT_TIMEOUT_ARG = {"postgresql": "connect_timeout", "mysql": "connect_timeout"}
+
+
+def database_unreachable(url: str, timeout: float = 5.0) -> str:
+    """Why a SQLAlchemy database URL cannot be connected to, in one line ('' if it can).
+
+    One attempt with a short connect timeout: MLflow and Optuna retry a refused
+    connection for minutes, with a warning each time, before they give up.
+    """
+    import sqlalchemy
+
+    dialect = url.split(":", 1)[0].split("+", 1)[0]
+    arg = _CONNECT_TIMEOUT_ARG.get(dialect)
+    connect_args = {arg: max(1, int(timeout))} if arg else {}
+    try:
+        engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
+    except ModuleNotFoundError as exc:
+        return f"its database driver is not installed: No module named {exc.name!r}"
+    except Exception as exc:  # a malformed URL, an unknown dialect
+        return _first_line(exc)
+    try:
+        with engine.connect():
+            return ""
+    except Exception as exc:  # OperationalError and friends: refused, unknown host, bad password
+        return _first_line(getattr(exc, "orig", None) or exc)
+    finally:
+        engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def mask_password(url: str) -> str:
+    """A URL for messages: its password replaced by ***."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        cred, host = rest.rsplit("@", 1)
+        return f"{scheme}://{cred.split(':', 1)[0]}:***@{host}"
+    return url
+
+
+def check_sqlite_store(uri: str) -> None:
+    """Refuse a SQLite file that is not an MLflow store: not a database at all, or a
+    database with tables of its own, which MLflow would silently add its tables to."""
+    db = sqlite_path(uri)
+    reason = foreign_sqlite(db, MLFLOW_TABLES, "an MLflow store") if db is not None else ""
+    if reason:
+        raise TrackingError(
+            f"tracking store {uri}: {reason}; point tracking.tracking_uri (or --tracking-uri) "
+            "at an MLflow database or a new file"
+        )
+
+
+def foreign_sqlite(db: Path, own_tables: frozenset[str], what: str) -> str:
+    """Why the SQLite file ``db`` cannot become or be ``what`` ('' if it can): not a
+    database, or one with tables but not ``own_tables`` (another program's data).
+    A missing or empty file is fine: it becomes a new store."""
+    if db.is_dir():
+        return f"{db} is a directory, not a database file (such as {db / DB_NAME})"
+    if not db.is_file() or db.stat().st_size == 0:
+        return ""
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        return f"{db} is not an SQLite database ({exc})"
+    if tables and not own_tables <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        return (
+            f"{db} is a database of something else (tables: {shown}), not {what}; "
+            "asolab will not add tables to it"
+        )
+    return ""
 
 
 def _check_health(uri: str, timeout: float) -> None:

@@ -11,11 +11,12 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
 
-from .store import artifact_root, check_reachable, resolve_tracking_uri, sqlite_path
+from .store import TrackingError, artifact_root, check_reachable, resolve_tracking_uri, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,24 @@ def server_command(uri: str, host: str, port: int) -> list[str]:
     return cmd
 
 
+def check_port(host: str, port: int) -> None:
+    """One line, before the server starts, for a port out of range or already taken:
+    mlflow server would print a traceback from its worker and still exit with status 0."""
+    if not 1 <= port <= 65535:
+        raise TrackingError(f"--port {port} is not a TCP port; give one in 1-65535 (default 5000)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TrackingError(f"--host {host!r} is not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise TrackingError(f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port or --host") from None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     if sqlite_path(uri) is None:
@@ -49,6 +68,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         check_reachable(uri)
         print(f"runs are on the tracking server {uri}; open it in a browser")
         return 0
+    check_port(args.host, args.port)  # first: it costs nothing
     check_reachable(uri)
     # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
     proc = subprocess.Popen(server_command(uri, args.host, args.port), start_new_session=True)
@@ -59,12 +79,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, stop)
     print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
     try:
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         _stop_group(proc)
+    if code != 0:
+        raise TrackingError(f"mlflow server stopped with exit status {code} (its messages are above)")
+    return 0
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

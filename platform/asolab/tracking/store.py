@@ -248,13 +248,28 @@ def download_checkpoint(uri: str, run_id: str, dst: str | Path) -> Path | None:
     if CHECKPOINT_FILE not in names:
         return None
     try:
-        local = c.download_artifacts(run_id, f"{CHECKPOINT_DIR}/{CHECKPOINT_FILE}", str(dst))
+        local = _download(c, run_id, f"{CHECKPOINT_DIR}/{CHECKPOINT_FILE}", dst)
     except (MlflowException, OSError) as exc:
         raise TrackingError(
             f"the checkpoint of run {run_id} in {uri} cannot be fetched ({type(exc).__name__}); "
             "check the store's artifact folder, then resume again"
         ) from None
-    return Path(local)
+    return local
+
+
+def _download(c: MlflowClient, run_id: str, path: str, dst: str | Path) -> Path:
+    """One artifact, without MLflow's progress bar (the terminal shows asolab's own
+    output, and an error stays one line)."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        return Path(c.download_artifacts(run_id, path, str(dst)))
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def recorded_config(uri: str, run_id: str, dst: str | Path) -> dict[str, Any] | None:
@@ -270,7 +285,7 @@ def recorded_config(uri: str, run_id: str, dst: str | Path) -> dict[str, Any] | 
     if CONFIG_ARTIFACT not in [a.path for a in c.list_artifacts(run_id)]:
         return None
     try:
-        return json.loads(Path(c.download_artifacts(run_id, CONFIG_ARTIFACT, str(dst))).read_text())
+        return json.loads(_download(c, run_id, CONFIG_ARTIFACT, dst).read_text())
     except (MlflowException, OSError, ValueError):
         return None
 

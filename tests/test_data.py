@@ -30,7 +30,8 @@ def test_train_subset_limits_search_data_only():
 def test_a_validation_split_smaller_than_the_classes_is_refused_with_the_least_fraction():
     """An empty split would make every val_acc 0 (and alpha-training a no-op): refused,
     and the fraction the message suggests gives one example per class at least."""
-    with pytest.raises(DataError, match=r"data\.val_fraction = 0\.0001 holds out 0 .* at least 10") as info:
+    refused = r"data\.val_fraction = 0\.0001 holds out 0 .* at least 10"
+    with pytest.raises(DataError, match=refused) as info:
         load_data(config.DataConfig(val_fraction=0.0001), seed=0)
     least = float(str(info.value).rsplit(">= ", 1)[1])
     assert len(load_data(config.DataConfig(val_fraction=least), seed=0).val) >= 10

@@ -336,7 +336,8 @@ def test_checkpoint_at_a_position_its_run_never_reaches_is_refused(tiny_cfg, tmp
     with pytest.raises(_StopAt):
         Runner(tiny_cfg, [_Stopper(0, "alpha")], checkpoint_dir=tmp_path).run()
     Runner.resume(tmp_path / "checkpoint.pt")  # the untouched checkpoint restores
-    bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", lambda s: s["position"].update(position))
+    edit = lambda s: s["position"].update(position)  # noqa: E731
+    bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", edit)
     with pytest.raises(CheckpointError, match="position its run cannot reach") as info:
         Runner.resume(bad)
     assert "\n" not in str(info.value) and str(bad) in str(info.value)
@@ -352,7 +353,13 @@ def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
             p = runner.position
             assert epochs_done(p, runner.cfg.search) == (p.global_epoch, p.weight_epoch), event
 
-    overrides = {**TINY, "search.cycles": 1, "search.warmup_epochs": 1, "search.final_epochs": 2, "search.checkpoint_minutes": 0}
+    overrides = {
+        **TINY,
+        "search.cycles": 1,
+        "search.warmup_epochs": 1,
+        "search.final_epochs": 2,
+        "search.checkpoint_minutes": 0,
+    }
     check = Check()
     runner = Runner(config.load(None, overrides), [check], checkpoint_dir=tmp_path)
     runner.run()

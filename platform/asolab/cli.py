@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner.events import Recorder
 
     if args.resume is not None and not args.resume.strip():
-        raise ConfigError("--resume needs the id of the MLflow run to continue (it was given empty)")
+        raise ConfigError("--resume needs the id of the MLflow run to continue (it was empty)")
     cfg = load(args.file, args.overrides)
     recorder = Recorder()
     observers: list = [ProgressObserver(enabled=not args.quiet), recorder]
@@ -122,12 +122,12 @@ def _resumed_runner(uri: str, run_id: str, observers: list, workdir):
                     f"run {run_id} in {uri} stopped before it recorded its config or a checkpoint; "
                     "there is nothing to continue: start a new run"
                 )
-            log.warning("run %s has no checkpoint yet: it starts again from its first epoch", run_id)
+            log.warning("run %s has no checkpoint yet: it starts again from epoch 0", run_id)
             cfg = from_dict(data, source=f"the config recorded by run {run_id}")
             return Runner(cfg, observers, checkpoint_dir=workdir)
         label = f"the checkpoint of run {run_id} in {uri}"
         return Runner.resume(path, observers, checkpoint_dir=workdir, label=label)
-    except (CheckpointError, ConfigError) as exc:
+    except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
         mark_failed(uri, run_id, str(exc))
         raise
 

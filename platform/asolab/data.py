@@ -258,7 +258,7 @@ def _check_val_size(fraction: float, n_val: int, n: int, spec: DatasetSpec) -> N
     need = spec.num_classes
     if n_val >= need:
         return
-    least = math.ceil(need / n * 10_000) / 10_000  # 4 decimals, rounded up: round(least * n) >= need
+    least = math.ceil(need / n * 10_000) / 10_000  # 4 decimals, rounded up: n * least >= need
     raise DataError(
         f"data.val_fraction = {fraction:g} holds out {n_val} of the {n} training examples of "
         f"{spec.name} for validation, which needs at least {need} (one per class: alpha-training "

@@ -54,7 +54,8 @@ def load(path: str | Path, label: str | None = None) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
-            f"{what} has an unknown format; it was not written by this asolab version; start a new run"
+            f"{what} has an unknown format; it was not written by this asolab version; "
+            "start a new run"
         )
     return state
 

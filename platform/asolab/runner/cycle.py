@@ -120,7 +120,8 @@ def epochs_done(position: Position, search: Any) -> Optional[tuple[int, int]]:
     if p.cycle < s.cycles:
         if not 0 <= p.phase < len(PHASES) or p.stage_epoch != 0:
             return None
-        # (epochs, trains weights) of the phases before p.phase; the warm-up is part of cycle 0's w_train
+        # (epochs, trains weights) of the phases before p.phase; the warm-up is part
+        # of cycle 0's w_train
         before = [(s.w_epochs, 1), (s.alpha_epochs, 0), (0, 1)][: p.phase]
         warmup = s.warmup_epochs if (p.cycle, p.phase) != (0, 0) else 0
         done = warmup + p.cycle * cycle_epochs[0] + sum(e for e, _ in before)

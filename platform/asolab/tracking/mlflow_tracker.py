@@ -521,7 +521,10 @@ class MlflowTracker(Observer):
             if named:
                 return named[0]
         return self._c.create_logged_model(
-            self.experiment_id, name=L.MODEL_NAME, source_run_id=self.run_id, model_type="asolab-derived-network"
+            self.experiment_id,
+            name=L.MODEL_NAME,
+            source_run_id=self.run_id,
+            model_type="asolab-derived-network",
         )
 
     def _log_model(self, event: RunEnd, model: LoggedModel, step: int) -> None:

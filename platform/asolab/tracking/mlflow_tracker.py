@@ -11,7 +11,8 @@ drops anything at or below it, so a run killed at any point (SIGKILL included)
 and resumed has exactly one value per metric and step. The tracker keeps no
 memory across events that a restart would lose: what a cycle's mutation did
 arrives again with the cycle's end (``CycleEnd.mutation_edits`` and
-``CycleEnd.growth``, which the runner checkpoints).
+``CycleEnd.growth``, which the runner checkpoints). A run killed while its
+final model was being logged finishes that same logged model on resume.
 """
 
 from __future__ import annotations
@@ -517,7 +518,8 @@ class MlflowTracker(Observer):
             begun = self._c.search_logged_models(
                 [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'"
             )
-            named = [m for m in begun if m.name == L.MODEL_NAME]
+            # (one that holds the final metrics first, should an older version have left two)
+            named = sorted((m for m in begun if m.name == L.MODEL_NAME), key=lambda m: not m.metrics)
             if named:
                 return named[0]
         return self._c.create_logged_model(
@@ -527,9 +529,9 @@ class MlflowTracker(Observer):
             model_type="asolab-derived-network",
         )
 
-    def _log_model(self, event: RunEnd, model: LoggedModel, step: int) -> None:
-        model_id = model.model_id
-        if model.status == LoggedModelStatus.READY:
+    def _log_model(self, event: RunEnd, logged: LoggedModel, step: int) -> None:
+        model_id = logged.model_id
+        if logged.status == LoggedModelStatus.READY:
             # Logged completely before a kill: only the run's link and tag may be missing.
             self._link_model(model_id, f"models:/{model_id}", step)
             return

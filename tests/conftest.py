@@ -32,6 +32,24 @@ TINY = {
 }
 
 
+PROJECT_MLRUNS = config.PROJECT_ROOT / "mlruns"
+
+
+def _entries(folder):
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def project_store_untouched():
+    """Tests write only to temporary folders: a test that leaves anything new in the
+    project's own mlruns/ (MLflow's default artifact folder, relative to the working
+    directory, for an experiment created without an artifact location) fails."""
+    before = _entries(PROJECT_MLRUNS)
+    yield
+    new = sorted(_entries(PROJECT_MLRUNS) - before)
+    assert not new, f"the test wrote {new} into {PROJECT_MLRUNS}; write to a tmp_path store instead"
+
+
 @pytest.fixture
 def tiny_cfg() -> config.ExperimentConfig:
     return config.load(None, TINY)

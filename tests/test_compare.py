@@ -34,6 +34,7 @@ from asolab.space.genotype import Genotype, distance
 from asolab.tracking import layout
 from asolab.tracking.mlflow_tracker import MlflowTracker
 from layout_check import undeclared
+from asolab.tracking.store import artifact_root
 
 from conftest import TINY
 
@@ -91,6 +92,12 @@ def _genotype_run(client, exp_id, name, genotype=None, metrics=None, tags=None):
     return run_id
 
 
+def _create_experiment(client, uri, name):
+    """A new experiment whose artifacts go beside the store's database: without an
+    artifact location MLflow would put them in ./mlruns, the project's own folder."""
+    return client.create_experiment(name, artifact_location=(artifact_root(uri) / name).as_uri())
+
+
 @pytest.fixture
 def scratch_experiment(store):
     """A fresh experiment in the shared store, deleted afterwards so other tests never see its runs."""
@@ -99,7 +106,7 @@ def scratch_experiment(store):
     made = []
 
     def make(name):
-        made.append(client.create_experiment(name))
+        made.append(_create_experiment(client, uri, name))
         return made[-1]
 
     yield client, make
@@ -469,7 +476,7 @@ def test_study_selects_its_trial_runs_not_the_parent(store):
     """A study's parent run (no genotype) only groups trials: --study compares the trials."""
     uri, runs, _ = store
     client = MlflowClient(tracking_uri=uri)
-    exp_id = client.create_experiment("cmp-study")
+    exp_id = _create_experiment(client, uri, "cmp-study")
     try:
         parent = client.create_run(exp_id, run_name="study-parent", tags={layout.TAG_STUDY: "s1"})
         trials = []

@@ -27,6 +27,18 @@ def test_train_subset_limits_search_data_only():
     assert len(d.train) == 100 and len(d.full_train) > 1000
 
 
+def test_a_validation_split_smaller_than_the_classes_is_refused_with_the_least_fraction():
+    """An empty split would make every val_acc 0 (and alpha-training a no-op): refused,
+    and the fraction the message suggests gives one example per class at least."""
+    refused = r"data\.val_fraction = 0\.0001 holds out 0 .* at least 10"
+    with pytest.raises(DataError, match=refused) as info:
+        load_data(config.DataConfig(val_fraction=0.0001), seed=0)
+    least = float(str(info.value).rsplit(">= ", 1)[1])
+    assert len(load_data(config.DataConfig(val_fraction=least), seed=0).val) >= 10
+    with pytest.raises(DataError):
+        load_data(config.DataConfig(val_fraction=least * 0.6), seed=0)
+
+
 def test_translation_moves_pixels_and_zero_fills():
     x = torch.arange(1.0, 17.0).view(1, 1, 4, 4).repeat(2, 1, 1, 1)
     out = _translate(x, torch.tensor([[1, 0], [0, -1]]))

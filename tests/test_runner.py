@@ -10,11 +10,15 @@ import logging
 import pytest
 import torch
 
+from asolab import config
 from asolab.data import Batches, Split, load_data
 from asolab.progress import ProgressObserver
 from asolab.runner import Runner
+from asolab.runner.cycle import PHASES
 from asolab.runner.events import Recorder
 from asolab.space.network import DerivedNetwork
+
+from conftest import TINY
 
 
 def _snapshot(params):
@@ -313,6 +317,53 @@ def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_cfg, tmp_path
     with pytest.raises(CheckpointError, match="incomplete or from another asolab version") as info:
         Runner.resume(bad)
     assert "\n" not in str(info.value) and str(bad) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        pytest.param({"cycle": 99}, id="cycle-beyond-the-run"),
+        pytest.param({"global_epoch": -5}, id="negative-epoch"),
+        pytest.param({"phase": 7}, id="no-such-phase"),
+        pytest.param({"global_epoch": 1}, id="epoch-of-another-position"),
+        pytest.param({"stage_epoch": 1}, id="final-stage-epoch-inside-a-cycle"),
+    ],
+)
+def test_checkpoint_at_a_position_its_run_never_reaches_is_refused(tiny_cfg, tmp_path, position):
+    """Resuming there would skip or repeat epochs: the run would end with steps missing."""
+    from asolab.runner.checkpoint import CheckpointError
+
+    with pytest.raises(_StopAt):
+        Runner(tiny_cfg, [_Stopper(0, "alpha")], checkpoint_dir=tmp_path).run()
+    Runner.resume(tmp_path / "checkpoint.pt")  # the untouched checkpoint restores
+    edit = lambda s: s["position"].update(position)  # noqa: E731
+    bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", edit)
+    with pytest.raises(CheckpointError, match="position its run cannot reach") as info:
+        Runner.resume(bad)
+    assert "\n" not in str(info.value) and str(bad) in str(info.value)
+
+
+def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
+    """The position check accepts every checkpoint a real run writes (warm-up, final epochs)."""
+    from asolab.runner.cycle import epochs_done
+
+    class Check(Recorder):
+        def on_checkpoint(self, event):
+            super().on_checkpoint(event)
+            p = runner.position
+            assert epochs_done(p, runner.cfg.search) == (p.global_epoch, p.weight_epoch), event
+
+    overrides = {
+        **TINY,
+        "search.cycles": 1,
+        "search.warmup_epochs": 1,
+        "search.final_epochs": 2,
+        "search.checkpoint_minutes": 0,
+    }
+    check = Check()
+    runner = Runner(config.load(None, overrides), [check], checkpoint_dir=tmp_path)
+    runner.run()
+    assert [e.phase for e in check.of("checkpoint")] == [*PHASES, "final", "final"]
 
 
 def test_cuda_index_beyond_the_machines_devices_is_a_config_error():

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import mlflow.pytorch
@@ -35,6 +36,7 @@ from asolab.tracking import (
 )
 from asolab.tracking import layout as L
 from layout_check import undeclared
+from asolab.tracking.store import ensure_experiment
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
@@ -599,3 +601,202 @@ def test_layout_names_what_the_runner_reports(tracked):
     assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
     assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
     assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {L.WEIGHT_LR, L.ALPHA_LR}
+# The killed process for the kill tests below: `asolab run` that stops at a chosen
+# moment, creates a marker file, and waits to be killed. argv: the marker, the
+# moment, then asolab's arguments. The moment is "epoch:CYCLE:PHASE" (the first
+# epoch of that phase has ended, and everything the tracker had handed to its
+# writer is in the store; that epoch's metrics are still in its buffer) or the
+# name of an MlflowClient method (the moment it is called, which it never is).
+_FREEZE_AT = """
+import pathlib, sys, time
+from asolab.cli import main
+
+marker, where = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+def freeze(*args, **kwargs):
+    marker.touch()
+    time.sleep(600)
+
+if where.startswith("epoch:"):
+    from asolab.runner import Runner
+    from asolab.runner.events import Observer
+
+    _, cycle, phase = where.split(":")
+
+    class Freeze(Observer):
+        def __init__(self, runner):
+            self.runner = runner
+
+        def on_epoch_end(self, event):
+            if (event.cycle, event.phase) == (int(cycle), phase):
+                for obs in self.runner.observers:
+                    if hasattr(obs, "_writer"):
+                        obs._writer.drain()
+                freeze()
+
+    init = Runner.__init__
+
+    def with_freeze(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.observers.append(Freeze(self))
+
+    Runner.__init__ = with_freeze
+else:
+    from mlflow import MlflowClient
+
+    setattr(MlflowClient, where, freeze)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrides=TINY) -> str:
+    """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its run id."""
+    marker = tmp_path / "frozen"
+    args = ["run", "--quiet", "--experiment", experiment, *_set_args([*overrides, f"tracking.tracking_uri={store}"])]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FREEZE_AT, str(marker), where, *args],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not marker.exists():
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out = proc.communicate()[0].decode()
+    assert marker.exists(), f"the run never reached {where}:\n{out[-3000:]}"
+    client = MlflowClient(store)
+    (killed,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert killed.info.status == "RUNNING"  # SIGKILL leaves no chance to close it
+    return killed.info.run_id
+
+
+def _resume(run_id: str, store: str) -> int:
+    return main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"])
+
+
+def test_sigkill_before_the_first_checkpoint_then_resume_restarts_in_the_same_run(tracked, store, tmp_path):
+    """kill -9 in the first W-training phase, before any checkpoint: --resume starts the
+    run again inside the same MLflow run, which ends exactly like an uninterrupted one."""
+    run_id = _killed_run(store, tmp_path, "restart-test", "epoch:0:w_train")
+    client = MlflowClient(store)
+    assert client.list_artifacts(run_id, L.CHECKPOINT_DIR) == []
+    assert _resume(run_id, store) == 0
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[L.TAG_RESUMED] == "1"
+    assert run.data.tags[L.TAG_RESUMED_FROM].startswith("start")
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    reference = tracked["tracker"].run_id
+    assert _steps(client, run_id) == _steps(client, reference)
+    for key in ("val_acc", "train_loss", "cycle_val_acc", "test_acc"):
+        ref = [m.value for m in _history(client, reference, key)]
+        assert [m.value for m in _history(client, run_id, key)] == pytest.approx(ref), key
+    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
+
+
+def _run_models(client: MlflowClient, run: Any) -> list:
+    return list(client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"))
+
+
+def test_sigkill_while_the_final_model_is_logged_then_resume_leaves_one_ready_model(tracked, store, tmp_path):
+    """kill -9 while the final model's files are uploaded: after --resume the run has
+    exactly one logged model, READY, loadable, holding the run's final metrics."""
+    run_id = _killed_run(store, tmp_path, "model-kill-test", "log_model_artifacts")
+    client = MlflowClient(store)
+    (begun,) = _run_models(client, client.get_run(run_id))
+    assert begun.status == LoggedModelStatus.PENDING and "test_acc" in {m.key for m in begun.metrics or []}
+    assert _resume(run_id, store) == 0
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    (model,) = _run_models(client, run)
+    assert model.model_id == begun.model_id and model.status == LoggedModelStatus.READY
+    linked = {m.key: m.value for m in model.metrics or []}
+    assert linked["test_acc"] == run.data.metrics["test_acc"] == tracked["result"].test_acc
+    assert run.data.tags[L.TAG_MODEL_URI] == f"models:/{model.model_id}"
+    assert [o.model_id for o in run.outputs.model_outputs] == [model.model_id]
+    assert _steps(client, run_id) == _steps(client, tracked["tracker"].run_id)
+    mlflow.set_tracking_uri(store)
+    try:
+        loaded = mlflow.pytorch.load_model(run.data.tags[L.TAG_MODEL_URI])
+    finally:
+        mlflow.set_tracking_uri(None)
+    x = tracked["runner"].data.test.x[:4].cpu()
+    with torch.no_grad():
+        expected = extract(tracked["runner"].net, tracked["result"].genotype)(x)
+        assert torch.allclose(loaded(x), expected, atol=1e-5)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:"), err
+    return err
+
+
+def test_an_empty_resume_id_is_refused_and_starts_no_run(store, capsys):
+    client = MlflowClient(store)
+    before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    capsys.readouterr()  # MLflow's own lines when this test made the store
+    assert main(["run", "--quiet", "--resume", "", *_set_args([*TINY, f"tracking.tracking_uri={store}"])]) == 2
+    assert "--resume" in _one_error_line(capsys)
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == before
+
+
+def test_a_run_whose_checkpoint_is_corrupt_is_named_in_the_error_and_ends_failed(store, tmp_path, capsys):
+    """The error names the run (not the deleted download), offers no 'earlier checkpoint'
+    (none is kept), and the run no longer looks RUNNING."""
+    client = MlflowClient(store)
+    run_id = client.create_run(ensure_experiment(client, store, "broken-runs")).info.run_id
+    bad = tmp_path / "checkpoint.pt"
+    bad.write_bytes(b"not a checkpoint")
+    client.log_artifact(run_id, str(bad), L.CHECKPOINT_DIR)
+    capsys.readouterr()
+    assert _resume(run_id, store) == 2
+    err = _one_error_line(capsys)
+    assert f"run {run_id}" in err and "corrupt" in err and "start a new run" in err
+    assert "asolab-run-" not in err and "earlier" not in err
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and "corrupt" in run.data.tags[L.TAG_ERROR]
+
+
+def test_a_run_killed_before_it_recorded_its_config_ends_failed_on_resume(store, capsys):
+    client = MlflowClient(store)
+    run_id = client.create_run(ensure_experiment(client, store, "broken-runs")).info.run_id
+    capsys.readouterr()
+    assert _resume(run_id, store) == 2
+    assert "nothing to continue" in _one_error_line(capsys)
+    assert client.get_run(run_id).info.status == "FAILED"
+
+
+def test_too_small_a_validation_split_is_one_error_line(capsys):
+    assert main(["run", "--quiet", "--no-track", *_set_args([*TINY, "data.val_fraction=0.0001"])]) == 2
+    err = _one_error_line(capsys)
+    assert "data.val_fraction" in err and "at least 10" in err and "one per class" in err
+
+
+# Opens a new SQLite store at a given moment, as `asolab run` does first. argv: URI, start time.
+_OPEN_AT = """
+import sys, time
+from asolab.tracking.store import check_reachable
+
+uri, start = sys.argv[1], float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+check_reachable(uri)
+"""
+
+
+def test_runs_started_at_the_same_moment_on_a_new_store_both_open_it(tmp_path):
+    """MLflow creates a new SQLite store's tables without any lock between processes;
+    two (three) runs starting at once must not fail on each other's migrations."""
+    for attempt in range(2):
+        uri = f"sqlite:///{tmp_path / f'new{attempt}.db'}"
+        start = time.time() + 8  # after every process has imported mlflow
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _OPEN_AT, uri, str(start)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for _ in range(3)
+        ]
+        outs = [(p.wait(timeout=120), p.communicate()[0].decode()) for p in procs]
+        assert [rc for rc, _ in outs] == [0, 0, 0], "\n".join(out[-600:] for _, out in outs)
+        assert MlflowClient(uri).search_experiments()  # a usable store, fully migrated

@@ -53,11 +53,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import Runner
     from .runner.events import Recorder
 
+    if args.resume is not None and not args.resume.strip():
+        raise ConfigError("--resume needs the id of the MLflow run to continue (it was empty)")
     cfg = load(args.file, args.overrides)
     recorder = Recorder()
     observers: list = [ProgressObserver(enabled=not args.quiet), recorder]
     if not (cfg.tracking.enabled and not args.no_track):
-        if args.resume:
+        if args.resume is not None:
             raise ConfigError("--resume needs tracking (the checkpoint lives in the MLflow run); drop --no-track")
         Runner(cfg, observers).run()
         print(summary_table(recorder.of("run_end")[-1]))
@@ -74,7 +76,6 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     from .progress import summary_table
     from .runner import Runner
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
-    from .tracking.store import download_checkpoint
 
     # On --resume the file and --set only say where the run is (tracking.tracking_uri);
     # the run itself continues with the config stored in its checkpoint.
@@ -88,9 +89,8 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     workdir = Path(tempfile.mkdtemp(prefix="asolab-run-"))
     try:
         if args.resume:
-            path = download_checkpoint(uri, args.resume, workdir / "resume")
             forced = _forced_threads(args.overrides)
-            runner = Runner.resume(path, [*observers, tracker], checkpoint_dir=workdir, threads=forced)
+            runner = _resumed_runner(uri, args.resume, [*observers, tracker], workdir, forced)
         else:
             runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
         try:
@@ -104,6 +104,39 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
     print(f"browse it: {ui_command(uri)}   (run {tracker.run_id})")
     return 0
+
+
+def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: int = 0):
+    """The runner that continues ``run_id``: from its checkpoint, or, for a run stopped
+    before its first checkpoint, from the start with the config it recorded (the
+    same MLflow run; steps it already logged are not written twice).
+
+    A run that can never continue (its checkpoint is unreadable, or it stopped
+    before it recorded even its config) is ended FAILED with the reason, instead
+    of staying RUNNING for good, and the reason is the one-line error. ``threads``
+    forces a thread count (0 = the run's own).
+    """
+    from .config import from_dict
+    from .runner import Runner
+    from .tracking.store import download_checkpoint, mark_failed, recorded_config
+
+    path = download_checkpoint(uri, run_id, workdir / "resume")
+    try:
+        if path is None:
+            data = recorded_config(uri, run_id, workdir / "resume")
+            if data is None:
+                raise CheckpointError(
+                    f"run {run_id} in {uri} stopped before it recorded its config or a checkpoint; "
+                    "there is nothing to continue: start a new run"
+                )
+            log.warning("run %s has no checkpoint yet: it starts again from epoch 0", run_id)
+            cfg = from_dict(data, source=f"the config recorded by run {run_id}")
+            return Runner(cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir)
+        label = f"the checkpoint of run {run_id} in {uri}"
+        return Runner.resume(path, observers, checkpoint_dir=workdir, label=label, threads=threads)
+    except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
+        mark_failed(uri, run_id, str(exc))
+        raise
 
 
 def resume_command(file: str | None, run_id: str, uri: str) -> str:

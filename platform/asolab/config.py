@@ -102,7 +102,7 @@ class DataConfig:
     name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
     data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
-    val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection")
+    val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection; it must hold at least one example per class, else the run is refused with the least fraction that does")
     test_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share carved out as test split for data sets without one (digits)")
     split_seed: int = _field(0, ge=0, le=SEED_MAX, help="seed of the test carve-out; fixed so that all runs share one test split")
     train_subset: int = _field(0, ge=0, help="use at most this many training examples for search (0 = all)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -246,6 +247,25 @@ class Batches:
             yield x, y
 
 
+def _check_val_size(fraction: float, n_val: int, n: int, spec: DatasetSpec) -> None:
+    """Refuse a validation split smaller than the number of classes.
+
+    Alpha-training, the per-epoch val_acc, the choice of the final network and
+    every study objective are measured on it: an empty split makes them all 0,
+    and one with fewer examples than classes cannot hold an example of every
+    class, so the search would steer by a measurement blind to some classes.
+    """
+    need = spec.num_classes
+    if n_val >= need:
+        return
+    least = math.ceil(need / n * 10_000) / 10_000  # 4 decimals, rounded up: n * least >= need
+    raise DataError(
+        f"data.val_fraction = {fraction:g} holds out {n_val} of the {n} training examples of "
+        f"{spec.name} for validation, which needs at least {need} (one per class: alpha-training "
+        f"and selection are measured on it); use data.val_fraction >= {least:g}"
+    )
+
+
 def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
     """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from ``seed``)."""
     if cfg.name not in REGISTRY:
@@ -259,6 +279,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         xtr, ytr = xtr[perm[n_test:]], ytr[perm[n_test:]]
     perm = np.random.default_rng(seed).permutation(len(ytr))
     n_val = int(round(cfg.val_fraction * len(ytr)))
+    _check_val_size(cfg.val_fraction, n_val, len(ytr), spec)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
     mean = torch.tensor(spec.mean).view(1, -1, 1, 1)
     std = torch.tensor(spec.std).view(1, -1, 1, 1)

@@ -36,29 +36,35 @@ def save(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, label: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint; ``label`` names it in errors (default: ``checkpoint <path>``).
+
+    Only one checkpoint per run is kept (each replaces the last), so an unreadable
+    one leaves nothing earlier to fall back on: the errors say so."""
     path = Path(path)
+    what = label or f"checkpoint {path}"
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"{what} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for truncated/garbled files
         raise CheckpointError(
-            f"checkpoint {path} is corrupt or not an asolab checkpoint ({type(exc).__name__}); "
-            "resume from an earlier checkpoint or start a new run"
+            f"{what} is corrupt or not an asolab checkpoint ({type(exc).__name__}); "
+            "it is the only one kept, so the run cannot continue: start a new run"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
-            f"checkpoint {path} has an unknown format; it was not written by this asolab version; start a new run"
+            f"{what} has an unknown format; it was not written by this asolab version; "
+            "start a new run"
         )
     return state
 
 
 @contextmanager
-def restoring(path: str | Path) -> Iterator[None]:
+def restoring(path: str | Path, label: str | None = None) -> Iterator[None]:
     """Turn what restoring a readable but incomplete or mismatched checkpoint
     raises (a missing key, weights that do not fit the spec, ...) into a
-    one-line :class:`CheckpointError`."""
+    one-line :class:`CheckpointError` (``label`` names the checkpoint, as in :func:`load`)."""
     try:
         yield
     except CheckpointError:
@@ -66,9 +72,28 @@ def restoring(path: str | Path) -> Iterator[None]:
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         raise CheckpointError(
-            f"checkpoint {path} is incomplete or from another asolab version "
+            f"{label or f'checkpoint {path}'} is incomplete or from another asolab version "
             f"({type(exc).__name__}: {first}); start a new run"
         ) from None
+
+
+def check_position(position: Any, expected: tuple[int, int] | None, label: str) -> None:
+    """Refuse a checkpoint whose loop position cannot occur in its own run.
+
+    ``expected`` is ``(global_epoch, weight_epoch)`` that a run of the
+    checkpoint's config has done by ``position`` (None: no such position).
+    Resuming from anything else would skip or repeat epochs, and the run would
+    end with steps missing from its metrics.
+    """
+    if expected is None or (position.global_epoch, position.weight_epoch) != expected:
+        where = (
+            f"cycle {position.cycle}, phase {position.phase}, epoch {position.global_epoch}, "
+            f"weight epoch {position.weight_epoch}, final-stage epoch {position.stage_epoch}"
+        )
+        raise CheckpointError(
+            f"{label} holds a position its run cannot reach ({where}); it is damaged or edited; "
+            "start a new run"
+        )
 
 
 def rng_state() -> dict[str, Any]:

@@ -77,6 +77,33 @@ class Position:
     stage_epoch: int = 0  # final-stage epochs done (a checkpoint inside the final stage)
 
 
+def epochs_done(position: Position, search: Any) -> Optional[tuple[int, int]]:
+    """``(global_epoch, weight_epoch)`` that a run with ``search`` settings has done
+    when it is at ``position``; None if it never is there (a phase or cycle out of
+    range, a final-stage epoch outside the final stage)."""
+    s, p = search, position
+    cycle_epochs = (s.w_epochs + s.alpha_epochs + s.retrain_epochs, s.w_epochs + s.retrain_epochs)
+    if not 0 <= p.cycle <= s.cycles:
+        return None
+    if p.cycle < s.cycles:
+        if not 0 <= p.phase < len(PHASES) or p.stage_epoch != 0:
+            return None
+        # (epochs, trains weights) of the phases before p.phase; the warm-up is part
+        # of cycle 0's w_train
+        before = [(s.w_epochs, 1), (s.alpha_epochs, 0), (0, 1)][: p.phase]
+        warmup = s.warmup_epochs if (p.cycle, p.phase) != (0, 0) else 0
+        done = warmup + p.cycle * cycle_epochs[0] + sum(e for e, _ in before)
+        weights = warmup + p.cycle * cycle_epochs[1] + sum(e * w for e, w in before)
+        return done, weights
+    search_done = s.warmup_epochs + s.cycles * cycle_epochs[0]
+    weights_done = s.warmup_epochs + s.cycles * cycle_epochs[1]
+    if p.phase == FINAL_DONE and p.stage_epoch == 0:
+        return search_done + s.final_epochs, weights_done + s.final_epochs
+    if p.phase == 0 and 0 <= p.stage_epoch < max(1, s.final_epochs):
+        return search_done + p.stage_epoch, weights_done + p.stage_epoch
+    return None
+
+
 @dataclass
 class RunState:
     """What a run has done and found so far, beyond weights, optimizers and RNGs.
@@ -578,18 +605,24 @@ class Runner:
         checkpoint_dir: str | Path | None = None,
         data: Optional[DataBundle] = None,
         threads: int = 0,
+        label: Optional[str] = None,
     ) -> "Runner":
         """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
 
         The run continues with the thread count it started with (its config holds
         it), unless ``threads`` forces another one, which changes the numbers from
-        there on. A checkpoint that reads but lacks a part, or whose weights do not
-        fit its architecture spec, is a :class:`CheckpointError`, like a corrupt one.
+        there on. A checkpoint that reads but lacks a part, whose weights do not fit
+        its architecture spec, or whose position its run never reaches, is a
+        :class:`CheckpointError`, like a corrupt one. ``label`` names the checkpoint
+        in those errors (default: ``checkpoint <path>``).
         """
-        state = ckpt.load(path)
-        with ckpt.restoring(path):
-            cfg = from_dict(state["config"], source=f"checkpoint {path}")
+        label = label or f"checkpoint {path}"
+        state = ckpt.load(path, label)
+        with ckpt.restoring(path, label):
+            cfg = from_dict(state["config"], source=label)
             spec = ArchSpec.from_dict(state["spec"])
+            position = Position(**state["position"])
+        ckpt.check_position(position, epochs_done(position, cfg.search), label)
         source = "resumed" if cfg.threads else "auto"
         if threads and threads != cfg.threads:
             log.warning("resuming with %d threads instead of the run's %d: the run will not repeat exactly",
@@ -597,7 +630,7 @@ class Runner:
             cfg, source = cfg.replace(threads=threads), "set"
         runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=spec)
         runner.threads_source = source
-        with ckpt.restoring(path):
+        with ckpt.restoring(path, label):
             runner._restore(state)
         return runner
 

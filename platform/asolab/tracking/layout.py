@@ -130,8 +130,11 @@ def position_text(cycle: int, phase: str, stage_epoch: int = 0) -> str:
     return f"cycle {cycle} / after {phase}"
 
 
-def resumed_text(position: dict) -> str:
-    """The ``asolab.resumed_from`` tag for a runner's ``resumed_from`` position."""
+def resumed_text(position: dict | None) -> str:
+    """The ``asolab.resumed_from`` tag for a runner's ``resumed_from`` position
+    (None: the run had no checkpoint yet and started again from its first epoch)."""
+    if position is None:
+        return "start (stopped before its first checkpoint) (epoch 0)"
     nxt = position.get("next", "?")
     if nxt == "final" and position.get("stage_epoch"):
         return f"final stage / before epoch {position['stage_epoch'] + 1} (epoch {position.get('global_epoch')})"

@@ -11,7 +11,8 @@ drops anything at or below it, so a run killed at any point (SIGKILL included)
 and resumed has exactly one value per metric and step. The tracker keeps no
 memory across events that a restart would lose: what a cycle's mutation did
 arrives again with the cycle's end (``CycleEnd.mutation_edits`` and
-``CycleEnd.growth``, which the runner checkpoints).
+``CycleEnd.growth``, which the runner checkpoints). A run killed while its
+final model was being logged finishes that same logged model on resume.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from mlflow.entities import (
     Dataset,
     DatasetInput,
     InputTag,
+    LoggedModel,
     LoggedModelOutput,
     LoggedModelStatus,
     Metric,
@@ -67,7 +69,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
-from .store import ensure_experiment, resolve_tracking_uri, resumable_run, sqlite_path
+from .store import ensure_experiment, open_store, resolve_tracking_uri, resumable_run, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +302,7 @@ class MlflowTracker(Observer):
         with self._timed():
             cfg = event.config
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
+            open_store(self.tracking_uri)  # study workers starting at once on a new store
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             if self._write_mode == "auto":
                 self._writer.inline = sqlite_path(self.tracking_uri) is not None
@@ -378,8 +381,7 @@ class MlflowTracker(Observer):
         client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         resumed = int(run.data.tags.get(L.TAG_RESUMED, "0")) + 1
         self._tag(L.TAG_RESUMED, str(resumed))
-        if position:
-            self._tag(L.TAG_RESUMED_FROM, L.resumed_text(position))
+        self._tag(L.TAG_RESUMED_FROM, L.resumed_text(position or None))
         if L.TAG_ERROR in run.data.tags:
             client.delete_tag(run_id, L.TAG_ERROR)  # a resumed run is no longer failed
         log.info("resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max))
@@ -476,14 +478,13 @@ class MlflowTracker(Observer):
             # Memory under final_* names: with no final epochs the run ends on the last
             # cycle's step, where the per-cycle figures already hold that step.
             finals.update({L.FINAL_PREFIX + k: v for k, v in event.memory.items()})
-            model_id = None
+            model = None
             if self.log_models and event.supernet is not None:
                 # Created before the final metrics so that they are written linked to the model
                 # (the UI's Models tab shows them), instead of log_model's step= option, which
                 # reads back the whole history of every metric of the run.
-                model_id = self._c.create_logged_model(
-                    self.experiment_id, name=L.MODEL_NAME, source_run_id=self.run_id, model_type="asolab-derived-network"
-                ).model_id
+                model = self._final_model()
+            model_id = model.model_id if model is not None else None
             for k, v in finals.items():
                 self._metric(k, v, step, model_id=model_id)
             self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
@@ -491,18 +492,43 @@ class MlflowTracker(Observer):
             self._tag(L.TAG_GENOTYPE, str(g))
             self.flush()
             self._writer.drain()
-            if model_id is not None:
-                self._log_model(event, model_id, step)
+            if model is not None:
+                self._log_model(event, model, step)
             self._terminate("FINISHED")
 
-    def _log_model(self, event: RunEnd, model_id: str, step: int) -> None:
+    def _final_model(self) -> LoggedModel:
+        """The run's logged model for its final network: a new one, or, in a resumed run
+        killed while logging it, the one it began (it holds the final metrics already;
+        a second one would leave that one PENDING for good, beside a copy without them)."""
+        if self.resume_run_id:
+            begun = self._c.search_logged_models(
+                [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'"
+            )
+            # (one that holds the final metrics first, should an older version have left two)
+            named = sorted((m for m in begun if m.name == L.MODEL_NAME), key=lambda m: not m.metrics)
+            if named:
+                return named[0]
+        return self._c.create_logged_model(
+            self.experiment_id,
+            name=L.MODEL_NAME,
+            source_run_id=self.run_id,
+            model_type="asolab-derived-network",
+        )
+
+    def _log_model(self, event: RunEnd, logged: LoggedModel, step: int) -> None:
         """Save the final network in the mlflow.pytorch format into the logged model
-        ``model_id`` (created by on_run_end), with this tracker's client only.
+        ``logged`` (created or found by :meth:`_final_model`), with this tracker's client
+        only, and link the run to it.
 
         ``mlflow.pytorch.log_model`` would write through the process-wide tracking URI,
         which a library must not change; what it does for a logged model that already
         exists is: save the model with its metadata, upload the folder, mark it READY.
         """
+        model_id = logged.model_id
+        if logged.status == LoggedModelStatus.READY:
+            # Logged completely before a kill: only the run's link and tag may be missing.
+            self._link_model(model_id, f"models:/{model_id}", step)
+            return
         from ..space.network import extract
 
         model = extract(event.supernet, event.genotype)
@@ -530,8 +556,16 @@ class MlflowTracker(Observer):
         finally:
             quiet.setLevel(level)
         self._c.finalize_logged_model(model_id, LoggedModelStatus.READY)
-        self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
-        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, meta.get_model_info(logged).model_uri)
+        self._link_model(model_id, meta.get_model_info(logged).model_uri, step)
+
+    def _link_model(self, model_id: str, model_uri: str, step: int) -> None:
+        """The run's output link to its model (once, also across a resume) and its tag."""
+        linked = self.resume_run_id and any(
+            o.model_id == model_id for o in self._c.get_run(self.run_id).outputs.model_outputs
+        )
+        if not linked:
+            self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
+        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, model_uri)
 
     def on_run_interrupted(self, event: RunInterrupted) -> None:
         if self.run_id is None or self._closed:

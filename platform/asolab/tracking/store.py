@@ -213,9 +213,37 @@ def _check_api(uri: str) -> None:
     # on the user's terminal that is noise before asolab's own output (or error line).
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     try:
+        open_store(uri)
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as exc:  # the client raises MlflowException, SQLAlchemy's and requests' errors
         raise TrackingError(_api_failure(uri, exc)) from None
+
+
+_OPENED: set[str] = set()
+
+
+def open_store(uri: str) -> None:
+    """Let MLflow create (or migrate) a SQLite store's tables under a file lock,
+    once per process; other stores are left alone.
+
+    MLflow builds a new SQLite store's tables, and migrates an old one, on first
+    use with no lock between processes: two runs started at once on a new store
+    race through the same migrations, and one fails ("Online migration expected
+    to match one row", "table ... already exists") or both leave the schema half
+    migrated for good. The lock file lies beside the database. Every later client
+    of ``uri`` in this process reuses the store built here (MLflow caches stores
+    per URI).
+    """
+    db = sqlite_path(uri)
+    if db is None or uri in _OPENED:
+        return
+    from filelock import FileLock  # a dependency of torch; works on every platform
+    from mlflow import MlflowClient
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    _OPENED.add(uri)
 
 
 def _api_failure(uri: str, exc: Exception) -> str:
@@ -302,20 +330,68 @@ def resumable_run(mlflow_client: MlflowClient, uri: str, run_id: str) -> Any:
     return run
 
 
-def download_checkpoint(uri: str, run_id: str, dst: str | Path) -> Path:
-    """Fetch ``checkpoints/checkpoint.pt`` of ``run_id`` into ``dst``; TrackingError if
-    the run cannot be resumed (see :func:`resumable_run`) or has no checkpoint."""
+def download_checkpoint(uri: str, run_id: str, dst: str | Path) -> Path | None:
+    """Fetch ``checkpoints/checkpoint.pt`` of ``run_id`` into ``dst``; None if the run
+    has none yet (it stopped in its first phase); TrackingError if the run cannot be
+    resumed (see :func:`resumable_run`) or its checkpoint cannot be fetched."""
     from mlflow.exceptions import MlflowException
 
     from .layout import CHECKPOINT_DIR
 
     c = client(uri)
     resumable_run(c, uri, run_id)
+    names = [Path(a.path).name for a in c.list_artifacts(run_id, CHECKPOINT_DIR)]
+    if CHECKPOINT_FILE not in names:
+        return None
     try:
-        local = c.download_artifacts(run_id, f"{CHECKPOINT_DIR}/{CHECKPOINT_FILE}", str(dst))
-    except (MlflowException, OSError):
+        local = _download(c, run_id, f"{CHECKPOINT_DIR}/{CHECKPOINT_FILE}", dst)
+    except (MlflowException, OSError) as exc:
         raise TrackingError(
-            f"run {run_id!r} in {uri} has no {CHECKPOINT_DIR}/{CHECKPOINT_FILE} to resume from "
-            "(it stopped before its first phase ended); start a new run"
+            f"the checkpoint of run {run_id} in {uri} cannot be fetched ({type(exc).__name__}); "
+            "check the store's artifact folder, then resume again"
         ) from None
-    return Path(local)
+    return local
+
+
+def _download(c: MlflowClient, run_id: str, path: str, dst: str | Path) -> Path:
+    """One artifact, without MLflow's progress bar (the terminal shows asolab's own
+    output, and an error stays one line)."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        return Path(c.download_artifacts(run_id, path, str(dst)))
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def recorded_config(uri: str, run_id: str, dst: str | Path) -> dict[str, Any] | None:
+    """The config ``run_id`` recorded when it started (its ``config.json``), or None
+    if it was stopped before it recorded one."""
+    import json
+
+    from mlflow.exceptions import MlflowException
+
+    from .layout import CONFIG_ARTIFACT
+
+    c = client(uri)
+    if CONFIG_ARTIFACT not in [a.path for a in c.list_artifacts(run_id)]:
+        return None
+    try:
+        return json.loads(_download(c, run_id, CONFIG_ARTIFACT, dst).read_text())
+    except (MlflowException, OSError, ValueError):
+        return None
+
+
+def mark_failed(uri: str, run_id: str, reason: str) -> None:
+    """End ``run_id`` FAILED with ``reason`` in its ``asolab.error`` tag: a run that
+    cannot be resumed must not look RUNNING for good. Nothing it recorded is removed,
+    and a FAILED run can still be resumed once the reason is gone."""
+    from .layout import TAG_ERROR
+
+    c = client(uri)
+    c.set_tag(run_id, TAG_ERROR, reason[:8000])
+    c.set_terminated(run_id, "FAILED")

@@ -350,7 +350,7 @@ def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
     class Check(Recorder):
         def on_checkpoint(self, event):
             super().on_checkpoint(event)
-            p = runner.position
+            p = runner.state.position
             assert epochs_done(p, runner.cfg.search) == (p.global_epoch, p.weight_epoch), event
 
     overrides = {
@@ -363,7 +363,7 @@ def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
     check = Check()
     runner = Runner(config.load(None, overrides), [check], checkpoint_dir=tmp_path)
     runner.run()
-    assert [e.phase for e in check.of("checkpoint")] == [*PHASES, "final", "final"]
+    assert [e.phase for e in check.of("checkpoint")] == [*(p.name for p in PHASES), "final", "final"]
 
 
 def test_cuda_index_beyond_the_machines_devices_is_a_config_error():

@@ -1,4 +1,4 @@
-"""Command line: ``asolab run | study | compare | ui``.
+"""Command line: ``asolab run | study | compare | ui | baseline | rank``.
 
 Every known failure (bad config, missing data set, corrupt checkpoint,
 unreachable tracking server, a diverging loss) ends with one line on stderr,
@@ -13,6 +13,7 @@ import shlex
 import sys
 from typing import Callable, Sequence
 
+from .baseline.cli import add_baseline as _add_baseline, add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
 from .study.cli import add_parser as _add_study
 from .config import ConfigError, load
@@ -127,7 +128,9 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
     add_ui(sub)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare, _add_ui, _add_study]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_run, _add_compare, _add_ui, _add_study, _add_baseline, _add_rank,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

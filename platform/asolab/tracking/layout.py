@@ -100,3 +100,25 @@ def resumed_text(position: dict) -> str:
     if nxt in ("final", "evaluation"):
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
+
+# ---------------------------------------------------------------- control arms (asolab baseline)
+# Every run of a baseline set is tagged with its arm ("aso-se" for the search itself; the
+# control arms are asolab.baseline.ARMS), the ASO-SE run of the same seed it controls for,
+# and the ASO-SE run the set was asked for (the source run tags itself).
+TAG_ARM = "asolab.arm"
+TAG_CONTROLS = "asolab.controls"
+TAG_BASELINE_OF = "asolab.baseline_of"
+ARM_ASO_SE = "aso-se"
+
+# ---------------------------------------------------------------- ranking diagnostic (asolab rank)
+# Metrics of the run whose supernet is ranked (step 0): Kendall's tau and Spearman's rho
+# between one-shot (supernet) and stand-alone validation accuracy, over the genotypes
+# sampled from the final alphas, over the random ones, and over both together.
+RANKING_METRICS = (
+    "ranking_kendall_tau", "ranking_spearman_rho",
+    "ranking_kendall_tau_random", "ranking_spearman_rho_random",
+    "ranking_kendall_tau_all", "ranking_spearman_rho_all", "ranking_genotypes",
+)
+RANKING_DIR = "ranking"
+RANKING_PAIRS_ARTIFACT = f"{RANKING_DIR}/pairs.json"  # one record per genotype: source, genotype, both accuracies
+RANKING_PLOT_ARTIFACT = f"{RANKING_DIR}/scatter.png"

@@ -1,0 +1,192 @@
+"""Control arms of recorded ASO-SE runs, as ordinary tracked runs.
+
+For a source run and a list of seeds, every seed gets an ASO-SE run (the
+source itself for its own seed, a new run of the source's config otherwise)
+and one run per control arm (:mod:`asolab.baseline.arms`) with the same
+config, seed and weight-training budget. Every run of the set is tagged with
+its arm, the ASO-SE run of its seed that it controls for, and the source run
+(names in :mod:`asolab.tracking.layout`), in the source run's MLflow
+experiment. A set that was interrupted goes on where it stopped: runs already
+FINISHED in the set are not trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+from mlflow.entities import Run, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from ..config import ConfigError, ExperimentConfig, from_dict
+from ..data import load_data
+from ..runner import Runner
+from ..runner.cycle import resolve_device
+from ..runner.events import Observer
+from ..space.genotype import Genotype
+from ..tracking import layout as L
+from .arms import ARMS, arm_runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SetRun:
+    """One finished run of a baseline set."""
+
+    arm: str
+    seed: int
+    run_id: str
+    val_acc: float
+    test_acc: float  # reported, never used for selection
+    params: int
+    trained: bool  # False: found FINISHED from an earlier invocation
+
+
+@dataclass(frozen=True)
+class Source:
+    """A recorded ASO-SE run: its config, final genotype and size."""
+
+    run: Run
+    experiment: str
+    cfg: ExperimentConfig
+    genotype: Genotype
+    params: int
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    @property
+    def name(self) -> str:
+        return self.run.info.run_name or self.run_id[:8]
+
+
+def _artifact_text(client: MlflowClient, run_id: str, path: str) -> Optional[str]:
+    from ..compare.select import _read_artifact
+
+    return _read_artifact(client, run_id, path)
+
+
+def _get_run(client: MlflowClient, run_id: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError(f"run {run_id!r} not found in the tracking store; give the run id that "
+                          "'asolab run' printed (and --tracking-uri if it is not the default store)") from None
+
+
+def load_source(client: MlflowClient, run_id: str) -> Source:
+    """The ASO-SE run ``run_id``, checked to be a finished search (not a control arm)."""
+    from ..compare.select import final_genotype
+
+    run = _get_run(client, run_id)
+    arm = run.data.tags.get(L.TAG_ARM, L.ARM_ASO_SE)
+    if arm != L.ARM_ASO_SE:
+        raise ConfigError(f"run {run_id} is the {arm!r} control arm of run "
+                          f"{run.data.tags.get(L.TAG_BASELINE_OF, '?')}; give an ASO-SE run")
+    if run.info.status != "FINISHED":
+        raise ConfigError(f"run {run_id} is {run.info.status}; its control arms need a finished ASO-SE run "
+                          "(continue it with 'asolab run --resume' first)")
+    text = _artifact_text(client, run_id, L.CONFIG_ARTIFACT)
+    if text is None:
+        raise ConfigError(f"run {run_id} has no {L.CONFIG_ARTIFACT} artifact: it was not recorded by 'asolab run'")
+    cfg = from_dict(json.loads(text), source=f"run {run_id} {L.CONFIG_ARTIFACT}")
+    try:
+        genotype = final_genotype(client, run)
+    except ValueError as exc:
+        raise ConfigError(f"run {run_id}: {exc}") from None
+    params = run.data.metrics.get("final_params")
+    if params is None:
+        raise ConfigError(f"run {run_id} has no final_params metric: it was not recorded by 'asolab run'")
+    experiment = client.get_experiment(run.info.experiment_id).name
+    return Source(run, experiment, cfg, genotype, int(params))
+
+
+def set_runs(client: MlflowClient, source: Source) -> dict[tuple[str, int], Run]:
+    """The FINISHED runs of ``source``'s set, by (arm, seed); the source included."""
+    found = client.search_runs(
+        [source.run.info.experiment_id], filter_string=f"tags.`{L.TAG_BASELINE_OF}` = '{source.run_id}'",
+        run_view_type=ViewType.ACTIVE_ONLY, max_results=5000,
+    )
+    out = {(L.ARM_ASO_SE, source.cfg.seed): source.run}
+    for r in found:
+        if r.info.status == "FINISHED" and L.TAG_ARM in r.data.tags:
+            out.setdefault((r.data.tags[L.TAG_ARM], int(float(r.data.params.get("seed", -1)))), r)
+    return out
+
+
+def _finished(arm: str, seed: int, run: Run) -> SetRun:
+    m = run.data.metrics
+    return SetRun(arm, seed, run.info.run_id, m.get("final_val_acc", float("nan")),
+                  m.get("test_acc", float("nan")), int(m.get("final_params", 0)), trained=False)
+
+
+def run_set(
+    tracking_uri: str,
+    run_id: str,
+    arms: Sequence[str] = ARMS,
+    seeds: Optional[Sequence[int]] = None,
+    *,
+    overrides: Optional[dict] = None,
+    observers: Callable[[], Iterable[Observer]] = tuple,
+    on_done: Callable[[SetRun], None] = lambda r: None,
+) -> list[SetRun]:
+    """Train (or find) the ASO-SE run and every control arm of each seed for source ``run_id``.
+
+    ``overrides`` change how the runs execute, not what they compute (threads,
+    device); ``observers`` makes fresh observers (progress bars) for each run.
+    """
+    from ..tracking import MlflowTracker
+
+    if unknown := [a for a in arms if a not in ARMS]:
+        raise ConfigError(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    source = load_source(client, run_id)
+    # The source joins its own set, so that one tag selects the whole comparison.
+    client.set_tag(source.run_id, L.TAG_ARM, L.ARM_ASO_SE)
+    client.set_tag(source.run_id, L.TAG_BASELINE_OF, source.run_id)
+    done = set_runs(client, source)
+    seeds = list(seeds) if seeds else [source.cfg.seed]
+    results: list[SetRun] = []
+
+    def record(r: SetRun) -> None:
+        results.append(r)
+        on_done(r)
+
+    for seed in seeds:
+        cfg = source.cfg.replace(seed=seed, **(overrides or {}))
+        data = load_data(cfg.data, seed, resolve_device(cfg.device))
+
+        def tracker(arm: str, controls: Optional[str]) -> MlflowTracker:
+            tags = {L.TAG_ARM: arm, L.TAG_BASELINE_OF: source.run_id, **({L.TAG_CONTROLS: controls} if controls else {})}
+            return MlflowTracker(tracking_uri=tracking_uri, experiment=source.experiment, tags=tags,
+                                 run_name=f"{source.name}-{arm}-seed{seed}", log_models=cfg.tracking.log_models)
+
+        if (L.ARM_ASO_SE, seed) in done:
+            aso = done[(L.ARM_ASO_SE, seed)]
+            found = source.genotype if aso is source.run else _genotype_of(client, aso)
+            record(_finished(L.ARM_ASO_SE, seed, aso))
+        else:
+            t = tracker(L.ARM_ASO_SE, None)
+            res = Runner(cfg, [*observers(), t], data=data).run()
+            found = res.genotype
+            record(SetRun(L.ARM_ASO_SE, seed, t.run_id or "", res.val_acc, res.test_acc, res.derived_params, True))
+        aso_id, aso_params = results[-1].run_id, results[-1].params
+        for arm in arms:
+            if (arm, seed) in done:
+                record(_finished(arm, seed, done[(arm, seed)]))
+                continue
+            t = tracker(arm, aso_id)
+            res = arm_runner(arm, cfg, found, aso_params, [*observers(), t], data=data).run()
+            record(SetRun(arm, seed, t.run_id or "", res.val_acc, res.test_acc, res.derived_params, True))
+    return results
+
+
+def _genotype_of(client: MlflowClient, run: Run) -> Genotype:
+    from ..compare.select import final_genotype
+
+    return final_genotype(client, run)

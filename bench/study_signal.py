@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from _common import machine, table
 from asolab.runner import Runner
 from asolab.study.config import load_study

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Optional
+from typing import Any
 
 from ..config import ExperimentConfig
 from ..runner import Runner
@@ -37,7 +37,7 @@ class FixedGenotypeRunner(Runner):
     path instead of sampled ones, alpha-training and mutation do nothing. The
     epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
 
-    def __init__(self, cfg: ExperimentConfig, observers=(), *, genotype: Optional[Genotype] = None,
+    def __init__(self, cfg: ExperimentConfig, observers=(), *, genotype: Genotype | None = None,
                  **kwargs: Any) -> None:
         super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
         self.genotype = self.derived = genotype if genotype is not None else self.net.derive()
@@ -73,7 +73,7 @@ def matched_random(runner: Runner, target: int, seed: int, tolerance: float = PA
                    tries: int = 5000) -> tuple[Genotype, int]:
     """A random genotype whose derived parameter count is within ``tolerance`` of ``target``."""
     rng = random.Random(1000 + seed)
-    best: Optional[tuple[float, Genotype, int]] = None
+    best: tuple[float, Genotype, int] | None = None
     for _ in range(tries):
         g = random_genotype(rng, runner.spec.primitives, runner.spec.steps)
         n = runner.net.count_derived(g)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -115,4 +116,4 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 def _fig(v: float) -> str:
     """A correlation, or why there is none (one genotype, or all accuracies tied)."""
-    return "n/a (ties)" if v != v else f"{v:+.3f}"
+    return "n/a (ties)" if math.isnan(v) else f"{v:+.3f}"

@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -145,7 +145,7 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     return out
 
 
-def scatter_png(pairs: list[dict], title: str) -> Optional[bytes]:
+def scatter_png(pairs: list[dict], title: str) -> bytes | None:
     """One-shot against stand-alone validation accuracy, one colour per source."""
     if not pairs:
         return None
@@ -173,8 +173,8 @@ def scatter_png(pairs: list[dict], title: str) -> Optional[bytes]:
     return buf.getvalue()
 
 
-def rank_run(tracking_uri: str, run_id: str, samples: int = 8, epochs: int = 2, seed: Optional[int] = None,
-             overrides: Optional[dict] = None, data: Optional[DataBundle] = None,
+def rank_run(tracking_uri: str, run_id: str, samples: int = 8, epochs: int = 2, seed: int | None = None,
+             overrides: dict | None = None, data: DataBundle | None = None,
              on_pair: Callable[[Pair], None] = lambda p: None) -> dict[str, float]:
     """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts in the run."""
     import json

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
 
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
@@ -65,7 +65,7 @@ class Source:
         return self.run.info.run_name or self.run_id[:8]
 
 
-def _artifact_text(client: MlflowClient, run_id: str, path: str) -> Optional[str]:
+def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
     from ..compare.select import _read_artifact
 
     return _read_artifact(client, run_id, path)
@@ -129,9 +129,9 @@ def run_set(
     tracking_uri: str,
     run_id: str,
     arms: Sequence[str] = ARMS,
-    seeds: Optional[Sequence[int]] = None,
+    seeds: Sequence[int] | None = None,
     *,
-    overrides: Optional[dict] = None,
+    overrides: dict | None = None,
     observers: Callable[[], Iterable[Observer]] = tuple,
     on_done: Callable[[SetRun], None] = lambda r: None,
 ) -> list[SetRun]:
@@ -140,8 +140,6 @@ def run_set(
     ``overrides`` change how the runs execute, not what they compute (threads,
     device); ``observers`` makes fresh observers (progress bars) for each run.
     """
-    from ..tracking import MlflowTracker
-
     if unknown := [a for a in arms if a not in ARMS]:
         raise ConfigError(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -161,10 +159,8 @@ def run_set(
         cfg = source.cfg.replace(seed=seed, **(overrides or {}))
         data = load_data(cfg.data, seed, resolve_device(cfg.device))
 
-        def tracker(arm: str, controls: Optional[str]) -> MlflowTracker:
-            tags = {L.TAG_ARM: arm, L.TAG_BASELINE_OF: source.run_id, **({L.TAG_CONTROLS: controls} if controls else {})}
-            return MlflowTracker(tracking_uri=tracking_uri, experiment=source.experiment, tags=tags,
-                                 run_name=f"{source.name}-{arm}-seed{seed}", log_models=cfg.tracking.log_models)
+        def tracker(arm: str, controls: str | None, seed: int = seed, cfg: ExperimentConfig = cfg):
+            return _tracker(tracking_uri, source, cfg, seed, arm, controls)
 
         if (L.ARM_ASO_SE, seed) in done:
             aso = done[(L.ARM_ASO_SE, seed)]
@@ -184,6 +180,15 @@ def run_set(
             res = arm_runner(arm, cfg, found, aso_params, [*observers(), t], data=data).run()
             record(SetRun(arm, seed, t.run_id or "", res.val_acc, res.test_acc, res.derived_params, True))
     return results
+
+
+def _tracker(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None):
+    """The MLflow observer of one run of ``source``'s set, tagged with its arm."""
+    from ..tracking import MlflowTracker
+
+    tags = {L.TAG_ARM: arm, L.TAG_BASELINE_OF: source.run_id, **({L.TAG_CONTROLS: controls} if controls else {})}
+    return MlflowTracker(tracking_uri=uri, experiment=source.experiment, tags=tags,
+                         run_name=f"{source.name}-{arm}-seed{seed}", log_models=cfg.tracking.log_models)
 
 
 def _genotype_of(client: MlflowClient, run: Run) -> Genotype:

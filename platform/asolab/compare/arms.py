@@ -11,7 +11,7 @@ reported here, never used to choose anything.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -106,7 +106,7 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def arm_view(records: Sequence[RunRecord]) -> Optional[pd.DataFrame]:
+def arm_view(records: Sequence[RunRecord]) -> pd.DataFrame | None:
     """The arm summary of ``records``, or None when no run has an arm."""
     if not has_arms(records):
         return None

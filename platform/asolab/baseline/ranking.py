@@ -101,6 +101,16 @@ def standalone_config(cfg: ExperimentConfig, epochs: int) -> ExperimentConfig:
     })
 
 
+def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBundle) -> float:
+    """Train ``genotype`` from scratch by ``cfg``'s cycles (no final stage) and return its
+    validation accuracy; the test split is not even evaluated."""
+    runner = FixedGenotypeRunner(cfg, genotype=genotype, data=data)
+    while runner.position.cycle < runner.cfg.search.cycles:
+        runner._next_phase()
+    assert runner.genotype is not None
+    return runner.evaluate(runner.data.val, runner.genotype)[1]
+
+
 def measure(runner: Runner, samples: int, epochs: int, seed: int,
             on_pair: Callable[[Pair], None] = lambda p: None) -> list[Pair]:
     """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples`` random ones."""
@@ -121,7 +131,7 @@ def measure(runner: Runner, samples: int, epochs: int, seed: int,
     pairs = []
     for src, gs in drawn.items():
         for g in gs:
-            alone = FixedGenotypeRunner(cfg, genotype=g, data=runner.data).run().val_acc
+            alone = standalone_val_acc(cfg, g, runner.data)
             pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], alone)
             pairs.append(pair)
             on_pair(pair)

@@ -12,10 +12,13 @@ FINISHED in the set are not trained again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
@@ -24,11 +27,11 @@ from mlflow.tracking import MlflowClient
 from ..config import ConfigError, ExperimentConfig, from_dict
 from ..data import load_data
 from ..runner import Runner
-from ..runner.cycle import resolve_device
+from ..runner.cycle import RunResult, resolve_device
 from ..runner.events import Observer
 from ..space.genotype import Genotype
 from ..tracking import layout as L
-from .arms import ARMS, arm_runner
+from .arms import ARMS, FixedGenotypeRunner, arm_runner
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +109,21 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
     return Source(run, experiment, cfg, genotype, int(params))
 
 
-def set_runs(client: MlflowClient, source: Source) -> dict[tuple[str, int], Run]:
-    """The FINISHED runs of ``source``'s set, by (arm, seed); the source included."""
+def set_runs(client: MlflowClient, source: Source) -> tuple[dict[tuple[str, int], Run], dict[tuple[str, int], Run]]:
+    """The runs of ``source``'s set by (arm, seed): the FINISHED ones (the source
+    included), and the latest unfinished one of each (arm, seed) not finished."""
     found = client.search_runs(
         [source.run.info.experiment_id], filter_string=f"tags.`{L.TAG_BASELINE_OF}` = '{source.run_id}'",
-        run_view_type=ViewType.ACTIVE_ONLY, max_results=5000,
+        run_view_type=ViewType.ACTIVE_ONLY, max_results=5000, order_by=["attributes.start_time DESC"],
     )
-    out = {(L.ARM_ASO_SE, source.cfg.seed): source.run}
+    done = {(L.ARM_ASO_SE, source.cfg.seed): source.run}
+    unfinished: dict[tuple[str, int], Run] = {}
     for r in found:
-        if r.info.status == "FINISHED" and L.TAG_ARM in r.data.tags:
-            out.setdefault((r.data.tags[L.TAG_ARM], int(float(r.data.params.get("seed", -1)))), r)
-    return out
+        if L.TAG_ARM not in r.data.tags:
+            continue
+        key = (r.data.tags[L.TAG_ARM], int(float(r.data.params.get("seed", -1))))
+        (done if r.info.status == "FINISHED" else unfinished).setdefault(key, r)
+    return done, {k: r for k, r in unfinished.items() if k not in done}
 
 
 def _finished(arm: str, seed: int, run: Run) -> SetRun:
@@ -147,39 +154,77 @@ def run_set(
     # The source joins its own set, so that one tag selects the whole comparison.
     client.set_tag(source.run_id, L.TAG_ARM, L.ARM_ASO_SE)
     client.set_tag(source.run_id, L.TAG_BASELINE_OF, source.run_id)
-    done = set_runs(client, source)
+    done, unfinished = set_runs(client, source)
     seeds = list(seeds) if seeds else [source.cfg.seed]
     results: list[SetRun] = []
-
-    def record(r: SetRun) -> None:
-        results.append(r)
-        on_done(r)
-
     for seed in seeds:
-        cfg = source.cfg.replace(seed=seed, **(overrides or {}))
-        data = load_data(cfg.data, seed, resolve_device(cfg.device))
-
-        def tracker(arm: str, controls: str | None, seed: int = seed, cfg: ExperimentConfig = cfg):
-            return _tracker(tracking_uri, source, cfg, seed, arm, controls)
-
-        if (L.ARM_ASO_SE, seed) in done:
-            aso = done[(L.ARM_ASO_SE, seed)]
-            found = source.genotype if aso is source.run else _genotype_of(client, aso)
-            record(_finished(L.ARM_ASO_SE, seed, aso))
-        else:
-            t = tracker(L.ARM_ASO_SE, None)
-            res = Runner(cfg, [*observers(), t], data=data).run()
-            found = res.genotype
-            record(SetRun(L.ARM_ASO_SE, seed, t.run_id or "", res.val_acc, res.test_acc, res.derived_params, True))
-        aso_id, aso_params = results[-1].run_id, results[-1].params
-        for arm in arms:
-            if (arm, seed) in done:
-                record(_finished(arm, seed, done[(arm, seed)]))
-                continue
-            t = tracker(arm, aso_id)
-            res = arm_runner(arm, cfg, found, aso_params, [*observers(), t], data=data).run()
-            record(SetRun(arm, seed, t.run_id or "", res.val_acc, res.test_acc, res.derived_params, True))
+        results += _run_seed(tracking_uri, client, source, seed, arms, done, unfinished,
+                             overrides or {}, observers, on_done)
     return results
+
+
+def _run_seed(uri: str, client: MlflowClient, source: Source, seed: int, arms: Sequence[str],
+              done: dict, unfinished: dict, overrides: dict, observers: Callable[[], Iterable[Observer]],
+              on_done: Callable[[SetRun], None]) -> list[SetRun]:
+    """The ASO-SE run of ``seed`` (found or trained), then each control arm of it."""
+    cfg = source.cfg.replace(seed=seed, **overrides)
+    data = load_data(cfg.data, seed, resolve_device(cfg.device))
+    out: list[SetRun] = []
+
+    def train(arm: str, controls: str | None, make: Callable[..., Runner], kind: type[Runner]) -> RunResult:
+        res, rid = _train(uri, source, cfg, seed, arm, controls, make, kind, unfinished.get((arm, seed)), observers)
+        out.append(SetRun(arm, seed, rid, res.val_acc, res.test_acc, res.derived_params, True))
+        on_done(out[-1])
+        return res
+
+    def found_earlier(arm: str) -> None:
+        out.append(_finished(arm, seed, done[(arm, seed)]))
+        on_done(out[-1])
+
+    if (L.ARM_ASO_SE, seed) in done:
+        aso = done[(L.ARM_ASO_SE, seed)]
+        found = source.genotype if aso is source.run else _genotype_of(client, aso)
+        found_earlier(L.ARM_ASO_SE)
+    else:
+        found = train(L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner).genotype
+    aso_id, aso_params = out[0].run_id, out[0].params
+    for arm in arms:
+        if (arm, seed) in done:
+            found_earlier(arm)
+        else:
+            make = functools.partial(_arm_runner, arm, cfg, found, aso_params, data)
+            train(arm, aso_id, make, FixedGenotypeRunner)
+    return out
+
+
+def _arm_runner(arm: str, cfg: ExperimentConfig, found: Genotype, params: int, data, observers, **kw):
+    return arm_runner(arm, cfg, found, params, observers, data=data, **kw)
+
+
+def _train(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None,
+           make: Callable[..., Runner], kind: type[Runner], prior: Run | None,
+           observers: Callable[[], Iterable[Observer]]) -> tuple[RunResult, str]:
+    """Train one run of the set, checkpointed into its MLflow run after every phase;
+    an unfinished earlier run of the same arm and seed (``prior``) resumes from its
+    checkpoint, like ``asolab run --resume``."""
+    from ..tracking import MlflowTracker
+    from ..tracking.store import TrackingError, download_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="asolab-baseline-") as work:
+        path = None
+        if prior is not None:
+            try:
+                path = download_checkpoint(uri, prior.info.run_id, Path(work) / "resume")
+            except TrackingError:  # killed before its first checkpoint: start it again
+                log.info("run %s has no checkpoint; %s seed %d starts again", prior.info.run_id, arm, seed)
+        if prior is not None and path is not None:
+            t = MlflowTracker(tracking_uri=uri, resume_run_id=prior.info.run_id, log_models=cfg.tracking.log_models)
+            runner = kind.resume(path, [*observers(), t], checkpoint_dir=work, data=None)
+        else:
+            t = _tracker(uri, source, cfg, seed, arm, controls)
+            runner = make([*observers(), t], checkpoint_dir=work)
+        res = runner.run()
+    return res, t.run_id or ""
 
 
 def _tracker(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None):

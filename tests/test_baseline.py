@@ -11,18 +11,17 @@ import random
 import pandas as pd
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
-
 from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FixedGenotypeRunner
 from asolab.baseline.ranking import measure, sample_genotype
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_summary, paired_ci
+from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.runner.events import Observer
 from asolab.tracking import layout as L
-
 from conftest import TINY
+from mlflow.tracking import MlflowClient
 
 SMALL = {**TINY, "search.cycles": 1, "data.train_subset": 150, "search.final_epochs": 0,
          "tracking.enabled": True, "tracking.log_models": False}
@@ -169,9 +168,9 @@ def test_sampled_genotypes_follow_the_alphas(tiny_cfg, digits):
     assert all(sample_genotype(runner.net, rng).canonical == derived.canonical for _ in range(5))
 
 
-def test_ranking_never_reads_the_test_split(tiny_cfg, digits):
+def test_ranking_never_reads_the_test_split(tiny_cfg):
     cfg = tiny_cfg.replace(**{"search.cycles": 1, "data.train_subset": 100})
-    runner = Runner(cfg, data=dataclasses.replace(digits, test=None))
+    runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
     for _ in range(4):
         runner._next_phase()  # the search without its final evaluation (which reports the test split)
     pairs = measure(runner, samples=2, epochs=1, seed=0)
@@ -191,7 +190,8 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     for name in L.RANKING_METRICS:  # recorded unless undefined (tied accuracies)
         assert name not in metrics or -1 <= metrics[name] <= 1 or name == "ranking_genotypes"
     local = client.download_artifacts(source, L.RANKING_PAIRS_ARTIFACT, str(tmp_path))
-    pairs = json.loads(open(local).read())["pairs"]
+    with open(local) as f:
+        pairs = json.load(f)["pairs"]
     assert sorted(p["source"] for p in pairs) == ["alphas"] * 3 + ["random"] * 3
     assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
     assert cli.main(["compare", "--run", source, "--tracking-uri", uri, "--report", str(tmp_path / "r")]) == 0
@@ -200,8 +200,9 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     assert "Ranking diagnostic" in page and "one point per genotype" in page
 
 
-def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg, digits):
+def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):
     tiny_cfg = tiny_cfg.replace(**{"search.cycles": 1})
+    digits = load_data(tiny_cfg.data, tiny_cfg.seed)
     runner = Runner(tiny_cfg, data=digits)
     found = runner.net.derive()
     fixed = FixedGenotypeRunner(tiny_cfg, data=digits)

@@ -78,6 +78,10 @@ class ObjectiveConfig:
     """What a trial returns: one metric (a best value) or two (a Pareto front)."""
 
     metrics: tuple[str, ...] = ("val_acc",)
+    # Runs per trial, seeds base.seed .. base.seed + seeds - 1; the trial's values are their
+    # means. Seed noise of one digits run is about as large as the knobs' effect
+    # (bench/README.md, study_signal.py): averaging divides it by sqrt(seeds).
+    seeds: int = 1
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -319,7 +323,7 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
     except ConfigError as exc:
         raise ConfigError(f"{source}: base experiment: {exc}") from None
 
-    objective = _table(ObjectiveConfig, data.get("objective", {}), source, "objective", {})
+    objective = _table(ObjectiveConfig, data.get("objective", {}), source, "objective", {"seeds": _at_least(1)})
     if "test_acc" in objective.metrics:
         raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, which is reported, never optimised; use val_acc")
     bad = [m for m in objective.metrics if m not in OBJECTIVES]

@@ -19,7 +19,8 @@ MLflow (experiment ``search-quality-<data set>-<sizes>``), so the same
 comparison is ``asolab compare --baseline RUN_ID``. Run again with the same
 arguments to go on where an interrupted invocation stopped: finished runs are
 kept, a killed one resumes from its checkpoint. Processes on disjoint
-``--seeds`` may share a store (the first seed's ASO-SE run must exist first).
+```--seeds`` may share a store: the source run first, then e.g. ``--seeds 0,1,2`` and
+``--seeds 3,4 --source-seed 0`` side by side.
 The headline (last line) is ASO-SE's mean paired test-accuracy margin over
 each arm with its 95% confidence interval; test accuracy is reported, never
 used to choose anything.
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", default="digits,fashion_mnist", help="comma-separated; each runs experiments/<name>.toml")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; the first one's ASO-SE run is the source")
+    ap.add_argument("--source-seed", type=int, default=None, help="the seed whose ASO-SE run is the source "
+                    "(default: the first of --seeds); a second process on other seeds names the same one")
     ap.add_argument("--quick", action="store_true", help="reduced sizes (fewer cycles, smaller supernet, capped search split)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -127,14 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         sets.update(parse_override(o) for o in args.overrides)
         if args.threads:
             sets["threads"] = args.threads
-        cfg = load(name, sets).replace(seed=seeds[0])
+        source_seed = seeds[0] if args.source_seed is None else args.source_seed
+        cfg = load(name, sets).replace(seed=source_seed)
         experiment = experiment_name(cfg.data.name, sizes)
         if args.report:
             from mlflow.tracking import MlflowClient
 
-            source = find_source(MlflowClient(tracking_uri=uri), experiment, seeds[0])
+            source = find_source(MlflowClient(tracking_uri=uri), experiment, source_seed)
             if source is None:
-                print(f"{name}: no ASO-SE run of seed {seeds[0]} in experiment {experiment}")
+                print(f"{name}: no ASO-SE run of seed {source_seed} in experiment {experiment}")
                 continue
         else:
             print(f"{name} ({experiment}):", flush=True)

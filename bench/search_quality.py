@@ -47,13 +47,25 @@ from asolab.tracking import layout as L
 QUICK = {
     "digits": {"search.cycles": 2, "search.final_epochs": 5, "space.init_channels": 8},
     "fashion_mnist": {
-        "space.init_channels": 8, "data.train_subset": 2000, "data.val_fraction": 0.05, "search.cycles": 2,
-        "search.w_epochs": 1, "search.alpha_epochs": 1, "search.retrain_epochs": 1, "search.final_epochs": 2,
+        "space.init_channels": 8,
+        "data.train_subset": 2000,
+        "data.val_fraction": 0.05,
+        "search.cycles": 2,
+        "search.w_epochs": 1,
+        "search.alpha_epochs": 1,
+        "search.retrain_epochs": 1,
+        "search.final_epochs": 2,
     },
 }
 SMOKE = {
-    "space.init_channels": 4, "search.cycles": 1, "search.w_epochs": 1, "search.alpha_epochs": 1,
-    "search.retrain_epochs": 1, "search.final_epochs": 1, "data.train_subset": 64, "data.val_fraction": 0.05,
+    "space.init_channels": 4,
+    "search.cycles": 1,
+    "search.w_epochs": 1,
+    "search.alpha_epochs": 1,
+    "search.retrain_epochs": 1,
+    "search.final_epochs": 1,
+    "data.train_subset": 64,
+    "data.val_fraction": 0.05,
     "tracking.log_models": False,
 }
 
@@ -69,11 +81,15 @@ def find_source(client, experiment: str, seed: int) -> str | None:
     if exp is None:
         return None
     runs = client.search_runs(
-        [exp.experiment_id], f"tags.`{L.TAG_ARM}` = '{L.ARM_ASO_SE}' and params.seed = '{seed}'",
+        [exp.experiment_id],
+        f"tags.`{L.TAG_ARM}` = '{L.ARM_ASO_SE}' and params.seed = '{seed}'",
         order_by=["attributes.start_time ASC"],
     )
     for r in runs:  # the source tags itself as its own baseline set
-        if r.info.status == "FINISHED" and r.data.tags.get(L.TAG_BASELINE_OF, r.info.run_id) == r.info.run_id:
+        if (
+            r.info.status == "FINISHED"
+            and r.data.tags.get(L.TAG_BASELINE_OF, r.info.run_id) == r.info.run_id
+        ):
             return r.info.run_id
     return None
 
@@ -86,33 +102,77 @@ def source_run(uri: str, cfg, experiment: str) -> str:
     if found:
         print(f"  seed {cfg.seed} aso-se   run {found} (recorded earlier)", flush=True)
         return found
-    tracker = MlflowTracker(tracking_uri=uri, experiment=experiment, tags={L.TAG_ARM: L.ARM_ASO_SE},
-                            run_name=f"{cfg.data.name}-aso-se-seed{cfg.seed}", log_models=cfg.tracking.log_models)
+    tracker = MlflowTracker(
+        tracking_uri=uri,
+        experiment=experiment,
+        tags={L.TAG_ARM: L.ARM_ASO_SE},
+        run_name=f"{cfg.data.name}-aso-se-seed{cfg.seed}",
+        log_models=cfg.tracking.log_models,
+    )
     Runner(cfg, [tracker]).run()
     return tracker.run_id or ""
 
 
 def headline(summary) -> str:
     parts = []
-    for _, r in summary[(summary["metric"] == "test_acc") & (summary["arm"] != L.ARM_ASO_SE)].iterrows():
-        ci = "" if r["ci95_low"] != r["ci95_low"] else f" [{100 * r['ci95_low']:+.2f}, {100 * r['ci95_high']:+.2f}]"
+    for _, r in summary[
+        (summary["metric"] == "test_acc") & (summary["arm"] != L.ARM_ASO_SE)
+    ].iterrows():
+        ci = (
+            ""
+            if r["ci95_low"] != r["ci95_low"]
+            else f" [{100 * r['ci95_low']:+.2f}, {100 * r['ci95_high']:+.2f}]"
+        )
         parts.append(f"{100 * r['diff_mean']:+.2f}{ci} vs {r['arm']}")
     return ", ".join(parts) or "no control arm recorded yet"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default="digits,fashion_mnist", help="comma-separated; each runs experiments/<name>.toml")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; the first one's ASO-SE run is the source")
-    ap.add_argument("--source-seed", type=int, default=None, help="the seed whose ASO-SE run is the source "
-                    "(default: the first of --seeds); a second process on other seeds names the same one")
-    ap.add_argument("--quick", action="store_true", help="reduced sizes (fewer cycles, smaller supernet, capped search split)")
+    ap.add_argument(
+        "--datasets",
+        default="digits,fashion_mnist",
+        help="comma-separated; each runs experiments/<name>.toml",
+    )
+    ap.add_argument(
+        "--seeds",
+        default="0,1,2",
+        help="comma-separated seeds; the first one's ASO-SE run is the source",
+    )
+    ap.add_argument(
+        "--source-seed",
+        type=int,
+        default=None,
+        help="the seed whose ASO-SE run is the source "
+        "(default: the first of --seeds); a second process on other seeds names the same one",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced sizes (fewer cycles, smaller supernet, capped search split)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated control arms (default {','.join(ARMS)})")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    ap.add_argument("--tracking-uri", default="", help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/)")
-    ap.add_argument("--report", action="store_true", help="print the arm view of what the store holds; train nothing")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
+    )
+    ap.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated control arms (default {','.join(ARMS)})",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)"
+    )
+    ap.add_argument(
+        "--tracking-uri",
+        default="",
+        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/)",
+    )
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="print the arm view of what the store holds; train nothing",
+    )
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = [a.strip() for a in args.arms.split(",")]
@@ -126,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     print(f"# {machine()}; store {uri}", flush=True)
     for name in args.datasets.split(","):
-        sets = {"device": "cpu", **(QUICK.get(name, {}) if args.quick else {}), **(SMOKE if args.smoke else {})}
+        sets = {
+            "device": "cpu",
+            **(QUICK.get(name, {}) if args.quick else {}),
+            **(SMOKE if args.smoke else {}),
+        }
         sets.update(parse_override(o) for o in args.overrides)
         if args.threads:
             sets["threads"] = args.threads
@@ -144,13 +208,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} ({experiment}):", flush=True)
             source = source_run(uri, cfg, experiment)
             overrides = {"threads": args.threads} if args.threads else {}
-            run_set(uri, source, arms, seeds, overrides=overrides, on_done=lambda r: print(
-                f"  seed {r.seed} {r.arm:<8} run {r.run_id}  val {r.val_acc:.4f}  test {r.test_acc:.4f}  "
-                f"params {r.params}{'' if r.trained else '  (recorded earlier)'}", flush=True))
+            run_set(
+                uri,
+                source,
+                arms,
+                seeds,
+                overrides=overrides,
+                on_done=lambda r: print(
+                    f"  seed {r.seed} {r.arm:<8} run {r.run_id}  val {r.val_acc:.4f}  test {r.test_acc:.4f}  "
+                    f"params {r.params}{'' if r.trained else '  (recorded earlier)'}",
+                    flush=True,
+                ),
+            )
         summary = arm_view(load_selection(uri, baseline=[source]).records)
         print("\n".join(arm_lines(summary)))
-        print(f"{name}: ASO-SE test accuracy minus each arm, points, 95% CI: {headline(summary)}; "
-              f"the same view: asolab compare --baseline {source}", flush=True)
+        print(
+            f"{name}: ASO-SE test accuracy minus each arm, points, 95% CI: {headline(summary)}; "
+            f"the same view: asolab compare --baseline {source}",
+            flush=True,
+        )
     return 0
 
 

@@ -23,17 +23,29 @@ from asolab.tracking import layout as L
 from conftest import TINY
 from mlflow.tracking import MlflowClient
 
-SMALL = {**TINY, "search.cycles": 1, "data.train_subset": 150, "search.final_epochs": 0,
-         "tracking.enabled": True, "tracking.log_models": False}
+SMALL = {
+    **TINY,
+    "search.cycles": 1,
+    "data.train_subset": 150,
+    "search.final_epochs": 0,
+    "tracking.enabled": True,
+    "tracking.log_models": False,
+}
 
 
 def _sets(values: dict) -> list[str]:
-    return [x for k, v in values.items() for x in ("--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}")]
+    return [
+        x
+        for k, v in values.items()
+        for x in ("--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}")
+    ]
 
 
 def _source(uri: str, capsys, **extra) -> str:
     """A tracked ASO-SE run in store ``uri``; returns its run id."""
-    assert cli.main(["run", "--quiet", *_sets({**SMALL, **extra, "tracking.tracking_uri": uri})]) == 0
+    assert (
+        cli.main(["run", "--quiet", *_sets({**SMALL, **extra, "tracking.tracking_uri": uri})]) == 0
+    )
     out = capsys.readouterr().out
     return out.split("(run ")[-1].split(")")[0]
 
@@ -45,7 +57,10 @@ def _set_runs(client: MlflowClient, source: str) -> list:
 
 def _weight_epochs(client: MlflowClient, run_id: str) -> list[float]:
     """The phase of every epoch that trained weights (alpha epochs left out)."""
-    phases = [m.value for m in sorted(client.get_metric_history(run_id, "phase_index"), key=lambda m: m.step)]
+    phases = [
+        m.value
+        for m in sorted(client.get_metric_history(run_id, "phase_index"), key=lambda m: m.step)
+    ]
     return [p for p in phases if p != L.PHASE_INDEX["alpha"]]
 
 
@@ -57,8 +72,17 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
     assert cli.main([*base, "--seeds", "1", "--arms", "initial"]) == 0
     out = capsys.readouterr().out
     client = MlflowClient(tracking_uri=uri)
-    runs = {(r.data.tags[L.TAG_ARM], int(r.data.params["seed"])): r for r in _set_runs(client, source)}
-    assert set(runs) == {("aso-se", 0), ("scratch", 0), ("random", 0), ("initial", 0), ("aso-se", 1), ("initial", 1)}
+    runs = {
+        (r.data.tags[L.TAG_ARM], int(r.data.params["seed"])): r for r in _set_runs(client, source)
+    }
+    assert set(runs) == {
+        ("aso-se", 0),
+        ("scratch", 0),
+        ("random", 0),
+        ("initial", 0),
+        ("aso-se", 1),
+        ("initial", 1),
+    }
     assert all(r.info.status == "FINISHED" for r in runs.values())
     aso = runs[("aso-se", 0)]
     assert aso.info.run_id == source and "seed 0 aso-se" in out and "(recorded earlier)" in out
@@ -69,19 +93,41 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
         assert _weight_epochs(client, r.info.run_id) == _weight_epochs(client, source)
         if arm != "aso-se":
             assert r.data.tags[L.TAG_CONTROLS] == runs[("aso-se", seed)].info.run_id
-    assert runs[("scratch", 0)].data.tags[L.TAG_FINAL_GENOTYPE] == aso.data.tags[L.TAG_FINAL_GENOTYPE]
-    gap = abs(runs[("random", 0)].data.metrics["final_params"] / aso.data.metrics["final_params"] - 1)
+    assert (
+        runs[("scratch", 0)].data.tags[L.TAG_FINAL_GENOTYPE] == aso.data.tags[L.TAG_FINAL_GENOTYPE]
+    )
+    gap = abs(
+        runs[("random", 0)].data.metrics["final_params"] / aso.data.metrics["final_params"] - 1
+    )
     assert gap <= PARAM_TOLERANCE
 
     # compare: the arm view in the terminal, the CSV and the report
     csv, report = tmp_path / "runs.csv", tmp_path / "report"
-    assert cli.main(["compare", "--baseline", source, "--tracking-uri", uri, "--csv", str(csv), "--report", str(report)]) == 0
+    assert (
+        cli.main(
+            [
+                "compare",
+                "--baseline",
+                source,
+                "--tracking-uri",
+                uri,
+                "--csv",
+                str(csv),
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "ASO-SE - random:" in out and "ASO-SE - initial:" in out and "over 2 pair(s)" in out
     arms = pd.read_csv(tmp_path / "runs_arms.csv")
     assert set(arms["arm"]) == {"aso-se", "scratch", "random", "initial"}
     initial = arms[(arms["arm"] == "initial") & (arms["metric"] == "test_acc")].iloc[0]
-    want = [runs[("aso-se", s)].data.metrics["test_acc"] - runs[("initial", s)].data.metrics["test_acc"] for s in (0, 1)]
+    want = [
+        runs[("aso-se", s)].data.metrics["test_acc"] - runs[("initial", s)].data.metrics["test_acc"]
+        for s in (0, 1)
+    ]
     assert initial["pairs"] == 2 and initial["diff_mean"] == pytest.approx(sum(want) / 2)
     assert set(pd.read_csv(csv)["arm"]) == {"aso-se", "scratch", "random", "initial"}
     page = (report / "index.html").read_text()
@@ -129,7 +175,22 @@ def test_baseline_bad_input_is_one_line(tmp_path, capsys):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("asolab: error: ") and words in err[0]
-    assert cli.main(["baseline", source, "--arms", "initial", "--threads", "1", "--quiet", "--tracking-uri", uri]) == 0
+    assert (
+        cli.main(
+            [
+                "baseline",
+                source,
+                "--arms",
+                "initial",
+                "--threads",
+                "1",
+                "--quiet",
+                "--tracking-uri",
+                uri,
+            ]
+        )
+        == 0
+    )
     client = MlflowClient(tracking_uri=uri)
     (control,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
     assert cli.main(["baseline", control.info.run_id, "--tracking-uri", uri]) == 2
@@ -139,12 +200,18 @@ def test_baseline_bad_input_is_one_line(tmp_path, capsys):
 def test_paired_difference_and_its_confidence_interval():
     rows = [("aso-se", s, f"a{s}", "", acc) for s, acc in enumerate((0.92, 0.95, 0.90))]
     rows += [("random", s, f"r{s}", f"a{s}", acc) for s, acc in enumerate((0.90, 0.91, 0.87))]
-    runs = pd.DataFrame([{"arm": a, "seed": s, "run_id": i, "controls": c, "test_acc": v, "val_acc": v}
-                         for a, s, i, c, v in rows])
+    runs = pd.DataFrame(
+        [
+            {"arm": a, "seed": s, "run_id": i, "controls": c, "test_acc": v, "val_acc": v}
+            for a, s, i, c, v in rows
+        ]
+    )
     random_row = arm_summary(runs).query("arm == 'random' and metric == 'test_acc'").iloc[0]
     assert random_row["pairs"] == 3 and random_row["diff_mean"] == pytest.approx(0.03)
     half = 4.302653 * 0.01 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
-    assert (random_row["ci95_low"], random_row["ci95_high"]) == pytest.approx((0.03 - half, 0.03 + half))
+    assert (random_row["ci95_low"], random_row["ci95_high"]) == pytest.approx(
+        (0.03 - half, 0.03 + half)
+    )
     assert random_row["per_seed_diff"] == "s0:+2.00 s1:+4.00 s2:+3.00"
     assert all(math.isnan(v) for v in paired_ci([0.1]))
 
@@ -181,7 +248,19 @@ def test_ranking_never_reads_the_test_split(tiny_cfg):
 def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     source = _source(uri, capsys, **{"search.final_epochs": 0, "data.train_subset": 300})
-    argv = ["rank", source, "--samples", "3", "--epochs", "1", "--threads", "1", "--quiet", "--tracking-uri", uri]
+    argv = [
+        "rank",
+        source,
+        "--samples",
+        "3",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--tracking-uri",
+        uri,
+    ]
     assert cli.main(argv) == 0
     assert "Kendall tau" in capsys.readouterr().out
     client = MlflowClient(tracking_uri=uri)
@@ -194,7 +273,12 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
         pairs = json.load(f)["pairs"]
     assert sorted(p["source"] for p in pairs) == ["alphas"] * 3 + ["random"] * 3
     assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
-    assert cli.main(["compare", "--run", source, "--tracking-uri", uri, "--report", str(tmp_path / "r")]) == 0
+    assert (
+        cli.main(
+            ["compare", "--run", source, "--tracking-uri", uri, "--report", str(tmp_path / "r")]
+        )
+        == 0
+    )
     assert "ranking diagnostic" in capsys.readouterr().out
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Ranking diagnostic" in page and "one point per genotype" in page

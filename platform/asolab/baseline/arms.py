@@ -37,8 +37,14 @@ class FixedGenotypeRunner(Runner):
     path instead of sampled ones, alpha-training and mutation do nothing. The
     epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
 
-    def __init__(self, cfg: ExperimentConfig, observers=(), *, genotype: Genotype | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        observers=(),
+        *,
+        genotype: Genotype | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
         self.genotype = self.derived = genotype if genotype is not None else self.net.derive()
 
@@ -62,15 +68,20 @@ def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int)
     """A uniformly random genotype: per node two distinct inputs, each with a non-none op."""
     ops = [p for p in primitives if p != "none"]
     cells = {
-        kind: tuple(tuple((rng.choice(ops), j) for j in rng.sample(range(k + 2), 2)) for k in range(steps))
+        kind: tuple(
+            tuple((rng.choice(ops), j) for j in rng.sample(range(k + 2), 2)) for k in range(steps)
+        )
         for kind in CELL_TYPES
     }
     concat = tuple(range(2, steps + 2))
-    return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
+    return Genotype(
+        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
+    )
 
 
-def matched_random(runner: Runner, target: int, seed: int, tolerance: float = PARAM_TOLERANCE,
-                   tries: int = 5000) -> tuple[Genotype, int]:
+def matched_random(
+    runner: Runner, target: int, seed: int, tolerance: float = PARAM_TOLERANCE, tries: int = 5000
+) -> tuple[Genotype, int]:
     """A random genotype whose derived parameter count is within ``tolerance`` of ``target``."""
     rng = random.Random(1000 + seed)
     best: tuple[float, Genotype, int] | None = None
@@ -86,8 +97,9 @@ def matched_random(runner: Runner, target: int, seed: int, tolerance: float = PA
     return best[1], best[2]
 
 
-def arm_runner(arm: str, cfg: ExperimentConfig, found: Genotype, found_params: int,
-               observers=(), **kwargs: Any) -> FixedGenotypeRunner:
+def arm_runner(
+    arm: str, cfg: ExperimentConfig, found: Genotype, found_params: int, observers=(), **kwargs: Any
+) -> FixedGenotypeRunner:
     """The runner of one control arm for an ASO-SE run of ``cfg`` that ended with
     genotype ``found`` of ``found_params`` derived parameters."""
     if arm == "initial":
@@ -95,7 +107,9 @@ def arm_runner(arm: str, cfg: ExperimentConfig, found: Genotype, found_params: i
     if arm == "scratch":
         # On the fresh, ungrown network: cells that growth inserted (and their own
         # cells in the genotype) are left out.
-        return FixedGenotypeRunner(cfg, observers, genotype=dataclasses.replace(found, own_cells=()), **kwargs)
+        return FixedGenotypeRunner(
+            cfg, observers, genotype=dataclasses.replace(found, own_cells=()), **kwargs
+        )
     if arm == "random":
         data = kwargs.get("data")
         probe = FixedGenotypeRunner(cfg, data=data)  # seeded: the fresh supernet of this seed

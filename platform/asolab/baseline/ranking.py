@@ -68,8 +68,10 @@ def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float =
             strength = [max(w[edge_index(k, j), i].item() for i in allowed) for j in inputs]
             chosen: list[int] = []
             for _ in range(2):
-                j = rng.choices([j for j in inputs if j not in chosen],
-                                [s for j, s in zip(inputs, strength) if j not in chosen])[0]
+                j = rng.choices(
+                    [j for j in inputs if j not in chosen],
+                    [s for j, s in zip(inputs, strength) if j not in chosen],
+                )[0]
                 chosen.append(j)
             node = []
             for j in chosen:
@@ -79,7 +81,9 @@ def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float =
             nodes.append(tuple(node))
         cells[kind] = tuple(nodes)
     concat = tuple(range(2, net.spec.steps + 2))
-    return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat)
+    return Genotype(
+        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
+    )
 
 
 def _distinct(draw: Callable[[], Genotype], k: int, tries: int = 50) -> list[Genotype]:
@@ -95,10 +99,16 @@ def _distinct(draw: Callable[[], Genotype], k: int, tries: int = 50) -> list[Gen
 
 def standalone_config(cfg: ExperimentConfig, epochs: int) -> ExperimentConfig:
     """One cycle of ``epochs`` W-training epochs on the search split, nothing else."""
-    return cfg.replace(**{
-        "search.cycles": 1, "search.warmup_epochs": 0, "search.w_epochs": epochs, "search.alpha_epochs": 0,
-        "search.retrain_epochs": 0, "search.final_epochs": 0,
-    })
+    return cfg.replace(
+        **{
+            "search.cycles": 1,
+            "search.warmup_epochs": 0,
+            "search.w_epochs": epochs,
+            "search.alpha_epochs": 0,
+            "search.retrain_epochs": 0,
+            "search.final_epochs": 0,
+        }
+    )
 
 
 def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBundle) -> float:
@@ -111,11 +121,18 @@ def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBund
     return runner.evaluate(runner.data.val, runner.genotype)[1]
 
 
-def measure(runner: Runner, samples: int, epochs: int, seed: int,
-            on_pair: Callable[[Pair], None] = lambda p: None) -> list[Pair]:
+def measure(
+    runner: Runner,
+    samples: int,
+    epochs: int,
+    seed: int,
+    on_pair: Callable[[Pair], None] = lambda p: None,
+) -> list[Pair]:
     """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples`` random ones."""
     if samples < 2:
-        raise ConfigError(f"--samples must be at least 2 (got {samples}): a rank correlation needs two genotypes")
+        raise ConfigError(
+            f"--samples must be at least 2 (got {samples}): a rank correlation needs two genotypes"
+        )
     if epochs < 1:
         raise ConfigError(f"--epochs must be at least 1 (got {epochs})")
     rng = random.Random(seed)
@@ -125,8 +142,11 @@ def measure(runner: Runner, samples: int, epochs: int, seed: int,
         "random": _distinct(lambda: random_genotype(rng, spec.primitives, spec.steps), samples),
     }
     # One-shot first, while the supernet is as the run left it (calibration only touches BN statistics).
-    one_shot = {(src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
-                for src, gs in drawn.items() for g in gs}
+    one_shot = {
+        (src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
+        for src, gs in drawn.items()
+        for g in gs
+    }
     cfg = standalone_config(runner.cfg, epochs)
     pairs = []
     for src, gs in drawn.items():
@@ -143,8 +163,11 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     from scipy.stats import kendalltau, spearmanr
 
     out: dict[str, float] = {"ranking_genotypes": float(len(pairs))}
-    for suffix, chosen in (("", [p for p in pairs if p.source == "alphas"]),
-                           ("_random", [p for p in pairs if p.source == "random"]), ("_all", pairs)):
+    for suffix, chosen in (
+        ("", [p for p in pairs if p.source == "alphas"]),
+        ("_random", [p for p in pairs if p.source == "random"]),
+        ("_all", pairs),
+    ):
         a = [p.one_shot_val_acc for p in chosen]
         b = [p.standalone_val_acc for p in chosen]
         tau = rho = math.nan
@@ -170,8 +193,13 @@ def scatter_png(pairs: list[dict], title: str) -> bytes | None:
     for src, colour in zip(SOURCES, ("tab:blue", "tab:orange")):
         chosen = [p for p in pairs if p["source"] == src]
         if chosen:
-            ax.scatter([p["one_shot_val_acc"] for p in chosen], [p["standalone_val_acc"] for p in chosen],
-                       label="sampled from alphas" if src == "alphas" else "random", c=colour, s=22)
+            ax.scatter(
+                [p["one_shot_val_acc"] for p in chosen],
+                [p["standalone_val_acc"] for p in chosen],
+                label="sampled from alphas" if src == "alphas" else "random",
+                c=colour,
+                s=22,
+            )
     ax.set_xlabel("one-shot val acc (supernet)")
     ax.set_ylabel("stand-alone val acc (short training)")
     ax.set_title(title, fontsize=9)
@@ -183,9 +211,16 @@ def scatter_png(pairs: list[dict], title: str) -> bytes | None:
     return buf.getvalue()
 
 
-def rank_run(tracking_uri: str, run_id: str, samples: int = 8, epochs: int = 2, seed: int | None = None,
-             overrides: dict | None = None, data: DataBundle | None = None,
-             on_pair: Callable[[Pair], None] = lambda p: None) -> dict[str, float]:
+def rank_run(
+    tracking_uri: str,
+    run_id: str,
+    samples: int = 8,
+    epochs: int = 2,
+    seed: int | None = None,
+    overrides: dict | None = None,
+    data: DataBundle | None = None,
+    on_pair: Callable[[Pair], None] = lambda p: None,
+) -> dict[str, float]:
     """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts in the run."""
     import json
 
@@ -201,8 +236,10 @@ def rank_run(tracking_uri: str, run_id: str, samples: int = 8, epochs: int = 2, 
         try:
             path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
         except (MlflowException, OSError):
-            raise ConfigError(f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
-                              "supernet (runs of 'asolab run' and studies keep one)") from None
+            raise ConfigError(
+                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
+                "supernet (runs of 'asolab run' and studies keep one)"
+            ) from None
         runner = Runner.resume(path, data=data)
     if overrides:
         runner.cfg = runner.cfg.replace(**overrides)
@@ -215,9 +252,14 @@ def rank_run(tracking_uri: str, run_id: str, samples: int = 8, epochs: int = 2, 
         if not math.isnan(v):
             client.log_metric(run_id, k, v, step=step)
     records = [asdict(p) for p in pairs]
-    client.log_text(run_id, json.dumps({"samples": samples, "epochs": epochs, "pairs": records}, indent=1),
-                    L.RANKING_PAIRS_ARTIFACT)
-    png = scatter_png(records, f"{run.info.run_name}: tau {figures['ranking_kendall_tau']:.2f} (alphas)")
+    client.log_text(
+        run_id,
+        json.dumps({"samples": samples, "epochs": epochs, "pairs": records}, indent=1),
+        L.RANKING_PAIRS_ARTIFACT,
+    )
+    png = scatter_png(
+        records, f"{run.info.run_name}: tau {figures['ranking_kendall_tau']:.2f} (alphas)"
+    )
     if png:
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / Path(L.RANKING_PLOT_ARTIFACT).name

@@ -78,8 +78,10 @@ def _get_run(client: MlflowClient, run_id: str) -> Run:
     try:
         return client.get_run(run_id)
     except MlflowException:
-        raise ConfigError(f"run {run_id!r} not found in the tracking store; give the run id that "
-                          "'asolab run' printed (and --tracking-uri if it is not the default store)") from None
+        raise ConfigError(
+            f"run {run_id!r} not found in the tracking store; give the run id that "
+            "'asolab run' printed (and --tracking-uri if it is not the default store)"
+        ) from None
 
 
 def load_source(client: MlflowClient, run_id: str) -> Source:
@@ -89,14 +91,20 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
     run = _get_run(client, run_id)
     arm = run.data.tags.get(L.TAG_ARM, L.ARM_ASO_SE)
     if arm != L.ARM_ASO_SE:
-        raise ConfigError(f"run {run_id} is the {arm!r} control arm of run "
-                          f"{run.data.tags.get(L.TAG_BASELINE_OF, '?')}; give an ASO-SE run")
+        raise ConfigError(
+            f"run {run_id} is the {arm!r} control arm of run "
+            f"{run.data.tags.get(L.TAG_BASELINE_OF, '?')}; give an ASO-SE run"
+        )
     if run.info.status != "FINISHED":
-        raise ConfigError(f"run {run_id} is {run.info.status}; its control arms need a finished ASO-SE run "
-                          "(continue it with 'asolab run --resume' first)")
+        raise ConfigError(
+            f"run {run_id} is {run.info.status}; its control arms need a finished ASO-SE run "
+            "(continue it with 'asolab run --resume' first)"
+        )
     text = _artifact_text(client, run_id, L.CONFIG_ARTIFACT)
     if text is None:
-        raise ConfigError(f"run {run_id} has no {L.CONFIG_ARTIFACT} artifact: it was not recorded by 'asolab run'")
+        raise ConfigError(
+            f"run {run_id} has no {L.CONFIG_ARTIFACT} artifact: it was not recorded by 'asolab run'"
+        )
     cfg = from_dict(json.loads(text), source=f"run {run_id} {L.CONFIG_ARTIFACT}")
     try:
         genotype = final_genotype(client, run)
@@ -104,17 +112,24 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
         raise ConfigError(f"run {run_id}: {exc}") from None
     params = run.data.metrics.get("final_params")
     if params is None:
-        raise ConfigError(f"run {run_id} has no final_params metric: it was not recorded by 'asolab run'")
+        raise ConfigError(
+            f"run {run_id} has no final_params metric: it was not recorded by 'asolab run'"
+        )
     experiment = client.get_experiment(run.info.experiment_id).name
     return Source(run, experiment, cfg, genotype, int(params))
 
 
-def set_runs(client: MlflowClient, source: Source) -> tuple[dict[tuple[str, int], Run], dict[tuple[str, int], Run]]:
+def set_runs(
+    client: MlflowClient, source: Source
+) -> tuple[dict[tuple[str, int], Run], dict[tuple[str, int], Run]]:
     """The runs of ``source``'s set by (arm, seed): the FINISHED ones (the source
     included), and the latest unfinished one of each (arm, seed) not finished."""
     found = client.search_runs(
-        [source.run.info.experiment_id], filter_string=f"tags.`{L.TAG_BASELINE_OF}` = '{source.run_id}'",
-        run_view_type=ViewType.ACTIVE_ONLY, max_results=5000, order_by=["attributes.start_time DESC"],
+        [source.run.info.experiment_id],
+        filter_string=f"tags.`{L.TAG_BASELINE_OF}` = '{source.run_id}'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        max_results=5000,
+        order_by=["attributes.start_time DESC"],
     )
     done = {(L.ARM_ASO_SE, source.cfg.seed): source.run}
     unfinished: dict[tuple[str, int], Run] = {}
@@ -128,8 +143,15 @@ def set_runs(client: MlflowClient, source: Source) -> tuple[dict[tuple[str, int]
 
 def _finished(arm: str, seed: int, run: Run) -> SetRun:
     m = run.data.metrics
-    return SetRun(arm, seed, run.info.run_id, m.get("final_val_acc", float("nan")),
-                  m.get("test_acc", float("nan")), int(m.get("final_params", 0)), trained=False)
+    return SetRun(
+        arm,
+        seed,
+        run.info.run_id,
+        m.get("final_val_acc", float("nan")),
+        m.get("test_acc", float("nan")),
+        int(m.get("final_params", 0)),
+        trained=False,
+    )
 
 
 def run_set(
@@ -158,21 +180,53 @@ def run_set(
     seeds = list(seeds) if seeds else [source.cfg.seed]
     results: list[SetRun] = []
     for seed in seeds:
-        results += _run_seed(tracking_uri, client, source, seed, arms, done, unfinished,
-                             overrides or {}, observers, on_done)
+        results += _run_seed(
+            tracking_uri,
+            client,
+            source,
+            seed,
+            arms,
+            done,
+            unfinished,
+            overrides or {},
+            observers,
+            on_done,
+        )
     return results
 
 
-def _run_seed(uri: str, client: MlflowClient, source: Source, seed: int, arms: Sequence[str],
-              done: dict, unfinished: dict, overrides: dict, observers: Callable[[], Iterable[Observer]],
-              on_done: Callable[[SetRun], None]) -> list[SetRun]:
+def _run_seed(
+    uri: str,
+    client: MlflowClient,
+    source: Source,
+    seed: int,
+    arms: Sequence[str],
+    done: dict,
+    unfinished: dict,
+    overrides: dict,
+    observers: Callable[[], Iterable[Observer]],
+    on_done: Callable[[SetRun], None],
+) -> list[SetRun]:
     """The ASO-SE run of ``seed`` (found or trained), then each control arm of it."""
     cfg = source.cfg.replace(seed=seed, **overrides)
     data = load_data(cfg.data, seed, resolve_device(cfg.device))
     out: list[SetRun] = []
 
-    def train(arm: str, controls: str | None, make: Callable[..., Runner], kind: type[Runner]) -> RunResult:
-        res, rid = _train(uri, source, cfg, seed, arm, controls, make, kind, unfinished.get((arm, seed)), observers)
+    def train(
+        arm: str, controls: str | None, make: Callable[..., Runner], kind: type[Runner]
+    ) -> RunResult:
+        res, rid = _train(
+            uri,
+            source,
+            cfg,
+            seed,
+            arm,
+            controls,
+            make,
+            kind,
+            unfinished.get((arm, seed)),
+            observers,
+        )
         out.append(SetRun(arm, seed, rid, res.val_acc, res.test_acc, res.derived_params, True))
         on_done(out[-1])
         return res
@@ -186,7 +240,9 @@ def _run_seed(uri: str, client: MlflowClient, source: Source, seed: int, arms: S
         found = source.genotype if aso is source.run else _genotype_of(client, aso)
         found_earlier(L.ARM_ASO_SE)
     else:
-        found = train(L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner).genotype
+        found = train(
+            L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner
+        ).genotype
     aso_id, aso_params = out[0].run_id, out[0].params
     for arm in arms:
         if (arm, seed) in done:
@@ -197,13 +253,24 @@ def _run_seed(uri: str, client: MlflowClient, source: Source, seed: int, arms: S
     return out
 
 
-def _arm_runner(arm: str, cfg: ExperimentConfig, found: Genotype, params: int, data, observers, **kw):
+def _arm_runner(
+    arm: str, cfg: ExperimentConfig, found: Genotype, params: int, data, observers, **kw
+):
     return arm_runner(arm, cfg, found, params, observers, data=data, **kw)
 
 
-def _train(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None,
-           make: Callable[..., Runner], kind: type[Runner], prior: Run | None,
-           observers: Callable[[], Iterable[Observer]]) -> tuple[RunResult, str]:
+def _train(
+    uri: str,
+    source: Source,
+    cfg: ExperimentConfig,
+    seed: int,
+    arm: str,
+    controls: str | None,
+    make: Callable[..., Runner],
+    kind: type[Runner],
+    prior: Run | None,
+    observers: Callable[[], Iterable[Observer]],
+) -> tuple[RunResult, str]:
     """Train one run of the set, checkpointed into its MLflow run after every phase;
     an unfinished earlier run of the same arm and seed (``prior``) resumes from its
     checkpoint, like ``asolab run --resume``."""
@@ -216,9 +283,18 @@ def _train(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str,
             try:
                 path = download_checkpoint(uri, prior.info.run_id, Path(work) / "resume")
             except TrackingError:  # killed before its first checkpoint: start it again
-                log.info("run %s has no checkpoint; %s seed %d starts again", prior.info.run_id, arm, seed)
+                log.info(
+                    "run %s has no checkpoint; %s seed %d starts again",
+                    prior.info.run_id,
+                    arm,
+                    seed,
+                )
         if prior is not None and path is not None:
-            t = MlflowTracker(tracking_uri=uri, resume_run_id=prior.info.run_id, log_models=cfg.tracking.log_models)
+            t = MlflowTracker(
+                tracking_uri=uri,
+                resume_run_id=prior.info.run_id,
+                log_models=cfg.tracking.log_models,
+            )
             runner = kind.resume(path, [*observers(), t], checkpoint_dir=work, data=None)
         else:
             t = _tracker(uri, source, cfg, seed, arm, controls)
@@ -227,13 +303,24 @@ def _train(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str,
     return res, t.run_id or ""
 
 
-def _tracker(uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None):
+def _tracker(
+    uri: str, source: Source, cfg: ExperimentConfig, seed: int, arm: str, controls: str | None
+):
     """The MLflow observer of one run of ``source``'s set, tagged with its arm."""
     from ..tracking import MlflowTracker
 
-    tags = {L.TAG_ARM: arm, L.TAG_BASELINE_OF: source.run_id, **({L.TAG_CONTROLS: controls} if controls else {})}
-    return MlflowTracker(tracking_uri=uri, experiment=source.experiment, tags=tags,
-                         run_name=f"{source.name}-{arm}-seed{seed}", log_models=cfg.tracking.log_models)
+    tags = {
+        L.TAG_ARM: arm,
+        L.TAG_BASELINE_OF: source.run_id,
+        **({L.TAG_CONTROLS: controls} if controls else {}),
+    }
+    return MlflowTracker(
+        tracking_uri=uri,
+        experiment=source.experiment,
+        tags=tags,
+        run_name=f"{source.name}-{arm}-seed{seed}",
+        log_models=cfg.tracking.log_models,
+    )
 
 
 def _genotype_of(client: MlflowClient, run: Run) -> Genotype:

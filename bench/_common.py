@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform as _platform  # the standard library module (platform/ is not a package)
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 

@@ -24,6 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+
 from _common import interleaved, machine, table
 from asolab.config import DataConfig, SpaceConfig
 from asolab.data import Batches, load_data

@@ -54,125 +54,45 @@ def test_speed_paths(capsys):
     assert lines[-1].startswith("best over eager: inference")
 
 
-def test_search_quality_has_four_arms(capsys, tmp_path):
-    import json
-
-    out = tmp_path / "q.json"
-    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)])
-    assert [line.split()[:2] for line in lines if line.startswith("digits ")] == [
-        ["digits", "aso-se"], ["digits", "aso-arch"], ["digits", "random"], ["digits", "initial"]]
-    assert lines[-1].startswith("ASO-SE mean test accuracy and margin in points: digits")
-    runs = {r["arm"]: r for r in json.loads(out.read_text())}
-    assert runs["aso-arch"]["genotype"] == runs["aso-se"]["genotype"]  # the search's result, retrained from scratch
-    assert runs["aso-arch"]["weight_epochs"] == runs["aso-se"]["weight_epochs"]
-
-    # Interrupted after two arms: the same command goes on with the other two.
-    first = json.loads(out.read_text())
-    out.write_text(json.dumps(first[:2]))
-    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)])
-    assert sum("(recorded earlier)" in line for line in lines) == 2
-    again = json.loads(out.read_text())
-    # The arms run in this order: the baselines before the diagnostic aso-arch arm.
-    assert [r["arm"] for r in again] == ["aso-se", "random", "initial", "aso-arch"] and again[:2] == first[:2]
-    assert again[2:] == [{**r, "seconds": again[2 + i]["seconds"]} for i, r in enumerate(first[2:])]  # same figures again
-
-    # --report shows what is recorded and trains nothing (seed 1 has no arms).
-    lines = _run(capsys, "search_quality", ["--smoke", "--datasets", "digits", "--seeds", "0,1", "--json", str(out), "--report"])
-    assert [line.strip() for line in lines if "seed 1:" in line] == ["digits seed 1: nothing recorded"]
-    assert [line.split()[:3] for line in lines if line.startswith("digits ")][0] == ["digits", "aso-se", "1"]
-    assert json.loads(out.read_text()) == again
-
-
-def test_search_quality_random_genotype_matches_budget():
-    q = _module("search_quality")
-    from asolab import config
-    from asolab.runner import Runner
-
-    runner = Runner(config.load(None, {"space.init_channels": 4, "tracking.enabled": False, "data.train_subset": 64}))
-    target = runner.net.count_derived(runner.net.derive())
-    genotype, params = q.matched_random(runner, target, seed=0)
-    assert abs(params - target) <= 0.10 * target
-    assert runner.net.count_derived(genotype) == params
-
-
-def test_search_quality_runs_chosen_arms(capsys, tmp_path):
-    """--arms splits one seed across processes; an arm that needs the seed's
-    ASO-SE run refuses to start without it, naming what to run first."""
-    import json
-
-    out = tmp_path / "q.json"
-    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--json", str(out)]
-    with pytest.raises(SystemExit, match="random arm needs this seed's aso-se arm"):
-        _module("search_quality").main(args + ["--arms", "initial,random"])
-    assert not out.exists()
+def test_search_quality_records_its_arms_in_mlflow(capsys, tmp_path):
+    """The driver makes a source ASO-SE run and its control arms as tracked runs; a second
+    invocation trains nothing and prints the same arm view from the store."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--threads", "1", "--tracking-uri", uri]
+    lines = _run(capsys, "search_quality", args)
+    trained = [line.split() for line in lines if line.startswith("  seed 0 ")]
+    assert {t[2] for t in trained} == {"aso-se", "scratch", "random", "initial"}
+    assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm") and "vs random" in lines[-1]
+    lines = _run(capsys, "search_quality", args + ["--report"])
+    assert not any(line.startswith("  seed") for line in lines)  # --report trains nothing
+    assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm")
     with pytest.raises(SystemExit):
         _module("search_quality").main(args + ["--arms", "initial,bogus"])
-    assert "unknown arm bogus" in capsys.readouterr().err
-    _run(capsys, "search_quality", args + ["--arms", "initial"])
-    assert [r["arm"] for r in json.loads(out.read_text())] == ["initial"]
-    _run(capsys, "search_quality", args + ["--arms", "aso-se,aso-arch"])
-    assert [r["arm"] for r in json.loads(out.read_text())] == ["initial", "aso-se", "aso-arch"]
 
 
-def test_search_quality_resumes_a_killed_arm_from_its_checkpoint(capsys, tmp_path):
-    """An arm killed midway (here: right after its first phase's checkpoint)
-    resumes from that checkpoint on the next invocation and records the figures
-    of an uninterrupted run; its checkpoints go once it is recorded."""
+def test_study_signal_smoke(capsys, tmp_path):
+    out = tmp_path / "signal.json"
+    args = ["--smoke", "--settings", "cold,hot", "--seeds", "0,1", "--json", str(out)]
+    lines = _run(capsys, "study_signal", args)
     import json
 
-    from asolab.runner.events import Observer
-
-    q = _module("search_quality")
-    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--arms", "initial"]
-    _run(capsys, "search_quality", args + ["--json", str(tmp_path / "whole.json")])
-    (whole,) = json.loads((tmp_path / "whole.json").read_text())
-
-    class Killed(Exception):
-        pass
-
-    class KillAtFirstCheckpoint(Observer):
-        def on_checkpoint(self, event):
-            raise Killed
-
-    out = tmp_path / "q.json"
-    folder = q.checkpoints_for(out, "smoke") / "digits-seed0-initial"
-    cfg = q.load("digits", {**q.SMOKE, "device": "cpu", "tracking.enabled": False})
-    data = q.load_data(cfg.data, cfg.seed, "cpu")
-    data.full_train = data.full_train.head(256)  # as --smoke caps it
-    with pytest.raises(Killed):
-        q.FixedGenotypeRunner(cfg, [KillAtFirstCheckpoint()], data=data, checkpoint_dir=folder).run()
-    assert (folder / "checkpoint.pt").exists()
-
-    lines = _run(capsys, "search_quality", args + ["--json", str(out)])
-    assert any("initial  resumed from its checkpoint: alpha, epoch 1" in line for line in lines), lines
-    (resumed,) = json.loads(out.read_text())
-    assert (resumed["test_acc"], resumed["val_acc"], resumed["genotype"]) == (whole["test_acc"], whole["val_acc"], whole["genotype"])
-    assert not folder.exists()
-
-
-def _append_arms(path: str, worker: int, count: int) -> None:
-    q = _module("search_quality")
-    for i in range(count):
-        q.append_result(Path(path), {"worker": worker, "i": i})
-
-
-def test_search_quality_processes_share_one_results_file(tmp_path):
-    """Seeds run in parallel processes record into one file: no arm is lost to a
-    read-modify-write race, and the file is valid JSON throughout."""
-    import json
-    import multiprocessing
-
-    out = tmp_path / "results.json"
-    ctx = multiprocessing.get_context("spawn")
-    workers = [ctx.Process(target=_append_arms, args=(str(out), w, 25)) for w in range(3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(60)
-        assert w.exitcode == 0
     records = json.loads(out.read_text())
-    assert sorted((r["worker"], r["i"]) for r in records) == [(w, i) for w in range(3) for i in range(25)]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert sorted((r["setting"], r["seed"]) for r in records) == [("cold", 0), ("cold", 1), ("hot", 0), ("hot", 1)]
+    assert all(0 <= r["val_acc"] <= 1 for r in records)
+    assert any(line.startswith("one-way ANOVA over settings: F = ") for line in lines)
+    # again with the same file: every run is recorded, nothing trains
+    lines = _run(capsys, "study_signal", args)
+    assert not [line for line in lines if " seed " in line and line.rstrip().endswith(" s")]
+    assert len(json.loads(out.read_text())) == 4
+
+
+def test_study_signal_analysis():
+    a = _module("study_signal").analyse(
+        [{"setting": k, "val_acc": v} for k, vs in (("a", (0.90, 0.92)), ("b", (0.80, 0.82))) for v in vs]
+    )
+    assert a["seed_std"] == pytest.approx(100 * 0.01414, rel=1e-3)
+    assert a["std_of_knob_means"] == pytest.approx(100 * 0.0707, rel=1e-3)
+    assert a["anova_f"] == pytest.approx(50.0) and a["anova_p"] < 0.05
 
 
 def test_tracking_overhead(capsys):
@@ -201,7 +121,7 @@ def test_concurrency(capsys):
     assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
 
 
-@pytest.mark.parametrize("name", ["concurrency", "final_speed", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead"])
+@pytest.mark.parametrize("name", ["concurrency", "final_speed", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead", "study_signal"])
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
 

@@ -634,3 +634,34 @@ def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> Non
     assert (optuna_heartbeat(study) is not None) == (kind == "rdb")
     reached.set_trial_user_attr(trial_id(study, trial.number), "asolab.pin", 1)
     assert study.get_trials(deepcopy=False)[trial.number].user_attrs["asolab.pin"] == 1
+
+
+def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
+    """objective.seeds = 2: a trial is two runs (seeds 0 and 1), its value their mean,
+    reported to the pruner at distinct steps; the first seed's run holds the trial's values."""
+    file = write_study(tmp_path, "sd", """
+        n_trials = 1
+        [objective]
+        metrics = ["val_acc"]
+        seeds = 2
+        """ + SHORT_RANDOM_TRIALS + SPACE)
+    run_study(load_study(file), **stores(tmp_path))
+    (trial,) = load(tmp_path, "sd").get_trials()
+    assert trial.state == TrialState.COMPLETE
+    _, children = runs_of(tmp_path, "sd")
+    by_name = {r.info.run_name: r for r in children}
+    assert sorted(by_name) == ["sd-trial-0000-seed0", "sd-trial-0000-seed1"]
+    accs = [by_name[f"sd-trial-0000-seed{s}"].data.metrics["final_val_acc"] for s in (0, 1)]
+    assert [r.data.params["seed"] for r in (by_name["sd-trial-0000-seed0"], by_name["sd-trial-0000-seed1"])] == ["0", "1"]
+    assert trial.value == pytest.approx(sum(accs) / 2)
+    assert [v for (v,) in trial.user_attrs["objective_per_seed"]] == pytest.approx(accs)
+    assert sorted(trial.intermediate_values) == [0, 1]  # one cycle per seed, steps kept apart
+    assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_name["sd-trial-0000-seed0"].info.run_id
+    first = by_name["sd-trial-0000-seed0"].info.run_id
+    assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics["objective.val_acc"] == pytest.approx(trial.value)
+
+
+def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:
+    file = write_study(tmp_path, "bad", "[objective]\nseeds = 0\n" + SPACE)
+    with pytest.raises(ConfigError, match="objective.seeds = 0 is out of range"):
+        load_study(file)

@@ -1,4 +1,4 @@
-"""Command line: ``asolab run | study | compare | ui``.
+"""Command line: ``asolab run | study | compare | ui | baseline | rank``.
 
 Every known failure (bad config, missing data set, corrupt checkpoint,
 unreachable tracking server, a diverging loss) ends with one line on stderr,
@@ -18,6 +18,7 @@ from . import threads as _threads
 # Before anything imports torch: OpenMP reads its wait policy once, when torch loads it.
 _threads.prepare_environment()
 
+from .baseline.cli import add_baseline as _add_baseline, add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
 from .study.cli import add_parser as _add_study
 from .config import ConfigError, load
@@ -181,7 +182,9 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
     add_ui(sub)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_run, _add_compare, _add_ui, _add_study]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_run, _add_compare, _add_ui, _add_study, _add_baseline, _add_rank,
+]
 
 
 class _Parser(argparse.ArgumentParser):

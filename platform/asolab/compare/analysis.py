@@ -13,6 +13,7 @@ their own alphas included): a Hamming distance, hence a metric.
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from mlflow.tracking import MlflowClient
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
 from ..space.ops import PRIMITIVES
 from ..tracking import layout
-from .select import VAL_ACC_METRICS, RunRecord, Selection, cycle_genotypes
+from .arms import arm_view
+from .select import VAL_ACC_METRICS, RunRecord, Selection, _read_artifact, cycle_genotypes
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
 OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
@@ -217,6 +219,9 @@ class Comparison:
     distances: pd.DataFrame
     diffs: list[GenotypeDiff]
     evolutions: dict[str, pd.DataFrame] = field(default_factory=dict)  # run_id -> evolution frame
+    arms: Optional[pd.DataFrame] = None  # arm view (compare/arms.py), when runs carry arm tags
+    rankings: Optional[pd.DataFrame] = None  # ranking diagnostic figures of the runs that have them
+    ranking_pairs: dict[str, list] = field(default_factory=dict)  # run_id -> pairs (report scatter)
 
     @property
     def records(self) -> list[RunRecord]:
@@ -230,12 +235,40 @@ def analyse(selection: Selection, *, with_evolution: bool = True, client: Option
     if with_evolution and records:
         client = client or MlflowClient(tracking_uri=selection.tracking_uri)
         evolutions = {r.run_id: load_evolution(client, r.run_id) for r in records}
+    table = selection.table()
+    arms = arm_view(records)
+    if arms is not None:  # which arm each run is, and the ASO-SE run it controls for
+        table.insert(2, "arm", [r.tags.get(layout.TAG_ARM, "") for r in records])
+        table.insert(3, "controls", [r.tags.get(layout.TAG_CONTROLS, "") for r in records])
+    rankings = ranking_table(records)
+    pairs: dict[str, list] = {}
+    if with_evolution and rankings is not None:
+        client = client or MlflowClient(tracking_uri=selection.tracking_uri)
+        pairs = {rid: p for rid in rankings["run_id"] if (p := ranking_pairs(client, rid))}
     return Comparison(
         selection=selection,
-        table=selection.table(),
+        table=table,
+        arms=arms,
+        rankings=rankings,
+        ranking_pairs=pairs,
         clusters=clusters(records),
         op_frequencies=op_frequencies([r.genotype for r in records]),
         distances=distance_matrix(records),
         diffs=diffs_to_best(records),
         evolutions=evolutions,
     )
+
+
+def ranking_table(records: Sequence[RunRecord]) -> Optional[pd.DataFrame]:
+    """The ranking diagnostic figures (``asolab rank``) of the runs that have them, or None."""
+    rows = [
+        {"run_name": r.run_name, "run_id": r.run_id, **{m: r.metric(m) for m in layout.RANKING_METRICS}}
+        for r in records if any(m in r.metrics for m in layout.RANKING_METRICS)
+    ]
+    return pd.DataFrame(rows) if rows else None
+
+
+def ranking_pairs(client: MlflowClient, run_id: str) -> list:
+    """The (one-shot, stand-alone) pairs a ranking diagnostic recorded in ``run_id``."""
+    text = _read_artifact(client, run_id, layout.RANKING_PAIRS_ARTIFACT)
+    return json.loads(text)["pairs"] if text else []

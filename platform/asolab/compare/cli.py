@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", "-r", dest="runs", action="append", default=[], metavar="RUN_ID", help="a run id (repeatable)")
     p.add_argument("--filter", default="", metavar="EXPR", help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"")
     p.add_argument("--study", default="", metavar="NAME", help="the trial runs of an Optuna study")
+    p.add_argument("--baseline", action="append", default=[], metavar="RUN_ID", help="an ASO-SE run and its control arms (made by 'asolab baseline RUN_ID'); repeatable")
     p.add_argument("--top", type=int, default=0, metavar="K", help="compare the K best runs by --by (runs without a genotype take no place)")
     p.add_argument("--by", default=FINAL_VAL_ACC, metavar="METRIC", help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)")
     p.add_argument("--ascending", action="store_true", help="for --top: lowest first (losses, parameters)")
@@ -52,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .analysis import analyse, diff_lines
+    from .arms import arm_lines
     from .report import log_to_mlflow, write_report
     from .select import CompareError, load_selection
     from ..space.genotype import distance
@@ -70,7 +72,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
     selection = load_selection(
         args.tracking_uri or None, experiments=args.experiment, run_ids=args.runs, filter_string=args.filter,
-        study=args.study, top=args.top, by=args.by, ascending=args.ascending,
+        study=args.study, top=args.top, by=args.by, ascending=args.ascending, baseline=args.baseline,
     )
     if not selection.records and not selection.skipped:
         raise CompareError(f"no runs match the selection ({selection.description}) in {selection.tracking_uri}")
@@ -112,6 +114,16 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 print(f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}", file=out)
                 if row["changes"]:
                     print(f"      {row['changes']}", file=out)
+    if comparison.arms is not None:
+        print("\ncontrol arms (asolab baseline):", file=out)
+        for line in arm_lines(comparison.arms):
+            print(f"  {line}", file=out)
+    if comparison.rankings is not None:
+        print("\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs stand-alone val acc", file=out)
+        for _, r in comparison.rankings.iterrows():
+            print(f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / {r['ranking_spearman_rho']:+.3f}, "
+                  f"random {r['ranking_kendall_tau_random']:+.3f} / {r['ranking_spearman_rho_random']:+.3f}, "
+                  f"all {r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}", file=out)
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:
@@ -123,6 +135,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         except OSError as exc:
             raise CompareError(f"--csv {args.csv}: cannot write it ({exc.strerror or exc})") from None
         print(f"\ntable written to {args.csv}", file=out)
+        if comparison.arms is not None:
+            arms_csv = arms_csv_path(args.csv)
+            comparison.arms.to_csv(arms_csv, index=False)
+            print(f"arm view written to {arms_csv}", file=out)
     if args.report or args.log_to_mlflow:
         with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
             directory = args.report or tmp
@@ -161,6 +177,12 @@ def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -
         target = os.path.dirname(target)
     if not os.path.isdir(target) or not os.access(target, os.W_OK):
         raise error(f"{flag} {path}: {target} is not a writable folder; choose another path")
+
+
+def arms_csv_path(csv: str) -> str:
+    """Where ``--csv PATH`` writes the arm view: beside PATH, ``<stem>_arms.csv``."""
+    root, ext = os.path.splitext(csv)
+    return f"{root}_arms{ext or '.csv'}"
 
 
 def terminal_table(table: "pd.DataFrame", clusters: "pd.DataFrame") -> str:

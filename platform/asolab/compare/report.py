@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 REPORT_FILE = "index.html"
 TABLE_FILE = "runs.csv"
+ARMS_FILE = "arms.csv"  # the arm view, when runs carry arm tags
 MAX_CELL_PICTURES = 12  # distinct genotypes drawn; the clusters table lists them all
 
 _STYLE = """
@@ -153,6 +154,7 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
         parts.append("</ul>")
 
     parts += ["<h2>Runs</h2>", _frame_html(t)]
+    parts += _arms_html(comparison) + _ranking_html(comparison)
 
     parts.append("<h2>Accuracy</h2>")
     for x, xlabel, name in (
@@ -212,6 +214,44 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
     return "\n".join(parts)
 
 
+def _arms_html(comparison: Comparison) -> list[str]:
+    """The arm view: mean ± std per arm, paired differences to ASO-SE with 95% CIs."""
+    if comparison.arms is None:
+        return []
+    from .arms import arm_lines
+
+    return [
+        "<h2>Control arms</h2>",
+        "<p>Runs made by <code>asolab baseline</code>: each control arm trains a fixed genotype for the "
+        "ASO-SE run's weight-training budget and seed. Differences are ASO-SE minus the arm, paired by seed, "
+        "with a 95% paired-t confidence interval; test accuracy is reported, never used to select.</p>",
+        "<pre>" + html.escape("\n".join(arm_lines(comparison.arms))) + "</pre>",
+        _frame_html(comparison.arms),
+    ]
+
+
+def _ranking_html(comparison: Comparison) -> list[str]:
+    """The ranking diagnostic: figures per run and a scatter of its pairs."""
+    if comparison.rankings is None:
+        return []
+    from ..baseline.ranking import scatter_png
+
+    parts = [
+        "<h2>Ranking diagnostic</h2>",
+        "<p>Recorded by <code>asolab rank</code>: genotypes sampled from the final alphas (and random ones), "
+        "their one-shot validation accuracy on the supernet against their validation accuracy after a short "
+        "stand-alone training; Kendall's tau and Spearman's rho.</p>",
+        _frame_html(comparison.rankings),
+    ]
+    for rid, pairs in comparison.ranking_pairs.items():
+        name = next((r.run_name for r in comparison.records if r.run_id == rid), rid[:8])
+        png = scatter_png(pairs, f"{name}: one-shot vs stand-alone")
+        if png:
+            parts.append(f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: one point per genotype"
+                         "</figcaption></figure>")
+    return parts
+
+
 def write_report(comparison: Comparison, directory: str | Path, title: str = "asolab genotype comparison") -> Path:
     """Write ``index.html`` and ``runs.csv`` into ``directory``; returns the page's path."""
     out = Path(directory)
@@ -219,6 +259,8 @@ def write_report(comparison: Comparison, directory: str | Path, title: str = "as
     page = out / REPORT_FILE
     page.write_text(render_html(comparison, title), encoding="utf-8")
     comparison.table.to_csv(out / TABLE_FILE, index=False)
+    if comparison.arms is not None:
+        comparison.arms.to_csv(out / ARMS_FILE, index=False)
     log.info("wrote comparison report %s", page)
     return page
 

@@ -228,6 +228,7 @@ def find_runs(
     run_ids: Sequence[str] = (),
     filter_string: str = "",
     study: str = "",
+    baseline: Sequence[str] = (),
 ) -> list[Run]:
     """The MLflow runs the selection names, in a stable order, without duplicates.
 
@@ -236,7 +237,14 @@ def find_runs(
     experiment is named), which leaves out comparison and study-parent runs.
     """
     runs: list[Run] = [_get_run(client, rid) for rid in run_ids]
-    if experiments or filter_string or study or not run_ids:
+    for source in baseline:  # a baseline set: the ASO-SE run and its control arms (asolab baseline)
+        exp_ids = _experiment_ids(client, experiments)
+        found = _search(client, exp_ids.values(), _and(filter_string, f"tags.`{layout.TAG_BASELINE_OF}` = '{source}'"))
+        if not found:
+            raise CompareError(f"--baseline {source}: no runs tagged {layout.TAG_BASELINE_OF}={source!r} in "
+                               f"{_store_name(client)}; make them with: asolab baseline {source}")
+        runs.extend(found)
+    if (experiments or filter_string or study or not run_ids) and not baseline:
         exp_ids = _experiment_ids(client, experiments)
         study_filter = f"tags.`{layout.TAG_STUDY}` = '{study}'" if study else ""
         found = [r for r in _search(client, exp_ids.values(), _and(filter_string, study_filter)) if not is_bookkeeping(r)]
@@ -360,6 +368,7 @@ def load_selection(
     top: int = 0,
     by: str = layout.FINAL_VAL_ACC,
     ascending: bool = False,
+    baseline: Sequence[str] = (),
 ) -> Selection:
     """Select runs and read each one's records; runs without a genotype are skipped.
 
@@ -368,11 +377,12 @@ def load_selection(
     """
     uri = resolve_tracking_uri(tracking_uri)
     client = open_store(uri)
-    runs = find_runs(client, experiments=experiments, run_ids=run_ids, filter_string=filter_string, study=study)
+    runs = find_runs(client, experiments=experiments, run_ids=run_ids, filter_string=filter_string, study=study,
+                     baseline=baseline)
     if top:
         runs = rank_by_metric(runs, by, ascending)
     names = experiment_names(client, runs)
-    selection = Selection(uri, description=describe(experiments, run_ids, filter_string, study, top, by))
+    selection = Selection(uri, description=describe(experiments, run_ids, filter_string, study, top, by, baseline))
     for run in runs:
         # --top counts compared runs: a run without a genotype does not take a place,
         # and runs ranked below the K-th compared one are never read.
@@ -392,9 +402,10 @@ def load_selection(
     return selection
 
 
-def describe(experiments: Sequence[str], run_ids: Sequence[str], filter_string: str, study: str, top: int, by: str) -> str:
+def describe(experiments: Sequence[str], run_ids: Sequence[str], filter_string: str, study: str, top: int, by: str,
+             baseline: Sequence[str] = ()) -> str:
     """The selection in words (report title, comparison-run param)."""
-    parts = []
+    parts = [f"control arms of {b[:8]}" for b in baseline]
     if experiments:
         parts.append("experiments " + ", ".join(experiments))
     if run_ids:

@@ -655,16 +655,20 @@ class Runner:
 
 @dataclass(frozen=True)
 class Phase:
-    """One phase of a cycle: its name (in checkpoints, tags and events) and what runs it."""
+    """One phase of a cycle: its name (in checkpoints, tags and events) and the name of
+    the Runner method that runs it (looked up on the runner, so subclasses override it)."""
 
     name: str
-    run: Callable[[Runner], None]
+    method: str
+
+    def run(self, runner: Runner) -> None:
+        getattr(runner, self.method)()
 
 
 # The cycle's phases in order: the one table the loop, checkpoints and resume read.
 PHASES: tuple[Phase, ...] = (
-    Phase("w_train", Runner._w_train),
-    Phase("alpha", Runner._alpha_train),
-    Phase("mutate", Runner._mutate),
-    Phase("retrain", Runner._retrain_cycle),
+    Phase("w_train", "_w_train"),
+    Phase("alpha", "_alpha_train"),
+    Phase("mutate", "_mutate"),
+    Phase("retrain", "_retrain_cycle"),
 )

@@ -92,6 +92,12 @@ class ObjectiveConfig:
         ("val_acc",), choices=tuple(OBJECTIVES),
         help="one metric (the best value) or two (a Pareto front), all on the validation split",
     )
+    # Seed noise of one digits run is about as large as the knobs' effect (bench/README.md,
+    # study_signal.py): averaging a trial over seeds divides it by sqrt(seeds).
+    seeds: int = _field(
+        1, ge=1, le=100,
+        help="runs per trial, seeds base.seed .. base.seed + seeds - 1; the trial's values are their means",
+    )
 
     @property
     def directions(self) -> tuple[str, ...]:

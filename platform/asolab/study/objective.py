@@ -53,16 +53,20 @@ def trial_config(trial: optuna.Trial, cfg: StudyConfig, threads: int) -> Experim
 
 
 class TrialReporter(Observer):
-    """Reports the objective's per-cycle value to Optuna; prunes when told to."""
+    """Reports the objective's per-cycle value to Optuna; prunes when told to.
 
-    def __init__(self, trial: optuna.Trial, metric: str | None) -> None:
-        self.trial, self.metric = trial, metric
+    With several seeds per trial, the runs report one after the other: the
+    ``offset`` (seed index × cycles) keeps their steps apart, and every trial
+    reports the same steps, which is what the pruners compare."""
+
+    def __init__(self, trial: optuna.Trial, metric: str | None, offset: int = 0) -> None:
+        self.trial, self.metric, self.offset = trial, metric, offset
 
     def on_cycle_end(self, event: CycleEnd) -> None:
         if self.metric is None:
             return
         value = float(getattr(event, EVENT_FIELD[self.metric]))
-        self.trial.report(value, event.cycle)
+        self.trial.report(value, self.offset + event.cycle)
         if self.trial.should_prune():
             log.info("trial %d pruned after cycle %d (%s = %.4f)", self.trial.number, event.cycle, self.metric, value)
             raise optuna.TrialPruned(f"pruned after cycle {event.cycle} with {self.metric} = {value:.4f}")
@@ -75,7 +79,8 @@ class RunLink(Observer):
         self.trial, self.tracker = trial, tracker
 
     def on_run_start(self, event: RunStart) -> None:
-        if getattr(self.tracker, "run_id", None):
+        # With several seeds the first seed's run is the trial's (its values are written there).
+        if getattr(self.tracker, "run_id", None) and ATTR_MLFLOW_RUN not in self.trial.user_attrs:
             self.trial.set_user_attr(ATTR_MLFLOW_RUN, self.tracker.run_id)
 
 
@@ -133,19 +138,30 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
 
     cfg = ctx.cfg
     exp = trial_config(trial, cfg, ctx.threads)
-    tracker = MlflowTracker(
-        tracking_uri=ctx.tracking_uri,
-        experiment=cfg.mlflow_experiment,
-        run_name=f"{ctx.study_name}-trial-{trial.number:04d}",
-        parent_run_id=ctx.parent_run_id,
-        tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
-        log_models=exp.tracking.log_models,
-    )
     first = cfg.objective.metrics[0]
     # Optuna cannot prune multi-objective trials; single objectives report per cycle.
     metric = first if not cfg.multi_objective and first in EVENT_FIELD else None
-    keeper = _RunEndKeeper()
-    observers = [tracker, RunLink(trial, tracker), keeper, TrialReporter(trial, metric)]
-    Runner(exp, observers, data=ctx.data_for(exp)).run()
-    assert keeper.end is not None
-    return objective_values(keeper.end, cfg.objective.metrics)
+    seeds = cfg.objective.seeds
+    per_seed = []
+    for i in range(seeds):
+        run_exp = exp.replace(seed=exp.seed + i) if i else exp
+        suffix = f"-seed{run_exp.seed}" if seeds > 1 else ""
+        tracker = MlflowTracker(
+            tracking_uri=ctx.tracking_uri,
+            experiment=cfg.mlflow_experiment,
+            run_name=f"{ctx.study_name}-trial-{trial.number:04d}{suffix}",
+            parent_run_id=ctx.parent_run_id,
+            tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
+            log_models=run_exp.tracking.log_models,
+        )
+        keeper = _RunEndKeeper()
+        reporter = TrialReporter(trial, metric, offset=i * exp.search.cycles)
+        observers = [tracker, RunLink(trial, tracker), keeper, reporter]
+        Runner(run_exp, observers, data=ctx.data_for(run_exp)).run()
+        assert keeper.end is not None
+        per_seed.append(objective_values(keeper.end, cfg.objective.metrics))
+    if seeds > 1:
+        trial.set_user_attr("objective_per_seed", per_seed)
+    return [sum(v) / seeds for v in zip(*per_seed)]
+
+

@@ -142,6 +142,27 @@ def resumed_text(position: dict | None) -> str:
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
 
+# ---------------------------------------------------------------- control arms (asolab baseline)
+# Every run of a baseline set is tagged with its arm ("aso-se" for the search itself; the
+# control arms are asolab.baseline.ARMS), the ASO-SE run of the same seed it controls for,
+# and the ASO-SE run the set was asked for (the source run tags itself).
+TAG_ARM = "asolab.arm"
+TAG_CONTROLS = "asolab.controls"
+TAG_BASELINE_OF = "asolab.baseline_of"
+ARM_ASO_SE = "aso-se"
+
+# ---------------------------------------------------------------- ranking diagnostic (asolab rank)
+# Metrics of the run whose supernet is ranked (step 0): Kendall's tau and Spearman's rho
+# between one-shot (supernet) and stand-alone validation accuracy, over the genotypes
+# sampled from the final alphas, over the random ones, and over both together.
+RANKING_METRICS = (
+    "ranking_kendall_tau", "ranking_spearman_rho",
+    "ranking_kendall_tau_random", "ranking_spearman_rho_random",
+    "ranking_kendall_tau_all", "ranking_spearman_rho_all", "ranking_genotypes",
+)
+RANKING_DIR = "ranking"
+RANKING_PAIRS_ARTIFACT = f"{RANKING_DIR}/pairs.json"  # one record per genotype: source, genotype, both accuracies
+RANKING_PLOT_ARTIFACT = f"{RANKING_DIR}/scatter.png"
 
 # ================================================================ a study's parent and trial runs
 
@@ -184,7 +205,7 @@ _ARTIFACTS = (
     rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json", rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
     rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json", rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
     re.escape(CHECKPOINT_ARTIFACT), rf"{MODEL_DIR}/.+", rf"{PLOTS_DIR}/[^/]+", r"[^/]+\.toml",
-    rf"{REPORT_DIR}/.+",
+    rf"{REPORT_DIR}/.+", rf"{RANKING_DIR}/[^/]+",
 )
 
 
@@ -195,7 +216,7 @@ def declared(kind: str, name: str, config_keys: tuple[str, ...] = ()) -> bool:
     so that this module stays free of imports.
     """
     if kind == "metric":
-        fixed = RUN_METRICS + COMPARISON_METRICS + (BEST_VALUE, PARETO_SIZE)
+        fixed = RUN_METRICS + COMPARISON_METRICS + RANKING_METRICS + (BEST_VALUE, PARETO_SIZE)
         prefixes = (TRIALS_PREFIX, BEST_PREFIX, OBJECTIVE_PREFIX)
         return name in fixed or name.startswith(prefixes)
     if kind == "tag":

@@ -1,0 +1,118 @@
+"""The control arms of an ASO-SE run: fixed genotypes trained for the same budget.
+
+* ``scratch``  the genotype the ASO-SE run ended with, trained from scratch:
+  the architecture's quality without the search's weight sharing (the
+  standard NAS protocol of re-training the result);
+* ``random``   a random genotype of the same space whose derived parameter
+  count is within 10% of the ASO-SE network's (drawn until one fits; the
+  closest of 5000 draws otherwise);
+* ``initial``  the genotype derive() reads from the freshly initialised alphas
+  of the same seed (search without evolution).
+
+"Same budget" means: each arm trains its fixed genotype from scratch (same
+seed, so the same initial weights for the ops it shares) for exactly the
+ASO-SE run's weight epochs, epoch by epoch in the same places -- the
+W-training and W-retraining epochs of every cycle on the search split, then
+``search.final_epochs`` on the whole training split -- with the same SGD
+settings and cosine learning-rate schedule. Alpha epochs train no weights and
+are skipped (the arms have no alphas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from ..config import ExperimentConfig
+from ..runner import Runner
+from ..space.genotype import CELL_TYPES, Genotype
+
+ARMS = ("scratch", "random", "initial")  # the registry of control arms
+PARAM_TOLERANCE = 0.10  # the random arm's parameter count: within 10% of the ASO-SE network's
+
+
+class FixedGenotypeRunner(Runner):
+    """A runner whose genotype never changes: W-training trains the genotype's
+    path instead of sampled ones, alpha-training and mutation do nothing. The
+    epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        observers=(),
+        *,
+        genotype: Genotype | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
+        self.state.genotype = self.state.derived = genotype if genotype is not None else self.net.derive()
+
+    def _w_train(self) -> None:
+        s = self.cfg.search
+        epochs = s.w_epochs + (s.warmup_epochs if self.state.position.cycle == 0 else 0)
+        self._retrain("w_train", epochs, self.data.train)
+
+    def _alpha_train(self) -> None:
+        pass
+
+    def _mutate(self) -> None:
+        pass
+
+    def _final_genotype(self) -> Genotype:
+        assert self.state.genotype is not None
+        return self.state.genotype
+
+
+def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int) -> Genotype:
+    """A uniformly random genotype: per node two distinct inputs, each with a non-none op."""
+    ops = [p for p in primitives if p != "none"]
+    cells = {
+        kind: tuple(
+            tuple((rng.choice(ops), j) for j in rng.sample(range(k + 2), 2)) for k in range(steps)
+        )
+        for kind in CELL_TYPES
+    }
+    concat = tuple(range(2, steps + 2))
+    return Genotype(
+        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
+    )
+
+
+def matched_random(
+    runner: Runner, target: int, seed: int, tolerance: float = PARAM_TOLERANCE, tries: int = 5000
+) -> tuple[Genotype, int]:
+    """A random genotype whose derived parameter count is within ``tolerance`` of ``target``."""
+    rng = random.Random(1000 + seed)
+    best: tuple[float, Genotype, int] | None = None
+    for _ in range(tries):
+        g = random_genotype(rng, runner.spec.primitives, runner.spec.steps)
+        n = runner.net.count_derived(g)
+        gap = abs(n - target) / target
+        if best is None or gap < best[0]:
+            best = (gap, g, n)
+        if gap <= tolerance:
+            break
+    assert best is not None
+    return best[1], best[2]
+
+
+def arm_runner(
+    arm: str, cfg: ExperimentConfig, found: Genotype, found_params: int, observers=(), **kwargs: Any
+) -> FixedGenotypeRunner:
+    """The runner of one control arm for an ASO-SE run of ``cfg`` that ended with
+    genotype ``found`` of ``found_params`` derived parameters."""
+    if arm == "initial":
+        return FixedGenotypeRunner(cfg, observers, **kwargs)
+    if arm == "scratch":
+        # On the fresh, ungrown network: cells that growth inserted (and their own
+        # cells in the genotype) are left out.
+        return FixedGenotypeRunner(
+            cfg, observers, genotype=dataclasses.replace(found, own_cells=()), **kwargs
+        )
+    if arm == "random":
+        data = kwargs.get("data")
+        probe = FixedGenotypeRunner(cfg, data=data)  # seeded: the fresh supernet of this seed
+        genotype, _ = matched_random(probe, found_params, cfg.seed)
+        return FixedGenotypeRunner(cfg, observers, genotype=genotype, **kwargs)
+    raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")

@@ -1,0 +1,186 @@
+"""``asolab baseline`` (control arms of ASO-SE runs) and ``asolab rank`` (ranking diagnostic)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from ..config import ConfigError
+from .arms import ARMS
+
+BASELINE_TEXT = (
+    "For each ASO-SE run and seed: the ASO-SE run itself (a new run of the same config for "
+    "another seed) and its control arms -- scratch (the found genotype from scratch), random "
+    "(a random genotype with the same parameter count, +-10%%), initial (the unevolved "
+    "genotype) -- each with the same config, seed and weight-training budget, tagged with its "
+    "arm and the run it controls for. Compare them with: asolab compare --baseline RUN_ID. "
+    "Running it again goes on where it stopped."
+)
+RANK_TEXT = (
+    "Sample genotypes from the run's final alphas (and random ones), evaluate each on the "
+    "supernet (one-shot) and after a short stand-alone training, both on the validation split; "
+    "record Kendall's tau and Spearman's rho as metrics of the run, the pairs and a scatter "
+    "plot as artifacts."
+)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2"
+        ) from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: seeds must be distinct integers >= 0")
+    return seeds
+
+
+def _arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    if unknown := [a for a in arms if a not in ARMS]:
+        raise ConfigError(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    return arms
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="torch CPU threads (default: the run's own)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--tracking-uri",
+        default="",
+        metavar="URI",
+        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
+    )
+
+
+def add_baseline(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "baseline",
+        help="train the control arms of recorded ASO-SE runs as tracked runs",
+        description=BASELINE_TEXT,
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_ID", help="recorded, finished ASO-SE run(s)")
+    p.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated control arms (default {','.join(ARMS)})",
+    )
+    p.add_argument(
+        "--seeds", default="", help="comma-separated seeds (default: the run's own seed)"
+    )
+    _common(p)
+    p.set_defaults(func=cmd_baseline)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from ..progress import ProgressObserver
+    from ..tracking import check_reachable, resolve_tracking_uri
+    from .run import run_set
+
+    arms, seeds = _arms(args.arms), _seeds(args.seeds) if args.seeds else None
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (got {args.threads})")
+    uri = resolve_tracking_uri(args.tracking_uri)
+    check_reachable(uri)
+    overrides = {"threads": args.threads} if args.threads else {}
+
+    def done(r) -> None:
+        how = "trained" if r.trained else "recorded earlier"
+        print(
+            f"  seed {r.seed} {r.arm:<8} run {r.run_id}  val {r.val_acc:.4f}  "
+            f"test {r.test_acc:.4f}  "
+            f"params {r.params}  ({how})",
+            flush=True,
+        )
+
+    for run_id in args.runs:
+        print(f"control arms of run {run_id}:", flush=True)
+        run_set(
+            uri,
+            run_id,
+            arms,
+            seeds,
+            overrides=overrides,
+            on_done=done,
+            observers=lambda: [ProgressObserver(enabled=not args.quiet)],
+        )
+        tracking = "" if not args.tracking_uri else f" --tracking-uri {args.tracking_uri}"
+        print(f"compare the arms: asolab compare --baseline {run_id}{tracking}")
+    return 0
+
+
+def add_rank(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rank",
+        help="measure how well a run's supernet ranks architectures (Kendall tau, Spearman rho)",
+        description=RANK_TEXT,
+    )
+    p.add_argument("run", metavar="RUN_ID", help="a recorded run with a checkpoint")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        metavar="K",
+        help="genotypes from the alphas, and as many random (default 8)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=2,
+        metavar="E",
+        help="stand-alone training epochs per genotype (default 2)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's seed)")
+    _common(p)
+    p.set_defaults(func=cmd_rank)
+
+
+def cmd_rank(args: argparse.Namespace) -> int:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from ..tracking import check_reachable, resolve_tracking_uri
+    from .ranking import rank_run
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    check_reachable(uri)
+
+    def pair(p) -> None:
+        if not args.quiet:
+            print(
+                f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
+                f"stand-alone {p.standalone_val_acc:.4f}  "
+                f"{p.genotype}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    figures = rank_run(
+        uri,
+        args.run,
+        args.samples,
+        args.epochs,
+        args.seed,
+        overrides={"threads": args.threads} if args.threads else None,
+        on_pair=pair,
+    )
+    print(f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes):")
+    for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
+        print(
+            f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}  "
+            f"Spearman rho {_fig(figures[f'ranking_spearman_rho{suffix}'])}"
+        )
+    return 0
+
+
+def _fig(v: float) -> str:
+    """A correlation, or why there is none (one genotype, or all accuracies tied)."""
+    return "n/a (ties)" if math.isnan(v) else f"{v:+.3f}"

@@ -1,0 +1,268 @@
+"""How well does the supernet rank architectures? (``asolab rank``)
+
+The standard explanation when a weight-sharing search loses to random
+architectures is that the supernet ranks them poorly. This measures it on a
+recorded run: K genotypes sampled from the run's final alphas and K random
+genotypes of the same space each get
+
+* a one-shot validation accuracy: the supernet evaluated along the genotype
+  on the validation split, after re-estimating BatchNorm statistics along it
+  (as the runner does for every derived network), and
+* a stand-alone validation accuracy: the genotype trained from scratch for a
+  few epochs on the search split (same seed, same SGD settings), evaluated on
+  the validation split.
+
+Kendall's tau and Spearman's rho between the two (over the sampled
+genotypes, the random ones, and both) become metrics of the run; the pairs
+and a scatter plot become artifacts (names in :mod:`asolab.tracking.layout`).
+The supernet is the one in the run's last checkpoint: for a search-only run
+(``search.final_epochs = 0``, as studies run) that is the supernet at the end
+of the search; after final epochs its weights have also trained along the
+final genotype. The test split is never read.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError, ExperimentConfig
+from ..data import DataBundle
+from ..runner import Runner
+from ..space.cells import edge_index
+from ..space.genotype import CELL_TYPES, Genotype
+from ..space.network import SearchNetwork
+from .arms import FixedGenotypeRunner, random_genotype
+
+SOURCES = ("alphas", "random")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One genotype's two accuracies."""
+
+    source: str  # "alphas" | "random"
+    genotype: str
+    one_shot_val_acc: float
+    standalone_val_acc: float
+
+
+def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float = 1.0) -> Genotype:
+    """A genotype drawn from the alphas' softmax: per node two distinct inputs, each
+    drawn with probability proportional to its strongest non-none op's weight (the
+    quantity derive() ranks by), and each kept edge's op drawn among the non-none ops."""
+    prims = net.spec.primitives
+    allowed = [i for i, p in enumerate(prims) if p != "none"]
+    cells = {}
+    for kind in CELL_TYPES:
+        w = (net.alphas[kind].detach().cpu() / temperature).softmax(-1)
+        nodes = []
+        for k in range(net.spec.steps):
+            inputs = list(range(k + 2))
+            strength = [max(w[edge_index(k, j), i].item() for i in allowed) for j in inputs]
+            chosen: list[int] = []
+            for _ in range(2):
+                j = rng.choices(
+                    [j for j in inputs if j not in chosen],
+                    [s for j, s in zip(inputs, strength) if j not in chosen],
+                )[0]
+                chosen.append(j)
+            node = []
+            for j in chosen:
+                row = w[edge_index(k, j)]
+                op = rng.choices(allowed, [row[i].item() for i in allowed])[0]
+                node.append((prims[op], j))
+            nodes.append(tuple(node))
+        cells[kind] = tuple(nodes)
+    concat = tuple(range(2, net.spec.steps + 2))
+    return Genotype(
+        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
+    )
+
+
+def _distinct(draw: Callable[[], Genotype], k: int, tries: int = 50) -> list[Genotype]:
+    """Up to ``k`` distinct genotypes from ``draw`` (alphas that have converged repeat themselves)."""
+    out: dict[str, Genotype] = {}
+    for _ in range(k * tries):
+        g = draw()
+        out.setdefault(g.canonical, g)
+        if len(out) == k:
+            break
+    return list(out.values())
+
+
+def standalone_config(cfg: ExperimentConfig, epochs: int) -> ExperimentConfig:
+    """One cycle of ``epochs`` W-training epochs on the search split, nothing else."""
+    return cfg.replace(
+        **{
+            "search.cycles": 1,
+            "search.warmup_epochs": 0,
+            "search.w_epochs": epochs,
+            "search.alpha_epochs": 0,
+            "search.retrain_epochs": 0,
+            "search.final_epochs": 0,
+        }
+    )
+
+
+def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBundle) -> float:
+    """Train ``genotype`` from scratch by ``cfg``'s cycles (no final stage) and return its
+    validation accuracy; the test split is not even evaluated."""
+    runner = FixedGenotypeRunner(cfg, genotype=genotype, data=data)
+    while runner.state.position.cycle < runner.cfg.search.cycles:
+        runner._next_phase()
+    assert runner.state.genotype is not None
+    return runner.evaluate(runner.data.val, runner.state.genotype)[1]
+
+
+def measure(
+    runner: Runner,
+    samples: int,
+    epochs: int,
+    seed: int,
+    on_pair: Callable[[Pair], None] = lambda p: None,
+) -> list[Pair]:
+    """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples`` random ones."""
+    if samples < 2:
+        raise ConfigError(
+            f"--samples must be at least 2 (got {samples}): a rank correlation needs two genotypes"
+        )
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1 (got {epochs})")
+    rng = random.Random(seed)
+    spec = runner.spec
+    drawn = {
+        "alphas": _distinct(lambda: sample_genotype(runner.net, rng), samples),
+        "random": _distinct(lambda: random_genotype(rng, spec.primitives, spec.steps), samples),
+    }
+    # One-shot first, while the supernet is as the run left it (calibration only touches BN statistics).
+    one_shot = {
+        (src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
+        for src, gs in drawn.items()
+        for g in gs
+    }
+    cfg = standalone_config(runner.cfg, epochs)
+    pairs = []
+    for src, gs in drawn.items():
+        for g in gs:
+            alone = standalone_val_acc(cfg, g, runner.data)
+            pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], alone)
+            pairs.append(pair)
+            on_pair(pair)
+    return pairs
+
+
+def correlations(pairs: list[Pair]) -> dict[str, float]:
+    """Kendall's tau and Spearman's rho per source and over all pairs (NaN where undefined)."""
+    from scipy.stats import kendalltau, spearmanr
+
+    out: dict[str, float] = {"ranking_genotypes": float(len(pairs))}
+    for suffix, chosen in (
+        ("", [p for p in pairs if p.source == "alphas"]),
+        ("_random", [p for p in pairs if p.source == "random"]),
+        ("_all", pairs),
+    ):
+        a = [p.one_shot_val_acc for p in chosen]
+        b = [p.standalone_val_acc for p in chosen]
+        tau = rho = math.nan
+        if len(chosen) >= 2 and len(set(a)) > 1 and len(set(b)) > 1:
+            tau, rho = float(kendalltau(a, b).statistic), float(spearmanr(a, b).statistic)
+        out[f"ranking_kendall_tau{suffix}"] = tau
+        out[f"ranking_spearman_rho{suffix}"] = rho
+    return out
+
+
+def scatter_png(pairs: list[dict], title: str) -> bytes | None:
+    """One-shot against stand-alone validation accuracy, one colour per source."""
+    if not pairs:
+        return None
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.6, 4.0))
+    for src, colour in zip(SOURCES, ("tab:blue", "tab:orange")):
+        chosen = [p for p in pairs if p["source"] == src]
+        if chosen:
+            ax.scatter(
+                [p["one_shot_val_acc"] for p in chosen],
+                [p["standalone_val_acc"] for p in chosen],
+                label="sampled from alphas" if src == "alphas" else "random",
+                c=colour,
+                s=22,
+            )
+    ax.set_xlabel("one-shot val acc (supernet)")
+    ax.set_ylabel("stand-alone val acc (short training)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def rank_run(
+    tracking_uri: str,
+    run_id: str,
+    samples: int = 8,
+    epochs: int = 2,
+    seed: int | None = None,
+    overrides: dict | None = None,
+    data: DataBundle | None = None,
+    on_pair: Callable[[Pair], None] = lambda p: None,
+) -> dict[str, float]:
+    """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts in the run."""
+    import json
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from ..tracking import layout as L
+    from .run import _get_run
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run = _get_run(client, run_id)
+    with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
+        try:
+            path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
+        except (MlflowException, OSError):
+            raise ConfigError(
+                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
+                "supernet (runs of 'asolab run' and studies keep one)"
+            ) from None
+        runner = Runner.resume(path, data=data)
+    if overrides:
+        runner.cfg = runner.cfg.replace(**overrides)
+        if runner.cfg.threads:
+            torch.set_num_threads(runner.cfg.threads)
+    pairs = measure(runner, samples, epochs, runner.cfg.seed if seed is None else seed, on_pair)
+    figures = correlations(pairs)
+    step = 0
+    for k, v in figures.items():
+        if not math.isnan(v):
+            client.log_metric(run_id, k, v, step=step)
+    records = [asdict(p) for p in pairs]
+    client.log_text(
+        run_id,
+        json.dumps({"samples": samples, "epochs": epochs, "pairs": records}, indent=1),
+        L.RANKING_PAIRS_ARTIFACT,
+    )
+    png = scatter_png(
+        records, f"{run.info.run_name}: tau {figures['ranking_kendall_tau']:.2f} (alphas)"
+    )
+    if png:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / Path(L.RANKING_PLOT_ARTIFACT).name
+            p.write_bytes(png)
+            client.log_artifact(run_id, str(p), L.RANKING_DIR)
+    return figures

@@ -1,0 +1,294 @@
+"""Control arms (asolab baseline), the arm view of compare, and the ranking diagnostic (asolab rank),
+end to end on digits with tracked runs in a temporary SQLite store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+
+import pandas as pd
+import pytest
+import torch
+from asolab import cli
+from asolab.baseline.arms import PARAM_TOLERANCE, FixedGenotypeRunner
+from asolab.baseline.ranking import measure, sample_genotype
+from asolab.baseline.run import run_set
+from asolab.compare.arms import arm_summary, paired_ci
+from asolab.data import load_data
+from asolab.runner import Runner
+from asolab.runner.events import Observer
+from asolab.tracking import layout as L
+from conftest import TINY
+from mlflow.tracking import MlflowClient
+
+SMALL = {
+    **TINY,
+    "search.cycles": 1,
+    "data.train_subset": 150,
+    "search.final_epochs": 0,
+    "tracking.enabled": True,
+    "tracking.log_models": False,
+}
+
+
+def _sets(values: dict) -> list[str]:
+    return [
+        x
+        for k, v in values.items()
+        for x in ("--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}")
+    ]
+
+
+def _source(uri: str, capsys, **extra) -> str:
+    """A tracked ASO-SE run in store ``uri``; returns its run id."""
+    assert (
+        cli.main(["run", "--quiet", *_sets({**SMALL, **extra, "tracking.tracking_uri": uri})]) == 0
+    )
+    out = capsys.readouterr().out
+    return out.split("(run ")[-1].split(")")[0]
+
+
+def _set_runs(client: MlflowClient, source: str) -> list:
+    exp = client.get_run(source).info.experiment_id
+    return client.search_runs([exp], f"tags.`{L.TAG_BASELINE_OF}` = '{source}'")
+
+
+def _weight_epochs(client: MlflowClient, run_id: str) -> list[float]:
+    """The phase of every epoch that trained weights (alpha epochs left out)."""
+    phases = [
+        m.value
+        for m in sorted(client.get_metric_history(run_id, "phase_index"), key=lambda m: m.step)
+    ]
+    return [p for p in phases if p != L.PHASE_INDEX["alpha"]]
+
+
+def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys)
+    base = ["baseline", source, "--threads", "1", "--quiet", "--tracking-uri", uri]
+    assert cli.main(base) == 0
+    assert cli.main([*base, "--seeds", "1", "--arms", "initial"]) == 0
+    out = capsys.readouterr().out
+    client = MlflowClient(tracking_uri=uri)
+    runs = {
+        (r.data.tags[L.TAG_ARM], int(r.data.params["seed"])): r for r in _set_runs(client, source)
+    }
+    assert set(runs) == {
+        ("aso-se", 0),
+        ("scratch", 0),
+        ("random", 0),
+        ("initial", 0),
+        ("aso-se", 1),
+        ("initial", 1),
+    }
+    assert all(r.info.status == "FINISHED" for r in runs.values())
+    aso = runs[("aso-se", 0)]
+    assert aso.info.run_id == source and "seed 0 aso-se" in out and "(recorded earlier)" in out
+    for (arm, seed), r in runs.items():
+        # the same config but the seed, the same weight-training epochs in the same places
+        same = {k: v for k, v in r.data.params.items() if k != "seed"}
+        assert same == {k: v for k, v in aso.data.params.items() if k != "seed"}
+        assert _weight_epochs(client, r.info.run_id) == _weight_epochs(client, source)
+        if arm != "aso-se":
+            assert r.data.tags[L.TAG_CONTROLS] == runs[("aso-se", seed)].info.run_id
+    assert (
+        runs[("scratch", 0)].data.tags[L.TAG_FINAL_GENOTYPE] == aso.data.tags[L.TAG_FINAL_GENOTYPE]
+    )
+    gap = abs(
+        runs[("random", 0)].data.metrics["final_params"] / aso.data.metrics["final_params"] - 1
+    )
+    assert gap <= PARAM_TOLERANCE
+
+    # compare: the arm view in the terminal, the CSV and the report
+    csv, report = tmp_path / "runs.csv", tmp_path / "report"
+    assert (
+        cli.main(
+            [
+                "compare",
+                "--baseline",
+                source,
+                "--tracking-uri",
+                uri,
+                "--csv",
+                str(csv),
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "ASO-SE - random:" in out and "ASO-SE - initial:" in out and "over 2 pair(s)" in out
+    arms = pd.read_csv(tmp_path / "runs_arms.csv")
+    assert set(arms["arm"]) == {"aso-se", "scratch", "random", "initial"}
+    initial = arms[(arms["arm"] == "initial") & (arms["metric"] == "test_acc")].iloc[0]
+    want = [
+        runs[("aso-se", s)].data.metrics["test_acc"] - runs[("initial", s)].data.metrics["test_acc"]
+        for s in (0, 1)
+    ]
+    assert initial["pairs"] == 2 and initial["diff_mean"] == pytest.approx(sum(want) / 2)
+    assert set(pd.read_csv(csv)["arm"]) == {"aso-se", "scratch", "random", "initial"}
+    page = (report / "index.html").read_text()
+    assert "Control arms" in page and (report / "arms.csv").exists()
+
+    # a third invocation finds everything and trains nothing
+    before = len(_set_runs(client, source))
+    assert cli.main(base) == 0
+    assert len(_set_runs(client, source)) == before
+
+
+class _KillRetrain(Observer):
+    """Stops the run like Ctrl-C in its W-retraining epoch (after its first checkpoints)."""
+
+    def on_epoch_end(self, event) -> None:
+        if event.phase == "retrain":
+            raise KeyboardInterrupt
+
+
+def test_baseline_resumes_a_killed_arm_from_its_checkpoint(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys)
+    with pytest.raises(KeyboardInterrupt):
+        run_set(uri, source, ["initial"], observers=lambda: [_KillRetrain()])
+    client = MlflowClient(tracking_uri=uri)
+    (killed,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
+    assert killed.info.status != "FINISHED"
+    (again,) = [r for r in run_set(uri, source, ["initial"]) if r.arm == "initial"]
+    assert again.run_id == killed.info.run_id and again.trained
+    resumed = client.get_run(again.run_id)
+    assert resumed.info.status == "FINISHED" and resumed.data.tags[L.TAG_RESUMED] == "1"
+    assert _weight_epochs(client, again.run_id) == _weight_epochs(client, source)
+
+
+def test_baseline_bad_input_is_one_line(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys)
+    cases = [
+        (["baseline", source, "--arms", "scratch,bogus"], "unknown arm 'bogus'"),
+        (["baseline", "0123456789abcdef", "--tracking-uri", uri], "not found"),
+        (["baseline", source, "--seeds", "0,x", "--tracking-uri", uri], "--seeds"),
+        (["rank", source, "--samples", "1", "--tracking-uri", uri], "--samples must be at least 2"),
+    ]
+    for argv, words in cases:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("asolab: error: ") and words in err[0]
+    assert (
+        cli.main(
+            [
+                "baseline",
+                source,
+                "--arms",
+                "initial",
+                "--threads",
+                "1",
+                "--quiet",
+                "--tracking-uri",
+                uri,
+            ]
+        )
+        == 0
+    )
+    client = MlflowClient(tracking_uri=uri)
+    (control,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
+    assert cli.main(["baseline", control.info.run_id, "--tracking-uri", uri]) == 2
+    assert "control arm" in capsys.readouterr().err
+
+
+def test_paired_difference_and_its_confidence_interval():
+    rows = [("aso-se", s, f"a{s}", "", acc) for s, acc in enumerate((0.92, 0.95, 0.90))]
+    rows += [("random", s, f"r{s}", f"a{s}", acc) for s, acc in enumerate((0.90, 0.91, 0.87))]
+    runs = pd.DataFrame(
+        [
+            {"arm": a, "seed": s, "run_id": i, "controls": c, "test_acc": v, "val_acc": v}
+            for a, s, i, c, v in rows
+        ]
+    )
+    random_row = arm_summary(runs).query("arm == 'random' and metric == 'test_acc'").iloc[0]
+    assert random_row["pairs"] == 3 and random_row["diff_mean"] == pytest.approx(0.03)
+    half = 4.302653 * 0.01 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert (random_row["ci95_low"], random_row["ci95_high"]) == pytest.approx(
+        (0.03 - half, 0.03 + half)
+    )
+    assert random_row["per_seed_diff"] == "s0:+2.00 s1:+4.00 s2:+3.00"
+    assert all(math.isnan(v) for v in paired_ci([0.1]))
+
+
+def test_sampled_genotypes_follow_the_alphas(tiny_cfg, digits):
+    runner = Runner(tiny_cfg, data=digits)
+    with torch.no_grad():
+        for a in runner.net.alphas.values():
+            a.normal_(0, 0.1)
+    rng = random.Random(0)
+    samples = [sample_genotype(runner.net, rng) for _ in range(30)]
+    for g in samples:
+        for cell in (g.normal, g.reduce):
+            for node in cell:
+                assert len({j for _, j in node}) == 2 and all(op != "none" for op, _ in node)
+    assert len({g.canonical for g in samples}) > 1  # flat alphas: samples differ
+    with torch.no_grad():  # sharp alphas: every sample is the derived genotype
+        for a in runner.net.alphas.values():
+            a.mul_(1e4)
+    derived = runner.net.derive()
+    assert all(sample_genotype(runner.net, rng).canonical == derived.canonical for _ in range(5))
+
+
+def test_ranking_never_reads_the_test_split(tiny_cfg):
+    cfg = tiny_cfg.replace(**{"search.cycles": 1, "data.train_subset": 100})
+    runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
+    for _ in range(4):
+        runner._next_phase()  # the search without its final evaluation (which reports the test split)
+    pairs = measure(runner, samples=2, epochs=1, seed=0)
+    assert sorted(p.source for p in pairs) == ["alphas", "alphas", "random", "random"]
+    assert all(0 <= p.one_shot_val_acc <= 1 and 0 <= p.standalone_val_acc <= 1 for p in pairs)
+
+
+def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys, **{"search.final_epochs": 0, "data.train_subset": 300})
+    argv = [
+        "rank",
+        source,
+        "--samples",
+        "3",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--tracking-uri",
+        uri,
+    ]
+    assert cli.main(argv) == 0
+    assert "Kendall tau" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=uri)
+    metrics = client.get_run(source).data.metrics
+    assert metrics["ranking_genotypes"] == 6
+    for name in L.RANKING_METRICS:  # recorded unless undefined (tied accuracies)
+        assert name not in metrics or -1 <= metrics[name] <= 1 or name == "ranking_genotypes"
+    local = client.download_artifacts(source, L.RANKING_PAIRS_ARTIFACT, str(tmp_path))
+    with open(local) as f:
+        pairs = json.load(f)["pairs"]
+    assert sorted(p["source"] for p in pairs) == ["alphas"] * 3 + ["random"] * 3
+    assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
+    assert (
+        cli.main(
+            ["compare", "--run", source, "--tracking-uri", uri, "--report", str(tmp_path / "r")]
+        )
+        == 0
+    )
+    assert "ranking diagnostic" in capsys.readouterr().out
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "Ranking diagnostic" in page and "one point per genotype" in page
+
+
+def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):
+    tiny_cfg = tiny_cfg.replace(**{"search.cycles": 1})
+    digits = load_data(tiny_cfg.data, tiny_cfg.seed)
+    runner = Runner(tiny_cfg, data=digits)
+    found = runner.net.derive()
+    fixed = FixedGenotypeRunner(tiny_cfg, data=digits)
+    result = fixed.run()
+    assert result.genotype.canonical == found.canonical  # same seed: the same initial alphas

@@ -216,7 +216,10 @@ def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
     assert all(list(t.intermediate_values) == [0] for t in trials)
     _, children = runs_of(tmp_path, "pr-renamed", experiment="study-pr")
     assert len(children) == 2
-    assert sorted(r.info.run_name for r in children) == ["pr-renamed-trial-0000", "pr-renamed-trial-0001"]
+    # named to be told apart in the UI's narrow name column: number, temperature, strength
+    names = sorted(r.info.run_name for r in children)
+    assert [n.split()[0] for n in names] == ["t000", "t001"] and all(" τ" in n and " s" in n for n in names)
+    assert len(set(names)) == 2
     for run in children:
         assert run.data.tags[TAG_STUDY] == "pr-renamed"
         assert run.data.tags[TAG_TRIAL_STATE] == "PRUNED"

@@ -22,6 +22,7 @@ from ..runner.cycle import resolve_device
 from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
 from ..tracking.layout import TAG_STUDY, TAG_TRIAL
 from .config import ParamSpec, StudyConfig, trial_overrides
+from .report import trial_run_name
 from .storage import ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     tracker = MlflowTracker(
         tracking_uri=ctx.tracking_uri,
         experiment=cfg.mlflow_experiment,
-        run_name=f"{ctx.study_name}-trial-{trial.number:04d}",
+        run_name=trial_run_name(trial.number, exp.temperature.initial_temperature, exp.mutation.strength),
         parent_run_id=ctx.parent_run_id,
         tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
         log_models=exp.tracking.log_models,

@@ -56,6 +56,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
+from .browse import run_description
 from .store import ensure_experiment, resolve_tracking_uri, resumable_run, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,8 @@ class MlflowTracker(Observer):
         self._writer = _StoreWriter(inline=write_mode == "inline")
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
+        self._config: ExperimentConfig | None = None  # for the run's description at its end
+        self._dataset = ""
 
     # ------------------------------------------------------------------ helpers
 
@@ -304,6 +307,7 @@ class MlflowTracker(Observer):
     def on_run_start(self, event: RunStart) -> None:
         with self._timed():
             cfg = event.config
+            self._config, self._dataset = cfg, str(event.data.get("name", cfg.data.name))
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             if self._write_mode == "auto":
@@ -438,8 +442,8 @@ class MlflowTracker(Observer):
         with self._timed():
             step, c = event.global_epoch, event.cycle
             g = event.genotype
-            self._artifact_text(g.to_json(), L.genotype_artifact(c))
-            self._artifact_png(g, f"cycle {c}: {g}"[:160], L.cells_artifact(c))
+            self._artifact_text(genotype_record(g), L.genotype_artifact(c))
+            self._artifact_png(g, f"cycle {c}", L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._metric("cycle_val_acc", event.val_acc, step)
             self._metric("cycle_val_loss", event.val_loss, step)
@@ -490,14 +494,36 @@ class MlflowTracker(Observer):
                 ).model_id
             for k, v in finals.items():
                 self._metric(k, v, step, model_id=model_id)
-            self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_text(genotype_record(g), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
+            self._tag(L.TAG_NOTE, self._description(event))
             self.flush()
             self._writer.drain()
             if model_id is not None:
                 self._log_model(event, model_id, step)
             self._terminate("FINISHED")
+
+    def _description(self, event: RunEnd) -> str:
+        """The run's Markdown description (MLflow's run note): what a researcher reads first."""
+        cfg = self._config
+        facts: dict[str, Any] = {"data set": self._dataset, "final validation accuracy": event.val_acc,
+                                 "test accuracy (reported, never selected on)": event.test_acc,
+                                 "parameters (derived network)": event.derived_params}
+        peak = event.memory.get("cuda_peak_mb") or event.memory.get("peak_rss_mb")
+        if peak:
+            facts["peak memory (MB)"] = float(peak)
+        facts["wall time (s)"] = float(event.seconds)
+        params: dict[str, Any] = {}
+        if cfg is not None:
+            s, t = cfg.search, cfg.temperature
+            facts["budget"] = (f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
+                               f"{s.retrain_epochs} retrain epochs), {s.final_epochs} final epochs")
+            params = {"temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
+                      f"anneal {t.anneal_fraction:g})", "mutation strength": f"{cfg.mutation.strength:g}",
+                      "seed": cfg.seed}
+        return run_description(self.run_id or "", facts, str(event.genotype), params)
 
     def _log_model(self, event: RunEnd, model_id: str, step: int) -> None:
         from ..space.network import extract
@@ -556,6 +582,13 @@ class MlflowTracker(Observer):
     def _terminate(self, status: str) -> None:
         self._closed = True
         self._c.set_terminated(self.run_id, status=status)
+
+
+def genotype_record(g: Genotype) -> str:
+    """A genotype artifact: the canonical one-line form first, then the fields
+    ``Genotype.from_json`` reads (it ignores ``canonical``), one line per field."""
+    fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items()) + "\n}\n"
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from . import layout as L
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
 
+DEFAULT_UI = "http://127.0.0.1:5000"  # where ``asolab ui`` serves by default
 SORT_KEY = "metrics.`final_val_acc`"  # validation, never test: the table ranks by what selects
 
 

@@ -135,5 +135,4 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
             exp_id = report.client(uri).get_run(parent).info.experiment_id
         except Exception:  # the store is unreachable: the lines above said so
             return
-        flt = f"tags.`{report.TAG_STUDY}` = '{study.study_name}'"
-        print(f"  the study's trials: {runs_url(DEFAULT_UI, exp_id, flt)}")
+        print(f"  the study's trials: {runs_url(DEFAULT_UI, exp_id)}   (expand {study.study_name!r})")

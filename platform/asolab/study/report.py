@@ -203,6 +203,9 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
     c.log_batch(parent_run_id, metrics=metrics, tags=tags)
     mark_best_runs(c, cfg, study, best)
     c.set_tag(parent_run_id, TAG_NOTE, study_description(c, cfg, study, parent_run_id, best))
+    from ..tracking.browse import refresh_view
+
+    refresh_view(c, c.get_run(parent_run_id).info.experiment_id)  # the UI opens the study on its trials
     plots = log_plots(c, parent_run_id, cfg, study)
     c.set_terminated(parent_run_id, status="FINISHED")
     return plots

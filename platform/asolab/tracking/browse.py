@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
 
 DEFAULT_UI = "http://127.0.0.1:5000"  # where ``asolab ui`` serves by default
-SORT_KEY = "metrics.`final_val_acc`"  # validation, never test: the table ranks by what selects
+# Newest first, the UI's default: the only order in which it nests trials under their study's run.
+SORT_KEY = "attributes.start_time"
 
 
 def column(kind: str, name: str) -> str:
@@ -32,9 +33,10 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def view_state() -> dict[str, Any]:
-    """The runs table's shared view: asolab's columns, sorted by final validation accuracy,
-    every other field at the UI's default (it replaces the whole UI state)."""
+def view_state(expanded: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The runs table's shared view: asolab's columns, newest first, the ``expanded`` parent
+    runs (studies) open on their trials, every other field at the UI's default (the view
+    replaces the whole UI state)."""
     columns = [column("metrics", m) for m in L.VIEW_METRICS]
     columns += [column("params", p) for p in L.VIEW_PARAMS]
     columns += [column("tags", t) for t in L.VIEW_TAGS]
@@ -45,7 +47,7 @@ def view_state() -> dict[str, Any]:
         "selectedColumns": columns,
         "columnOrder": [],
         "columnWidths": {},
-        "runsExpanded": {},
+        "runsExpanded": {run_id: True for run_id in expanded},
         "runsPinned": [],
         "runsHidden": [],
         "runsVisibilityMap": {},
@@ -65,9 +67,9 @@ def view_state() -> dict[str, Any]:
 def experiment_description(name: str) -> str:
     return (
         f"ASO-SE architecture search runs of **{name}** (asolab). Each run: its description "
-        "(genotype, accuracy, budget), `cells/final.png`, `genotypes/final.json`. Study trials are "
-        "nested under their study's run; the best trial has the tag `asolab.best = true`. "
-        "Model selection uses the validation split; `test_acc` is reported, never optimised."
+        "(genotype, accuracy, budget), the picture cells/final.png, genotypes/final.json. Study trials "
+        f"are nested under their study's run; the best trial has the tag {L.TAG_BEST} = true. "
+        "Model selection uses the validation split; test_acc is reported, never optimised."
     )
 
 
@@ -85,6 +87,13 @@ def tag_experiment(client: MlflowClient, experiment_id: str, name: str, existing
     for key, value in experiment_tags(name).items():
         if key not in existing:
             client.set_experiment_tag(experiment_id, key, value)
+
+
+def refresh_view(client: MlflowClient, experiment_id: str) -> None:
+    """Rewrite the experiment's asolab view so that every study's run opens on its trials."""
+    parents = client.search_runs([experiment_id], "tags.`asolab.study_parent` = 'true'", max_results=50)
+    state = view_state([r.info.run_id for r in parents])
+    client.set_experiment_tag(experiment_id, L.TAG_VIEW_STATE, json.dumps(state))
 
 
 def runs_url(base: str, experiment_id: str | None = None, search_filter: str = "") -> str:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .browse import runs_url, tag_experiment
+from .browse import refresh_view, runs_url, tag_experiment
 from .store import artifact_root, check_reachable, resolve_tracking_uri, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ def _experiments(uri: str, limit: int = 8) -> list[tuple[str, str]]:
         if exp.name == "Default" and not client.search_runs([exp.experiment_id], max_results=1):
             continue
         tag_experiment(client, exp.experiment_id, exp.name, exp.tags)
+        refresh_view(client, exp.experiment_id)
         found.append((exp.name, exp.experiment_id))
     return found
 

@@ -45,7 +45,7 @@ PASSWORD = "s3cret-pw"
 
 def _pg_scheme() -> str | None:
     """The URL scheme for an installed PostgreSQL driver: plain ``postgresql://`` (as the
-    README writes it) when SQLAlchemy's default driver for it is installed (psycopg 3 since
+    docs/scaling-out.md writes it) when SQLAlchemy's default driver for it is installed (psycopg 3 since
     SQLAlchemy 2.1, psycopg2 before), else the scheme naming the driver that is."""
     from sqlalchemy.dialects import postgresql
 
@@ -176,7 +176,7 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
                "--tracking-uri", uri, "--seed", str(seed)]
         return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    # As the README says: the first machine creates the study and its parent run, then the
+    # As docs/scaling-out.md says: the first machine creates the study and its parent run, then the
     # other machine joins while the first is still running trials.
     first = machine(1)
     try:

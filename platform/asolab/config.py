@@ -130,7 +130,7 @@ class MutationConfig:
 class GrowthConfig:
     """Function-preserving growth during the mutation phase."""
 
-    policy: str = _field("none", choices=GROWTH_POLICIES, help="growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, plateau = grow when val acc stalls (README: Growth)")
+    policy: str = _field("none", choices=GROWTH_POLICIES, help="growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, plateau = grow when val acc stalls (docs/growth.md)")
     max_params: int = _field(0, ge=0, help="never grow past this many supernet parameters (0 = no cap)")
     plateau_patience: int = _field(1, ge=1, le=100, help="cycles without validation gain before 'plateau' grows")
 

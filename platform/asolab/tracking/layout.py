@@ -1,5 +1,5 @@
 """Names of everything asolab records in MLflow: the one contract between the
-tracker that writes runs and the readers (compare, studies, tests, the README).
+tracker that writes runs and the readers (compare, studies, tests, docs/tracking.md).
 
 Change a name here and every reader follows.
 """

@@ -183,7 +183,11 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
 
     # The run's overview: its description with the canonical genotype, and the final cells.
     browser.get(run_url(ui["base"], exp.experiment_id, run.info.run_id))
-    body = _wait_text(browser, "Final genotype", genotype[:40], "test accuracy")
+    body = _wait_text(browser, "Final genotype", "test accuracy", "Show more")
+    assert f"Final genotype {genotype}" in " ".join(body.split()), body[:3000]
+    for more in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']"):
+        browser.execute_script("arguments[0].click()", more)
+    _wait_text(browser, "peak memory", "wall time", "mutation strength")
     WebDriverWait(browser, 30).until(lambda d: any(
         "cells%2Ffinal.png" in (i.get_attribute("src") or "") and d.execute_script(
             "return arguments[0].complete && arguments[0].naturalWidth > 0", i)
@@ -209,7 +213,8 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
         "    return true; } } return false;", parent.info.run_id)
     assert opened, "no expander on the study's row"
     body = _wait_text(browser, *names)
-    assert body.index("study-tiny", body.index("Run Name")) < min(body.index(n) for n in names), body[:2000]
+    first_trial = min(body.index(n) for n in names)
+    assert body.index("study-tiny", body.index("Run Name")) < first_trial, body[:2000]
     _shot(browser, "study_trials")
     best = [r for r in trials if r.data.tags.get(L.TAG_BEST) == "true"]
     assert len(best) == 1

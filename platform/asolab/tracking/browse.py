@@ -128,11 +128,14 @@ def _fmt(value: Any) -> str:
 
 
 def run_description(run_id: str, facts: dict[str, Any], genotype: str, params: dict[str, Any]) -> str:
-    """A run's Markdown description: data set, genotype, accuracy, budget, the cell picture."""
-    lines = ["### asolab run", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in facts.items()]
-    lines += ["", "**Final genotype** (canonical form; `Genotype.parse` reads it back):", "", f"`{genotype}`", ""]
-    if params:
-        lines += ["**Parameters**: " + ", ".join(f"`{k}` = {v}" for k, v in params.items()), ""]
-    lines += [f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})", ""]
+    """A run's Markdown description: the genotype and the accuracy first (what the UI shows
+    before "Show more"), then data set, size, memory, time, budget, and the cell picture."""
+    head = [f"{k} **{_fmt(v)}**" for k, v in facts.items() if "accuracy" in k]
+    lines = [f"**Final genotype** `{genotype}`", "", " · ".join(head), ""]
+    lines += ["| | |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in facts.items() if "accuracy" not in k]
+    lines += [f"| {k} | {v} |" for k, v in params.items()]
+    lines += ["", f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})", "",
+              "The genotype's canonical form above is what `Genotype.parse` reads back "
+              "(also in `genotypes/final.json`).", ""]
     return "\n".join(lines)

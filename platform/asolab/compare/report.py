@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # never needs a screen
 import matplotlib.pyplot as plt  # noqa: E402
@@ -49,7 +50,8 @@ code, .geno { font-family: ui-monospace, monospace; font-size: 0.85em; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.3em 0; }
 .muted { color: #777; } .skipped { color: #a33; }
 .warning { background: #fff4d6; border: 2px solid #b26b00; padding: 0.6em 0.9em; margin: 1em 0; }
-figure { display: inline-block; margin: 0.5em 1em 0.5em 0; max-width: 100%; } figcaption { font-size: 0.8em; }
+figure { display: inline-block; margin: 0.5em 1em 0.5em 0; max-width: 100%; }
+figcaption { font-size: 0.8em; }
 """
 
 # the runs table's columns on the page: (table column, header)
@@ -58,8 +60,8 @@ _PAGE_COLUMNS = (
     ("schedule", "schedule"), ("initial_temperature", "τ start"), ("min_temperature", "τ min"),
     ("anneal_fraction", "anneal"), ("mutation_strength", "mutation"), ("cycles", "cycles"),
     ("epochs", "epochs W/α/re"), ("final_epochs", "final ep."), ("cluster", "genotype"),
-    ("params", "params"), ("peak_rss_mb", "peak MB"), ("val_acc", "val acc"), ("test_acc", "test acc"),
-    ("status", "status"),
+    ("params", "params"), ("peak_rss_mb", "peak MB"), ("val_acc", "val acc"),
+    ("test_acc", "test acc"), ("status", "status"),
 )
 
 
@@ -84,7 +86,8 @@ def genotype_html(canonical: str) -> str:
     cells = []
     for cell in canonical.split(" ; "):
         toks = cell.replace(" -> ", " → ").split(" ")
-        cells.append('<div class="cell">' + " ".join(f'<span class="tok">{html.escape(t)}</span>' for t in toks) + "</div>")
+        spans = " ".join(f'<span class="tok">{html.escape(t)}</span>' for t in toks)
+        cells.append(f'<div class="cell">{spans}</div>')
     return '<div class="geno">' + "".join(cells) + "</div>"
 
 
@@ -120,18 +123,22 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
             if col == "run_name":
                 url = run_url(ui, r["experiment_id"], r["run_id"]) if r["experiment_id"] else ""
                 name = html.escape(str(r["run_name"] or r["run_id"][:8]))
-                cells.append(f'<td><a class="run" href="{html.escape(url)}">{name}</a></td>' if url else f"<td>{name}</td>")
+                link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
+                cells.append(f"<td>{link}</td>")
             elif col == "epochs":
-                cells.append(f'<td class="num">{"/".join(_fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs"))}</td>')
+                epochs = "/".join(_fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs"))
+                cells.append(f'<td class="num">{epochs}</td>')
             elif col == "cluster":
                 c = cluster_of.get(r["genotype"])
-                cells.append(f'<td class="num"><a href="#cluster-{c}">#{c}</a></td>' if c is not None else "<td>–</td>")
+                link = f'<a href="#cluster-{c}">#{c}</a>' if c is not None else "–"
+                cells.append(f'<td class="num">{link}</td>')
             else:
                 v = r[col]
-                num = isinstance(v, (int, float)) and not isinstance(v, bool) or str(type(v)).find("Int") >= 0
+                num = isinstance(v, (int, float, np.integer)) and not isinstance(v, bool)
                 cells.append(f'<td class="num">{_fmt(v)}</td>' if num else f"<td>{_fmt(v)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows) + "</tbody></table>"
+    body = "".join(rows)
+    return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _clusters_html(clusters: pd.DataFrame) -> str:
@@ -142,7 +149,8 @@ def _clusters_html(clusters: pd.DataFrame) -> str:
     rows = []
     for _, r in clusters.iterrows():
         cells = "".join(f"<td>{_fmt(r[c])}</td>" for c in cols)
-        rows.append(f'<tr id="cluster-{r["cluster"]}">{cells}<td>{genotype_html(str(r["genotype"]))}</td></tr>')
+        geno = genotype_html(str(r["genotype"]))
+        rows.append(f'<tr id="cluster-{r["cluster"]}">{cells}<td>{geno}</td></tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
 
 
@@ -153,8 +161,11 @@ def _frame_html(df: pd.DataFrame, index: bool = False) -> str:
         df = df.copy()
         for col in df.columns:
             if df[col].dtype == object:
-                df[col] = [genotype_html(v) if col == "genotype" else html.escape(str(v)) for v in df[col]]
-        return df.to_html(index=index, escape=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
+                show = genotype_html if col == "genotype" else (lambda v: html.escape(str(v)))
+                df[col] = [show(v) for v in df[col]]
+        return df.to_html(
+            index=index, escape=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0
+        )
     return df.to_html(index=index, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
 
 
@@ -227,10 +238,13 @@ def evolution_png(comparison: Comparison) -> Optional[bytes]:
 
 def ui_base(tracking_uri: str) -> str:
     """Where run links point: the tracking server itself, else ``asolab ui``'s default address."""
-    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else DEFAULT_UI
+    remote = tracking_uri.startswith(("http://", "https://"))
+    return tracking_uri.rstrip("/") if remote else DEFAULT_UI
 
 
-def render_html(comparison: Comparison, title: str = "asolab genotype comparison", ui: str = "") -> str:
+def render_html(
+    comparison: Comparison, title: str = "asolab genotype comparison", ui: str = ""
+) -> str:
     """The whole report page as a string; run names link to ``ui`` (default: :func:`ui_base`)."""
     sel = comparison.selection
     t = comparison.table
@@ -251,14 +265,18 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
     if budgets:
         what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
         parts.append(
-            f'<p class="warning"><b>Different budgets.</b> The compared runs did not train for the same number '
-            f"of epochs ({html.escape(what)}): accuracies are not like for like, and the best run may only "
-            "have trained longer.</p>"
+            '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
+            f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
+            "the best run may only have trained longer.</p>"
         )
     ui = ui or ui_base(sel.tracking_uri)
-    parts += ["<h2>Runs</h2>", f'<p class="muted">Run names open the run in the MLflow UI at {html.escape(ui.split("://", 1)[-1])} '
-              "(start it with <code>asolab ui</code>); genotype numbers link to the clusters below.</p>",
-              runs_table_html(comparison, ui)]
+    host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
+    parts += [
+        "<h2>Runs</h2>",
+        f'<p class="muted">Run names open the run in the MLflow UI at {host} (start it with '
+        "<code>asolab ui</code>); genotype numbers link to the clusters below.</p>",
+        runs_table_html(comparison, ui),
+    ]
 
     parts.append("<h2>Accuracy</h2>")
     for x, xlabel, name in (
@@ -288,7 +306,10 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
             f"{genotype_html(ref.genotype.canonical)}</p>"
         )
         if budgets:
-            parts.append('<p class="warning">"Best" is by validation accuracy across different budgets (see above).</p>')
+            parts.append(
+                '<p class="warning">"Best" is by validation accuracy across different budgets '
+                "(see above).</p>"
+            )
         for d in comparison.diffs:
             parts.append(f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>")
             parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]

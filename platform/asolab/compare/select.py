@@ -46,8 +46,8 @@ _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 COLUMNS = (
     "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature",
     "min_temperature", "anneal_fraction", "mutation_strength", "cycles", "w_epochs", "alpha_epochs",
-    "retrain_epochs", "final_epochs", "genotype", "params", "peak_rss_mb", "val_acc", "test_acc", "status",
-    "experiment_id",
+    "retrain_epochs", "final_epochs", "genotype", "params", "peak_rss_mb", "val_acc", "test_acc",
+    "status", "experiment_id",
 )
 # The training budget: runs that differ here are not compared like for like.
 BUDGET_COLUMNS = ("cycles", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")

@@ -205,13 +205,10 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     parent = [r for r in c.search_runs([study_exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert not any(n in body for n in names), body[:2000]
-    opened = browser.execute_script(
-        "for (const row of document.querySelectorAll(`[row-id='${arguments[0]}']`)) {"
-        "  const b = row.querySelector('[role=button], button, svg');"
-        "  if (b && row.textContent.includes('study-tiny')) {"
-        "    (b.closest('[role=button],button') || b).dispatchEvent(new MouseEvent('click', {bubbles: true}));"
-        "    return true; } } return false;", parent.info.run_id)
-    assert opened, "no expander on the study's row"
+    expander = browser.find_elements(
+        By.CSS_SELECTOR, f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button")
+    assert expander, "no expander on the study's row"
+    expander[0].click()
     body = _wait_text(browser, *names)
     first_trial = min(body.index(n) for n in names)
     assert body.index("study-tiny", body.index("Run Name")) < first_trial, body[:2000]

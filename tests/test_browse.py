@@ -91,6 +91,17 @@ def store(tmp_path_factory) -> dict:
     assert main(["run", str(d / "tiny.toml"), "--set", f"tracking.tracking_uri={uri}"]) == 0
     assert main(["study", str(d / "tiny_study.toml"), "--storage", str(d / "journal.log"),
                  "--tracking-uri", uri]) == 0
+    # optuna-dashboard names the objective; the study's run describes the study
+    import optuna
+
+    journal = optuna.storages.journal.JournalFileBackend(str(d / "journal.log"))
+    study = optuna.load_study(study_name="tiny", storage=optuna.storages.JournalStorage(journal))
+    assert study.metric_names == ["val_acc"]
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("study-tiny")
+    parent = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
+    note = parent.data.tags[L.TAG_NOTE]
+    assert "maximize `val_acc`" in note and f"trial {study.best_trial.number}]" in note, note
     return {"dir": d, "uri": uri}
 
 

@@ -417,7 +417,12 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert sorted(table["run_id"]) == sorted(runs)
 
     page = (report / "index.html").read_text()
-    assert _network_references(page) == []
+    # Run names are links to the MLflow UI (navigation, which loads nothing into the page);
+    # every run has one, and nothing else refers outside the page.
+    run_links = re.findall(r'<a class="run" href="([^"]+)"', page)
+    assert len(run_links) == len(runs) and all("/#/experiments/" in u for u in run_links)
+    assert sorted(u.split("/runs/")[1].split("?")[0] for u in run_links) == sorted(runs)
+    assert _network_references(re.sub(r'<a class="run" href="[^"]+"', "<a", page)) == []
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     # 3 accuracy plots + op frequencies + evolution + one picture per distinct genotype
     n_genotypes = len({e.genotype.canonical for _, _, e, _ in runs.values()})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -209,6 +211,48 @@ def test_cell_picture_draws_own_cells_too():
         assert sum(e.dashed for e in panel.edges) == len(OWN.concat(kind))
     png = genotype_png(OWN, title="cycle 3")
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    # Four panels make a wider picture than two, at the same height.
-    wide, narrow = Image.open(io.BytesIO(png)), Image.open(io.BytesIO(genotype_png(G)))
-    assert wide.height == narrow.height and wide.width > narrow.width
+    # Four panels make a bigger picture than two (graphviz stacks them; Pillow puts them side by side).
+    big, small = Image.open(io.BytesIO(png)), Image.open(io.BytesIO(genotype_png(G)))
+    assert big.width * big.height > small.width * small.height
+    from asolab.space.plot import _pillow_png
+
+    wide, narrow = Image.open(io.BytesIO(_pillow_png(OWN, "cycle 3"))), Image.open(io.BytesIO(_pillow_png(G)))
+    assert wide.width > narrow.width
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed (apt install graphviz)")
+def test_cell_picture_labels_are_inside_and_never_overlap():
+    """Graphviz lays the cells out: every edge label's box lies inside the picture and
+    overlaps no other label and no state's box (read from ``dot -Tjson``)."""
+    import json
+
+    from asolab.space.plot import genotype_dot, genotype_png, run_dot
+
+    for g in (G, OWN):
+        layout = json.loads(run_dot(genotype_dot(g, "final genotype"), "json"))
+        x0, y0, x1, y1 = map(float, layout["bb"].split(","))
+        labels, nodes = [], []
+        for e in layout["edges"]:
+            for op in e.get("_ldraw_", []):
+                if op["op"] == "T":  # text at pt, centred, width in points; height ~ font size
+                    (x, y), w, h = op["pt"], op["width"], 12.0
+                    labels.append((op["text"], (x - w / 2, y - 3, x + w / 2, y + h - 3)))
+        for n in layout["objects"]:
+            if "pos" in n and "width" in n:
+                x, y = map(float, n["pos"].split(","))
+                w, h = float(n["width"]) * 72 / 2, float(n["height"]) * 72 / 2
+                nodes.append((x - w, y - h, x + w, y + h))
+        ops = [op for kind in g.cell_names for node in g.cell(kind) for op, _ in node]
+        assert sorted(t for t, _ in labels) == sorted(ops)
+        boxes = [b for _, b in labels]
+
+        def overlap(a, b):
+            return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+        for i, a in enumerate(boxes):
+            assert x0 <= a[0] and a[2] <= x1 and y0 <= a[1] and a[3] <= y1, (labels[i], layout["bb"])
+            assert not any(overlap(a, b) for b in boxes[i + 1:]), labels[i]
+            assert not any(overlap(a, n) for n in nodes), labels[i]
+        # state names are c_{k-2}, c_{k-1} (subscripts), 0.., c_k: never the literal LaTeX
+        assert "c_{k" not in genotype_dot(g)
+        assert genotype_png(g).startswith(b"\x89PNG")

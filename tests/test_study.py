@@ -221,7 +221,10 @@ def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
     assert all(list(t.intermediate_values) == [0] for t in trials)
     _, children = runs_of(tmp_path, "pr-renamed", experiment="study-pr")
     assert len(children) == 2
-    assert sorted(r.info.run_name for r in children) == ["pr-renamed-trial-0000", "pr-renamed-trial-0001"]
+    # named to be told apart in the UI's narrow name column: number, temperature, strength
+    names = sorted(r.info.run_name for r in children)
+    assert [n.split()[0] for n in names] == ["t000", "t001"] and all(" τ" in n and " s" in n for n in names)
+    assert len(set(names)) == 2
     for run in children:
         assert run.data.tags[TAG_STUDY] == "pr-renamed"
         assert run.data.tags[TAG_TRIAL_STATE] == "PRUNED"
@@ -649,15 +652,16 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     (trial,) = load(tmp_path, "sd").get_trials()
     assert trial.state == TrialState.COMPLETE
     _, children = runs_of(tmp_path, "sd")
-    by_name = {r.info.run_name: r for r in children}
-    assert sorted(by_name) == ["sd-trial-0000-seed0", "sd-trial-0000-seed1"]
-    accs = [by_name[f"sd-trial-0000-seed{s}"].data.metrics["final_val_acc"] for s in (0, 1)]
-    assert [r.data.params["seed"] for r in (by_name["sd-trial-0000-seed0"], by_name["sd-trial-0000-seed1"])] == ["0", "1"]
+    by_seed = {r.data.params["seed"]: r for r in children}
+    assert sorted(by_seed) == ["0", "1"]
+    names = [by_seed[s].info.run_name for s in ("0", "1")]
+    assert names[0].startswith("t000 ") and names[0].endswith(" seed0") and names[1].endswith(" seed1")
+    accs = [by_seed[s].data.metrics["final_val_acc"] for s in ("0", "1")]
     assert trial.value == pytest.approx(sum(accs) / 2)
     assert [v for (v,) in trial.user_attrs["objective_per_seed"]] == pytest.approx(accs)
     assert sorted(trial.intermediate_values) == [0, 1]  # one cycle per seed, steps kept apart
-    assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_name["sd-trial-0000-seed0"].info.run_id
-    first = by_name["sd-trial-0000-seed0"].info.run_id
+    assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_seed["0"].info.run_id
+    first = by_seed["0"].info.run_id
     assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics["objective.val_acc"] == pytest.approx(trial.value)
 
 

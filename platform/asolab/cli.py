@@ -104,6 +104,11 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         shutil.rmtree(workdir, ignore_errors=True)
     print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
     print(f"browse it: {ui_command(uri)}   (run {tracker.run_id})")
+    if tracker.experiment_id and tracker.run_id:
+        from .tracking.browse import DEFAULT_UI, run_url, runs_url
+
+        print(f"  this run:   {run_url(DEFAULT_UI, tracker.experiment_id, tracker.run_id)}")
+        print(f"  all runs:   {runs_url(DEFAULT_UI, tracker.experiment_id)}")
     return 0
 
 

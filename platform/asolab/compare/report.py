@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # never needs a screen
 import matplotlib.pyplot as plt  # noqa: E402
@@ -24,8 +25,9 @@ import pandas as pd  # noqa: E402
 
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
+from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
-from .select import VAL_ACC_METRICS  # noqa: E402
+from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +36,34 @@ TABLE_FILE = "runs.csv"
 ARMS_FILE = "arms.csv"  # the arm view, when runs carry arm tags
 MAX_CELL_PICTURES = 12  # distinct genotypes drawn; the clusters table lists them all
 
+# Fits a 1400 px window without horizontal scrolling: the runs table shows a genotype's
+# cluster number (the clusters table spells it out), genotypes break between ops, never
+# inside one, and wide tables use a smaller font.
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+body { font-family: system-ui, sans-serif; margin: 1.2em; color: #222; max-width: 1360px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
-th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0; max-width: 100%; }
+th, td { border: 1px solid #ddd; padding: 3px 5px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; white-space: nowrap; }
+td { overflow-wrap: anywhere; }
 code, .geno { font-family: ui-monospace, monospace; font-size: 0.85em; }
+.geno .cell { margin: 0 0 2px 0; } .geno .tok { white-space: nowrap; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.3em 0; }
 .muted { color: #777; } .skipped { color: #a33; }
-figure { display: inline-block; margin: 0.5em 1em 0.5em 0; } figcaption { font-size: 0.8em; }
+.warning { background: #fff4d6; border: 2px solid #b26b00; padding: 0.6em 0.9em; margin: 1em 0; }
+figure { display: inline-block; margin: 0.5em 1em 0.5em 0; max-width: 100%; }
+figcaption { font-size: 0.8em; }
 """
+
+# the runs table's columns on the page: (table column, header)
+_PAGE_COLUMNS = (
+    ("run_name", "run"), ("experiment", "experiment"), ("dataset", "data"), ("seed", "seed"),
+    ("schedule", "schedule"), ("initial_temperature", "τ start"), ("min_temperature", "τ min"),
+    ("anneal_fraction", "anneal"), ("mutation_strength", "mutation"), ("cycles", "cycles"),
+    ("epochs", "epochs W/α/re"), ("final_epochs", "final ep."), ("cluster", "genotype"),
+    ("params", "params"), ("peak_rss_mb", "peak MB"), ("val_acc", "val acc"),
+    ("test_acc", "test acc"), ("status", "status"),
+)
 
 
 def png_data_uri(png: bytes) -> str:
@@ -63,9 +82,91 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{png_data_uri(png)}">'
 
 
+def genotype_html(canonical: str) -> str:
+    """A canonical genotype, one line per cell, breaking between ops and never inside one."""
+    cells = []
+    for cell in canonical.split(" ; "):
+        toks = cell.replace(" -> ", " → ").split(" ")
+        spans = " ".join(f'<span class="tok">{html.escape(t)}</span>' for t in toks)
+        cells.append(f'<div class="cell">{spans}</div>')
+    return '<div class="geno">' + "".join(cells) + "</div>"
+
+
+def _fmt(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def budget_differences(table: pd.DataFrame) -> dict[str, list]:
+    """The budget columns whose values differ between the compared runs: column -> values."""
+    out = {}
+    for col in BUDGET_COLUMNS:
+        values = sorted({int(v) for v in table[col].dropna()}) if col in table else []
+        if len(values) > 1:
+            out[col] = values
+    return out
+
+
+def runs_table_html(comparison: Comparison, ui: str) -> str:
+    """The runs table: every run linked to its MLflow page, every tuned parameter and the budget."""
+    t = comparison.table
+    if t.empty:
+        return '<p class="muted">(none)</p>'
+    cluster_of = dict(zip(comparison.clusters["genotype"], comparison.clusters["cluster"]))
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _PAGE_COLUMNS)
+    rows = []
+    for _, r in t.iterrows():
+        cells = []
+        for col, _ in _PAGE_COLUMNS:
+            if col == "run_name":
+                url = run_url(ui, r["experiment_id"], r["run_id"]) if r["experiment_id"] else ""
+                name = html.escape(str(r["run_name"] or r["run_id"][:8]))
+                link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
+                cells.append(f"<td>{link}</td>")
+            elif col == "epochs":
+                epochs = "/".join(_fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs"))
+                cells.append(f'<td class="num">{epochs}</td>')
+            elif col == "cluster":
+                c = cluster_of.get(r["genotype"])
+                link = f'<a href="#cluster-{c}">#{c}</a>' if c is not None else "–"
+                cells.append(f'<td class="num">{link}</td>')
+            else:
+                v = r[col]
+                num = isinstance(v, (int, float, np.integer)) and not isinstance(v, bool)
+                cells.append(f'<td class="num">{_fmt(v)}</td>' if num else f"<td>{_fmt(v)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    body = "".join(rows)
+    return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _clusters_html(clusters: pd.DataFrame) -> str:
+    if clusters.empty:
+        return '<p class="muted">(none)</p>'
+    cols = [c for c in clusters.columns if c != "genotype"]
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols) + "<th>genotype</th>"
+    rows = []
+    for _, r in clusters.iterrows():
+        cells = "".join(f"<td>{_fmt(r[c])}</td>" for c in cols)
+        geno = genotype_html(str(r["genotype"]))
+        rows.append(f'<tr id="cluster-{r["cluster"]}">{cells}<td>{geno}</td></tr>')
+    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+
+
 def _frame_html(df: pd.DataFrame, index: bool = False) -> str:
     if df.empty:
         return '<p class="muted">(none)</p>'
+    if "genotype" in df.columns:  # canonical strings: broken between ops, never inside one
+        df = df.copy()
+        for col in df.columns:
+            if df[col].dtype == object:
+                show = genotype_html if col == "genotype" else (lambda v: html.escape(str(v)))
+                df[col] = [show(v) for v in df[col]]
+        return df.to_html(
+            index=index, escape=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0
+        )
     return df.to_html(index=index, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
 
 
@@ -136,8 +237,16 @@ def evolution_png(comparison: Comparison) -> Optional[bytes]:
 # ---------------------------------------------------------------------- page
 
 
-def render_html(comparison: Comparison, title: str = "asolab genotype comparison") -> str:
-    """The whole report page as a string."""
+def ui_base(tracking_uri: str) -> str:
+    """Where run links point: the tracking server itself, else ``asolab ui``'s default address."""
+    remote = tracking_uri.startswith(("http://", "https://"))
+    return tracking_uri.rstrip("/") if remote else DEFAULT_UI
+
+
+def render_html(
+    comparison: Comparison, title: str = "asolab genotype comparison", ui: str = ""
+) -> str:
+    """The whole report page as a string; run names link to ``ui`` (default: :func:`ui_base`)."""
     sel = comparison.selection
     t = comparison.table
     parts = [
@@ -153,7 +262,22 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
         parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
         parts.append("</ul>")
 
-    parts += ["<h2>Runs</h2>", _frame_html(t)]
+    budgets = budget_differences(t)
+    if budgets:
+        what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
+        parts.append(
+            '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
+            f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
+            "the best run may only have trained longer.</p>"
+        )
+    ui = ui or ui_base(sel.tracking_uri)
+    host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
+    parts += [
+        "<h2>Runs</h2>",
+        f'<p class="muted">Run names open the run in the MLflow UI at {host} (start it with '
+        "<code>asolab ui</code>); genotype numbers link to the clusters below.</p>",
+        runs_table_html(comparison, ui),
+    ]
     parts += _arms_html(comparison) + _ranking_html(comparison)
 
     parts.append("<h2>Accuracy</h2>")
@@ -167,7 +291,7 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
             parts.append(f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x test</figcaption></figure>")
 
     parts += ["<h2>Genotype clusters</h2>", "<p>Runs whose final genotypes have the same canonical form.</p>"]
-    parts.append(_frame_html(comparison.clusters))
+    parts.append(_clusters_html(comparison.clusters))
     for _, row in comparison.clusters.head(MAX_CELL_PICTURES).iterrows():
         caption = f"cluster {row['cluster']}: {row['runs']} run(s) — {row['run_names']}"
         png = genotype_png(Genotype.parse(row["genotype"]), f"cluster {row['cluster']}")
@@ -181,8 +305,13 @@ def render_html(comparison: Comparison, title: str = "asolab genotype comparison
         parts.append(
             f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
             f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
-            f'<span class="geno">{html.escape(ref.genotype.canonical)}</span></p>'
+            f"{genotype_html(ref.genotype.canonical)}</p>"
         )
+        if budgets:
+            parts.append(
+                '<p class="warning">"Best" is by validation accuracy across different budgets '
+                "(see above).</p>"
+            )
         for d in comparison.diffs:
             parts.append(f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>")
             parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]

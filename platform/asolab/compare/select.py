@@ -40,9 +40,12 @@ _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 # Table columns, in order: (column, where it comes from).
 COLUMNS = (
     "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature",
-    "min_temperature", "mutation_strength", "cycles", "genotype", "params", "peak_rss_mb",
-    "val_acc", "test_acc", "status",
+    "min_temperature", "anneal_fraction", "mutation_strength", "cycles", "w_epochs", "alpha_epochs",
+    "retrain_epochs", "final_epochs", "genotype", "params", "peak_rss_mb", "val_acc", "test_acc",
+    "status", "experiment_id",
 )
+# The training budget: runs that differ here are not compared like for like.
+BUDGET_COLUMNS = ("cycles", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")
 
 
 class CompareError(ConfigError):
@@ -83,6 +86,7 @@ class RunRecord:
     tags: dict[str, str]
     metrics: dict[str, float]
     genotype: Genotype
+    experiment_id: str = ""
 
     def param(self, key: str, cast: type = str, default: Any = None) -> Any:
         raw = self.params.get(key)
@@ -110,14 +114,20 @@ class RunRecord:
             "schedule": self.param("temperature.schedule"),
             "initial_temperature": self.param("temperature.initial_temperature", float, math.nan),
             "min_temperature": self.param("temperature.min_temperature", float, math.nan),
+            "anneal_fraction": self.param("temperature.anneal_fraction", float, math.nan),
             "mutation_strength": self.param("mutation.strength", float, math.nan),
             "cycles": self.param("search.cycles", int),
+            "w_epochs": self.param("search.w_epochs", int),
+            "alpha_epochs": self.param("search.alpha_epochs", int),
+            "retrain_epochs": self.param("search.retrain_epochs", int),
+            "final_epochs": self.param("search.final_epochs", int),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),
             "peak_rss_mb": self.metric(layout.FINAL_PREFIX + layout.PEAK_RSS_MB, layout.PEAK_RSS_MB, layout.RSS_MB),
             "val_acc": self.metric(*VAL_ACC_METRICS),
             "test_acc": self.metric(layout.TEST_ACC),
             "status": self.status,
+            "experiment_id": self.experiment_id,
         }
 
 
@@ -146,7 +156,7 @@ class Selection:
     def table(self) -> pd.DataFrame:
         """One row per run, in :data:`COLUMNS` order (``params`` and ``cycles`` as integers)."""
         df = pd.DataFrame([r.row() for r in self.records], columns=list(COLUMNS))
-        for col in ("seed", "cycles", "params"):
+        for col in ("seed", "params", *BUDGET_COLUMNS):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
         return df
 
@@ -397,7 +407,8 @@ def load_selection(
             log.info("skipping run %s: %s", run.info.run_id, exc)
             continue
         selection.records.append(
-            RunRecord(run.info.run_id, name, exp, run.info.status, dict(run.data.params), dict(run.data.tags), dict(run.data.metrics), genotype)
+            RunRecord(run.info.run_id, name, exp, run.info.status, dict(run.data.params), dict(run.data.tags), dict(run.data.metrics), genotype,
+                      run.info.experiment_id)
         )
     return selection
 

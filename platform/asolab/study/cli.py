@@ -129,3 +129,11 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     print(f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent} "
           f"holds the plots (plots/) and one child run per trial.")
     print(f"Browse: asolab ui   (or: mlflow ui --backend-store-uri {uri})")
+    if parent and not parent.startswith("("):  # "(none yet)", "(unknown: ...)"
+        from ..tracking.browse import DEFAULT_UI, runs_url
+
+        try:
+            exp_id = report.client(uri).get_run(parent).info.experiment_id
+        except Exception:  # the store is unreachable: the lines above said so
+            return
+        print(f"  the study's trials: {runs_url(DEFAULT_UI, exp_id)}   (expand {study.study_name!r})")

@@ -22,6 +22,7 @@ from ..runner.device import resolve_device
 from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
 from ..tracking.layout import TAG_STUDY, TAG_TRIAL
 from .config import ParamSpec, StudyConfig, trial_overrides
+from .report import trial_run_name
 from .storage import ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
@@ -145,11 +146,12 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     per_seed = []
     for i in range(seeds):
         run_exp = exp.replace(seed=exp.seed + i) if i else exp
-        suffix = f"-seed{run_exp.seed}" if seeds > 1 else ""
+        suffix = f" seed{run_exp.seed}" if seeds > 1 else ""
+        name = trial_run_name(trial.number, exp.temperature.initial_temperature, exp.mutation.strength)
         tracker = MlflowTracker(
             tracking_uri=ctx.tracking_uri,
             experiment=cfg.mlflow_experiment,
-            run_name=f"{ctx.study_name}-trial-{trial.number:04d}{suffix}",
+            run_name=name + suffix,
             parent_run_id=ctx.parent_run_id,
             tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
             log_models=run_exp.tracking.log_models,

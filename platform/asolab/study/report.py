@@ -22,8 +22,10 @@ from ..tracking import layout as L
 from ..tracking.layout import (
     BEST_PREFIX,
     PLOTS_DIR,
+    TAG_BEST,
     TAG_BEST_TRIAL,
     TAG_ERROR,
+    TAG_NOTE,
     TAG_RUN_KIND,
     TAG_STORAGE,
     TAG_STUDY,
@@ -36,6 +38,17 @@ from .config import StudyConfig
 log = logging.getLogger(__name__)
 
 CONTOUR_PARAMS = ("temperature.initial_temperature", "mutation.strength")
+
+
+def trial_run_name(number: int, temperature: float | None = None, strength: float | None = None) -> str:
+    """A trial run's name that tells trials apart in the UI's narrow name column:
+    ``t007 τ2.1 s0.30`` (trial number, initial temperature, mutation strength)."""
+    name = f"t{number:03d}"
+    if temperature is not None:
+        name += f" τ{temperature:.2g}" if temperature < 10 else f" τ{temperature:.0f}"
+    if strength is not None:
+        name += f" s{strength:.2f}"
+    return name
 
 
 def mask_password(url: str) -> str:
@@ -122,7 +135,9 @@ def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str
         from ..tracking.store import ensure_experiment
 
         exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
-        run = c.create_run(exp_id, run_name=f"{study_name}-trial-{trial.number:04d}",
+        name = trial_run_name(trial.number, trial.params.get("temperature.initial_temperature"),
+                              trial.params.get("mutation.strength"))
+        run = c.create_run(exp_id, run_name=name,
                            tags={L.MLFLOW_PARENT_RUN: parent_run_id, TAG_STUDY: study_name, TAG_TRIAL: str(trial.number)})
         run_id = run.info.run_id
         c.set_terminated(run_id, status="FAILED" if trial.state == TrialState.FAIL else "FINISHED")
@@ -191,9 +206,66 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
         tags.append(RunTag(L.TAG_PARETO_TRIALS, ",".join(str(t.number) for t in best)[:5000]))
         metrics.append(Metric(L.PARETO_SIZE, float(len(best)), now, step))
     c.log_batch(parent_run_id, metrics=metrics, tags=tags)
+    mark_best_runs(c, cfg, study, best)
+    c.set_tag(parent_run_id, TAG_NOTE, study_description(c, cfg, study, parent_run_id, best))
+    from ..tracking.browse import refresh_view
+
+    refresh_view(c, c.get_run(parent_run_id).info.experiment_id)  # the UI opens the study on its trials
     plots = log_plots(c, parent_run_id, cfg, study)
     c.set_terminated(parent_run_id, status="FINISHED")
     return plots
+
+
+def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[FrozenTrial]) -> None:
+    """``asolab.best = true`` on the runs of the best trial (or the Pareto front), and on
+    no other run of the study, so the runs table can filter on it."""
+    from .storage import ATTR_MLFLOW_RUN
+
+    keep = {t.user_attrs.get(ATTR_MLFLOW_RUN) for t in best} - {None}
+    exp = c.get_experiment_by_name(cfg.mlflow_experiment)
+    if exp is not None:
+        marked = c.search_runs([exp.experiment_id], f"tags.`{TAG_BEST}` = 'true' and tags.`{TAG_STUDY}` = '{study.study_name}'")
+        for run in marked:
+            if run.info.run_id not in keep:
+                c.delete_tag(run.info.run_id, TAG_BEST)
+    for run_id in keep:
+        c.set_tag(run_id, TAG_BEST, "true")
+
+
+def study_description(c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str,
+                      best: list[FrozenTrial]) -> str:
+    """The parent run's Markdown description: objective, best trial (linked), top trials."""
+    from .storage import ATTR_MLFLOW_RUN
+
+    exp_id = c.get_run(parent_run_id).info.experiment_id
+    trials = study.get_trials(deepcopy=False)
+    counts = ", ".join(f"{sum(t.state == s for t in trials)} {s.name.lower()}"
+                       for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    goal = ", ".join(f"{d} `{m}`" for m, d in zip(cfg.objective.metrics, cfg.objective.directions))
+    lines = [f"### Study {study.study_name}", "",
+             f"**Objective**: {goal} (validation split; the test split is never optimised). "
+             f"**Trials**: {len(trials)} ({counts}). **Sampler**: {cfg.sampler.name}, **pruner**: {cfg.pruner.name}.",
+             f"Tuned: {', '.join(f'`{p.optuna_name}`' for p in cfg.params)}.", ""]
+
+    def link(t: FrozenTrial) -> str:
+        run_id = t.user_attrs.get(ATTR_MLFLOW_RUN)
+        name = f"trial {t.number}"
+        return f"[{name}](#/experiments/{exp_id}/runs/{run_id})" if run_id else name
+
+    if best:
+        lines += [f"**Best**: {', '.join(link(t) for t in best)} (tag `{TAG_BEST}` = true)", ""]
+    frame = summary_frame(study, cfg, top=5)
+    if len(frame):
+        names = list(cfg.objective.metrics) + [p.optuna_name for p in cfg.params]
+        lines += ["| trial | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        by_number = {t.number: t for t in trials}
+        for _, row in frame.iterrows():
+            cells = [f"{row[n]:.4g}" if isinstance(row.get(n), float) else str(row.get(n, "")) for n in names]
+            lines.append(f"| {link(by_number[int(row['trial'])])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append("Plots: `plots/` (optimization history, importances, contour). "
+                 "Live view: `optuna-dashboard` on the study's storage (see docs/studies.md).")
+    return "\n".join(lines)
 
 
 def _save(ax: Any, path: Path) -> None:

@@ -147,6 +147,10 @@ def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int 
             f"study {study_name!r} in {report.mask_password(storage_url)} exists with other objectives ({[d.name for d in study.directions]}); "
             f"use another --study-name or storage"
         )
+    if worker == 0 and study.metric_names is None:
+        with warnings.catch_warnings():  # ExperimentalWarning; optuna-dashboard shows these names
+            warnings.simplefilter("ignore")
+            study.set_metric_names(list(cfg.objective.metrics))
     if worker == 0 and cfg.enqueue and not study.get_trials(deepcopy=False):
         for point in cfg.enqueue:
             study.enqueue_trial(dict(point), skip_if_exists=True)

@@ -142,6 +142,27 @@ def resumed_text(position: dict | None) -> str:
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
 
+# ---------------------------------------------------------------- browsing (MLflow UI)
+TAG_NOTE = "mlflow.note.content"  # MLflow's run / experiment description (Markdown)
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"  # tells the UI these are model-training experiments
+EXPERIMENT_KIND = "custom_model_development"
+WORKFLOW_PARAM = "workflowType=machine_learning"  # the UI's URL parameter for the training view
+# An experiment tag holding the runs table's columns and sort; the UI loads it from the URL
+# parameter viewStateShareKey (its "share view" feature).
+VIEW_KEY = "asolab"
+TAG_VIEW_STATE = f"mlflow.sharedViewState.{VIEW_KEY}"
+TAG_BEST = "asolab.best"  # "true" on a study's best trial run (filter: tags.`asolab.best` = 'true')
+FINAL_CELLS_ARTIFACT = f"{CELLS_DIR}/final.png"  # the final genotype's cells
+# genotypes/*.json hold {"canonical": <str(genotype)>, "genotype": <Genotype.to_dict()>}
+GENOTYPE_CANONICAL_KEY = "canonical"
+# the runs table's columns: what a researcher reads first
+VIEW_METRICS = ("test_acc", "final_val_acc", "final_params", "run_seconds")
+VIEW_PARAMS = (
+    "temperature.initial_temperature", "temperature.min_temperature", "temperature.anneal_fraction",
+    "mutation.strength", "search.cycles", "search.final_epochs",
+)
+VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
+
 # ---------------------------------------------------------------- control arms (asolab baseline)
 # Every run of a baseline set is tagged with its arm ("aso-se" for the search itself; the
 # control arms are asolab.baseline.ARMS), the ASO-SE run of the same seed it controls for,
@@ -204,7 +225,7 @@ _ARTIFACTS = (
     re.escape(CONFIG_ARTIFACT), re.escape(RUN_INFO_ARTIFACT), re.escape(FINAL_GENOTYPE_ARTIFACT),
     rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json", rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
     rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json", rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
-    re.escape(CHECKPOINT_ARTIFACT), rf"{MODEL_DIR}/.+", rf"{PLOTS_DIR}/[^/]+", r"[^/]+\.toml",
+    re.escape(CHECKPOINT_ARTIFACT), re.escape(FINAL_CELLS_ARTIFACT), rf"{MODEL_DIR}/.+", rf"{PLOTS_DIR}/[^/]+", r"[^/]+\.toml",
     rf"{REPORT_DIR}/.+", rf"{RANKING_DIR}/[^/]+",
 )
 

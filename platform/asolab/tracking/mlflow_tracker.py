@@ -69,6 +69,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import genotype_png
 from . import layout as L
+from .browse import run_description
 from .store import ensure_experiment, open_store, resolve_tracking_uri, resumable_run, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,8 @@ class MlflowTracker(Observer):
         self._writer = _StoreWriter(inline=write_mode == "inline")
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
+        self._config: ExperimentConfig | None = None  # for the run's description at its end
+        self._dataset = ""
 
     # ------------------------------------------------------------------ helpers
 
@@ -301,6 +304,7 @@ class MlflowTracker(Observer):
     def on_run_start(self, event: RunStart) -> None:
         with self._timed():
             cfg = event.config
+            self._config, self._dataset = cfg, str(event.data.get("name", cfg.data.name))
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             open_store(self.tracking_uri)  # study workers starting at once on a new store
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -436,8 +440,8 @@ class MlflowTracker(Observer):
         with self._timed():
             step, c = event.global_epoch, event.cycle
             g = event.genotype
-            self._artifact_text(g.to_json(), L.genotype_artifact(c))
-            self._artifact_png(g, f"cycle {c}: {g}"[:160], L.cells_artifact(c))
+            self._artifact_text(genotype_record(g), L.genotype_artifact(c))
+            self._artifact_png(g, f"cycle {c}", L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._metric(L.CYCLE_VAL_ACC, event.val_acc, step)
             self._metric(L.CYCLE_VAL_LOSS, event.val_loss, step)
@@ -487,14 +491,36 @@ class MlflowTracker(Observer):
             model_id = model.model_id if model is not None else None
             for k, v in finals.items():
                 self._metric(k, v, step, model_id=model_id)
-            self._artifact_text(g.to_json(), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_text(genotype_record(g), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
+            self._tag(L.TAG_NOTE, self._description(event))
             self.flush()
             self._writer.drain()
             if model is not None:
                 self._log_model(event, model, step)
             self._terminate("FINISHED")
+
+    def _description(self, event: RunEnd) -> str:
+        """The run's Markdown description (MLflow's run note): what a researcher reads first."""
+        cfg = self._config
+        facts: dict[str, Any] = {"data set": self._dataset, "final validation accuracy": event.val_acc,
+                                 "test accuracy (reported, never selected on)": event.test_acc,
+                                 "parameters (derived network)": event.derived_params}
+        peak = event.memory.get("cuda_peak_mb") or event.memory.get("peak_rss_mb")
+        if peak:
+            facts["peak memory (MB)"] = float(peak)
+        facts["wall time (s)"] = float(event.seconds)
+        params: dict[str, Any] = {}
+        if cfg is not None:
+            s, t = cfg.search, cfg.temperature
+            facts["budget"] = (f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
+                               f"{s.retrain_epochs} retrain epochs), {s.final_epochs} final epochs")
+            params = {"temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
+                      f"anneal {t.anneal_fraction:g})", "mutation strength": f"{cfg.mutation.strength:g}",
+                      "seed": cfg.seed}
+        return run_description(self.run_id or "", facts, str(event.genotype), params)
 
     def _final_model(self) -> LoggedModel:
         """The run's logged model for its final network: a new one, or, in a resumed run
@@ -606,6 +632,13 @@ def _pruned(exc: BaseException) -> bool:
     import optuna
 
     return isinstance(exc, optuna.TrialPruned)
+
+
+def genotype_record(g: Genotype) -> str:
+    """A genotype artifact: the canonical one-line form first, then the fields
+    ``Genotype.from_json`` reads (it ignores ``canonical``), one line per field."""
+    fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items()) + "\n}\n"
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

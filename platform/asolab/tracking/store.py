@@ -289,22 +289,27 @@ def _safe(name: str) -> str:
 
 
 def ensure_experiment(mlflow_client: MlflowClient, uri: str, name: str) -> str:
-    """The id of experiment ``name``, created if needed (restored if deleted).
+    """The id of experiment ``name``, created if needed (restored if deleted), tagged
+    for the MLflow UI (:mod:`asolab.tracking.browse`).
 
     In a SQLite store its artifacts go to ``artifacts/<name>/`` beside the
     database, never to ``./mlartifacts`` of whatever folder the run started in.
     """
     from mlflow.exceptions import MlflowException
 
+    from .browse import experiment_tags, tag_experiment
+
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             mlflow_client.restore_experiment(exp.experiment_id)
+        # Experiments made before asolab described them get the UI's tags once.
+        tag_experiment(mlflow_client, exp.experiment_id, name, exp.tags)
         return exp.experiment_id
     root = artifact_root(uri)
     location = (root / _safe(name)).as_uri() if root is not None else None
     try:
-        return mlflow_client.create_experiment(name, artifact_location=location)
+        return mlflow_client.create_experiment(name, artifact_location=location, tags=experiment_tags(name))
     except MlflowException:
         # Another process (a parallel study worker) created it first.
         exp = mlflow_client.get_experiment_by_name(name)

@@ -2,7 +2,8 @@
 
 Starts ``mlflow server`` as a child process on ``127.0.0.1`` (the store holds
 file paths of this machine; expose it deliberately with ``--host``), prints
-the address, and stops the server on Ctrl-C or SIGTERM.
+the addresses of the experiments' runs tables in the UI's model-training view
+(see :mod:`asolab.tracking.browse`), and stops the server on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+from .browse import refresh_view, runs_url, tag_experiment
 from .store import TrackingError, artifact_root, check_reachable, resolve_tracking_uri, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
-    print(f"MLflow UI for {uri}: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI for {uri}: {runs_url(base)}  (Ctrl-C stops it)", flush=True)
+    for name, exp_id in _experiments(uri):
+        print(f"  {name}: {runs_url(base, exp_id)}", flush=True)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -88,6 +93,22 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if code != 0:
         raise TrackingError(f"mlflow server stopped with exit status {code} (its messages are above)")
     return 0
+
+
+def _experiments(uri: str, limit: int = 8) -> list[tuple[str, str]]:
+    """(name, id) of the store's most recently updated experiments, each tagged for the
+    UI's model-training view and asolab's runs-table columns if it was not yet."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = []
+    for exp in client.search_experiments(max_results=limit, order_by=["last_update_time DESC"]):
+        if exp.name == "Default" and not client.search_runs([exp.experiment_id], max_results=1):
+            continue
+        tag_experiment(client, exp.experiment_id, exp.name, exp.tags)
+        refresh_view(client, exp.experiment_id)
+        found.append((exp.name, exp.experiment_id))
+    return found
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

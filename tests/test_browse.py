@@ -1,0 +1,251 @@
+"""What a researcher sees, in a real browser: headless Chromium (Debian's ``chromium``
+and ``chromedriver``, driven by selenium) against a real ``asolab ui`` over a store
+with a run and a small study, and against the compare report.
+
+Skipped, with the reason, where Chromium, chromedriver or selenium is missing
+(``.ci/run`` installs them). Set ``ASOLAB_SCREENSHOTS=DIR`` to keep screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from asolab.tracking import layout as L
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+if not CHROMIUM or not DRIVER:
+    pytest.skip("headless Chromium and chromedriver are not installed (apt install chromium chromium-driver)",
+                allow_module_level=True)
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+SHOTS = os.environ.get("ASOLAB_SCREENSHOTS", "")
+
+TINY = """
+seed = 0
+device = "cpu"
+threads = 1
+[data]
+name = "digits"
+train_subset = 200
+[space]
+init_channels = 4
+[search]
+cycles = 1
+w_epochs = 1
+alpha_epochs = 1
+retrain_epochs = 1
+final_epochs = 0
+[tracking]
+log_models = false
+"""
+
+STUDY = """
+name = "tiny"
+experiment = "tiny.toml"
+n_trials = 2
+[sampler]
+name = "random"
+[pruner]
+name = "none"
+[params.temperature.initial_temperature]
+low = 0.5
+high = 10.0
+log = true
+[params.mutation.strength]
+low = 0.0
+high = 1.0
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> dict:
+    """A store with one run (experiment "tiny") and a two-trial study, recorded by the CLI."""
+    from asolab.cli import main
+
+    d = tmp_path_factory.mktemp("browse")
+    (d / "tiny.toml").write_text(TINY)
+    (d / "tiny_study.toml").write_text(textwrap.dedent(STUDY))
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    assert main(["run", str(d / "tiny.toml"), "--set", f"tracking.tracking_uri={uri}"]) == 0
+    assert main(["study", str(d / "tiny_study.toml"), "--storage", str(d / "journal.log"),
+                 "--tracking-uri", uri]) == 0
+    # optuna-dashboard names the objective; the study's run describes the study
+    import optuna
+
+    journal = optuna.storages.journal.JournalFileBackend(str(d / "journal.log"))
+    study = optuna.load_study(study_name="tiny", storage=optuna.storages.JournalStorage(journal))
+    assert study.metric_names == ["val_acc"]
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("study-tiny")
+    parent = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
+    note = parent.data.tags[L.TAG_NOTE]
+    assert "maximize `val_acc`" in note and f"trial {study.best_trial.number}]" in note, note
+    return {"dir": d, "uri": uri}
+
+
+@pytest.fixture(scope="module")
+def ui(store) -> dict:
+    """A real ``asolab ui`` on a free port, stopped (its whole process group) afterwards."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store["uri"]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240  # a loaded CI machine starts mlflow server slowly
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"asolab ui did not come up on {base}")
+        yield {"base": base, **store}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0].decode()
+        # it printed the model-training view's address of every experiment's runs table
+        assert "workflowType=machine_learning" in out and "viewStateShareKey=asolab" in out, out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--hide-scrollbars"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_text(driver, *texts: str, timeout: float = 40) -> str:
+    """The page's visible text once it shows every one of ``texts`` (the UI renders via AJAX)."""
+    body = ""
+
+    def ready(d) -> bool:
+        nonlocal body
+        body = d.find_element(By.TAG_NAME, "body").text
+        return all(t in body for t in texts)
+
+    try:
+        WebDriverWait(driver, timeout, poll_frequency=0.5).until(ready)
+    except Exception:
+        missing = [t for t in texts if t not in body]
+        raise AssertionError(f"the page never showed {missing}; it shows:\n{body[:3000]}") from None
+    return body
+
+
+def _shot(driver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> None:
+    from asolab.tracking.browse import run_url, runs_url
+
+    c = MlflowClient(ui["uri"])
+    exp = c.get_experiment_by_name("tiny")
+    assert exp.tags[L.TAG_EXPERIMENT_KIND] == L.EXPERIMENT_KIND
+    run = [r for r in c.search_runs([exp.experiment_id]) if L.TAG_STUDY not in r.data.tags][0]
+    genotype = run.data.tags[L.TAG_FINAL_GENOTYPE]
+
+    # The runs table, as `asolab run` prints it: the model-training view (no GenAI tabs),
+    # asolab's columns (accuracy, parameters, temperature, mutation strength, genotype).
+    browser.get(runs_url(ui["base"], exp.experiment_id))
+    # (the grid renders only the columns in view: the first of asolab's metric columns)
+    body = _wait_text(browser, run.info.run_name, "Model training", "final_params", "final_val_acc")
+    assert "Judges" not in body and "Evaluation runs" not in body, body[:2000]
+    test_acc = f"{run.data.metrics['test_acc']:.4f}"[:5]
+    assert test_acc in body, f"no test_acc ({test_acc}) column: {body[:2000]}"
+    _shot(browser, "runs_table")
+
+    # The run's overview: its description with the canonical genotype, and the final cells.
+    browser.get(run_url(ui["base"], exp.experiment_id, run.info.run_id))
+    body = _wait_text(browser, "Final genotype", "test accuracy", "Show more")
+    assert f"Final genotype {genotype}" in " ".join(body.split()), body[:3000]
+    for more in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']"):
+        browser.execute_script("arguments[0].click()", more)
+    _wait_text(browser, "peak memory", "wall time", "mutation strength")
+    WebDriverWait(browser, 30).until(lambda d: any(
+        "cells%2Ffinal.png" in (i.get_attribute("src") or "") and d.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth > 0", i)
+        for i in d.find_elements(By.TAG_NAME, "img")))
+    _shot(browser, "run_overview")
+
+    # The study: its trials nested under the parent run, each with a distinct name.
+    study_exp = c.get_experiment_by_name("study-tiny") or exp
+    trials = [r for r in c.search_runs([study_exp.experiment_id]) if r.data.tags.get(L.TAG_TRIAL)]
+    names = [r.info.run_name for r in trials]
+    assert len(names) == 2 and len(set(names)) == 2
+    browser.get(runs_url(ui["base"], study_exp.experiment_id))
+    _wait_text(browser, "study-tiny")
+    # nested: the trials are hidden under the study's row until its expander opens them
+    parent = [r for r in c.search_runs([study_exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
+    body = browser.find_element(By.TAG_NAME, "body").text
+    assert not any(n in body for n in names), body[:2000]
+    expander = browser.find_elements(
+        By.CSS_SELECTOR, f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button")
+    assert expander, "no expander on the study's row"
+    expander[0].click()
+    body = _wait_text(browser, *names)
+    first_trial = min(body.index(n) for n in names)
+    assert body.index("study-tiny", body.index("Run Name")) < first_trial, body[:2000]
+    _shot(browser, "study_trials")
+    best = [r for r in trials if r.data.tags.get(L.TAG_BEST) == "true"]
+    assert len(best) == 1
+
+
+def test_compare_report_fits_1400px_and_links_every_run(store, browser, tmp_path) -> None:
+    from asolab.cli import main
+
+    out = tmp_path / "report"
+    assert main(["compare", "--tracking-uri", store["uri"], "--report", str(out)]) == 0
+    page = out / "index.html"
+    browser.set_window_size(1400, 1000)
+    browser.get(page.as_uri())
+    _wait_text(browser, "Runs", "Genotype clusters")
+    width = browser.execute_script("return document.documentElement.clientWidth")
+    scroll = browser.execute_script("return document.documentElement.scrollWidth")
+    assert scroll <= width, f"the report is {scroll} px wide in a {width} px window"
+    links = browser.find_elements(By.CSS_SELECTOR, "a.run")
+    c = MlflowClient(store["uri"])
+    ids = {r.info.run_id for e in c.search_experiments() for r in c.search_runs([e.experiment_id])
+           if L.TAG_FINAL_GENOTYPE in r.data.tags}
+    assert {a.get_attribute("href").split("/runs/")[1].split("?")[0] for a in links} == ids
+    # a genotype row is a few lines, never a tall column of broken words
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.runs tbody tr")
+    assert rows and max(r.size["height"] for r in rows) < 60
+    _shot(browser, "compare_report")

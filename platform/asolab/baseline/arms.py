@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any
+from typing import Any, Optional
 
 from ..config import ExperimentConfig
 from ..runner import Runner
+from ..runner.cycle import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 
 ARMS = ("scratch", "random", "initial")  # the registry of control arms
@@ -55,6 +56,11 @@ class FixedGenotypeRunner(Runner):
 
     def _alpha_train(self) -> None:
         pass
+
+    @classmethod
+    def epochs_at(cls, position: Position, search: Any) -> Optional[tuple[int, int]]:
+        # alpha-training trains nothing here, so its epochs never count
+        return epochs_done(position, dataclasses.replace(search, alpha_epochs=0))
 
     def _mutate(self) -> None:
         pass

@@ -597,6 +597,12 @@ class Runner:
         return path
 
     @classmethod
+    def epochs_at(cls, position: Position, search: Any) -> Optional[tuple[int, int]]:
+        """``(global_epoch, weight_epoch)`` this kind of run has done at ``position``
+        (None where it never is): what a checkpoint's position is checked against."""
+        return epochs_done(position, search)
+
+    @classmethod
     def resume(
         cls,
         path: str | Path,
@@ -622,7 +628,7 @@ class Runner:
             cfg = from_dict(state["config"], source=label)
             spec = ArchSpec.from_dict(state["spec"])
             position = Position(**state["position"])
-        ckpt.check_position(position, epochs_done(position, cfg.search), label)
+        ckpt.check_position(position, cls.epochs_at(position, cfg.search), label)
         source = "resumed" if cfg.threads else "auto"
         if threads and threads != cfg.threads:
             log.warning("resuming with %d threads instead of the run's %d: the run will not repeat exactly",

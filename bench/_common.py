@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform as _platform  # the standard library module (platform/ is not a package)
 import statistics
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from asolab import threads
 
@@ -21,7 +21,9 @@ threads.prepare_environment()
 import torch
 
 
-def interleaved(fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, float]:
+def interleaved(
+    fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1
+) -> dict[str, float]:
     """Median wall seconds per call of each function, calls interleaved round-robin."""
     for _ in range(warmup):
         for fn in fns.values():
@@ -37,11 +39,23 @@ def interleaved(fns: Mapping[str, Callable[[], object]], repeats: int, warmup: i
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain fixed-width table (floats with 2 decimals unless already strings)."""
-    cells = [[c if isinstance(c, str) else (f"{c:.2f}" if isinstance(c, float) else str(c)) for c in r] for r in rows]
+    cells = [
+        [c if isinstance(c, str) else (f"{c:.2f}" if isinstance(c, float) else str(c)) for c in r]
+        for r in rows
+    ]
     widths = [max([len(str(h))] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
-    lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    lines = [
+        "  ".join(
+            str(h).ljust(w) if i == 0 else str(h).rjust(w)
+            for i, (h, w) in enumerate(zip(header, widths))
+        )
+    ]
     for r in cells:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            )
+        )
     return "\n".join(lines)
 
 

@@ -60,6 +60,7 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
         threads.prepare_environment()
     import torch
     import torch.nn.functional as F
+
     from asolab.config import DataConfig, SpaceConfig
     from asolab.data import Batches, load_data
     from asolab.space import ArchSpec, SearchNetwork
@@ -70,7 +71,11 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
         torch.set_num_threads(int(setting))
     torch.manual_seed(index)
     data = load_data(DataConfig(name="digits", train_subset=64 * 4), seed=0)
-    net = SearchNetwork(ArchSpec.from_config(SpaceConfig(init_channels=channels), data.in_channels, data.num_classes))
+    net = SearchNetwork(
+        ArchSpec.from_config(
+            SpaceConfig(init_channels=channels), data.in_channels, data.num_classes
+        )
+    )
     opt = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9)
     batches = list(Batches(data.train, 64))
     derived = net.genotype_plans(net.derive())
@@ -90,7 +95,10 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
     start = time.perf_counter()
     for i in range(steps):
         step(i)
-    print(json.dumps({"threads": torch.get_num_threads(), "seconds": time.perf_counter() - start}), flush=True)
+    print(
+        json.dumps({"threads": torch.get_num_threads(), "seconds": time.perf_counter() - start}),
+        flush=True,
+    )
 
 
 def together(setting: str, k: int, args: argparse.Namespace) -> list[dict]:
@@ -98,10 +106,23 @@ def together(setting: str, k: int, args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="asolab-concurrency-") as tmp:
         sync, registry = Path(tmp) / "sync", Path(tmp) / "registry"
         sync.mkdir()
-        cmd = [sys.executable, __file__, "--worker", setting, "--steps", str(args.steps), "--channels", str(args.channels)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            setting,
+            "--steps",
+            str(args.steps),
+            "--channels",
+            str(args.channels),
+        ]
         procs = [
-            subprocess.Popen([*cmd, "--sync", str(sync), "--index", str(i)], env=_env(setting, registry),
-                             stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [*cmd, "--sync", str(sync), "--index", str(i)],
+                env=_env(setting, registry),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for i in range(k)
         ]
         while len(list(sync.glob("ready-*"))) < k:
@@ -119,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20, help="training steps each process times")
     ap.add_argument("--channels", type=int, default=16, help="space.init_channels")
-    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, of auto, torch, 1")
+    ap.add_argument(
+        "--settings", default=",".join(SETTINGS), help="comma-separated, of auto, torch, 1"
+    )
     ap.add_argument("--concurrent", default="2,3", help="how many processes at once")
     ap.add_argument("--alone-repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
@@ -131,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.steps, args.channels, Path(args.sync), args.index)
         return 0
     if args.smoke:
-        args.steps, args.channels, args.settings, args.concurrent, args.alone_repeats = 1, 4, "auto", "2", 1
+        args.steps, args.channels, args.settings, args.concurrent, args.alone_repeats = (
+            1,
+            4,
+            "auto",
+            "2",
+            1,
+        )
     settings = args.settings.split(",")
     ks = [int(k) for k in args.concurrent.split(",")]
     alone: dict[str, list[float]] = {s: [] for s in settings}
@@ -148,21 +177,37 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([s, "1", str(threads_alone[s]), f"{base[s]:.2f}", "1.00x"])
         for k in ks:
             results = together(s, k, args)
-            print(f"# {k} at once, {s}: " + ", ".join(f"{r['threads']} threads {r['seconds']:.2f} s" for r in results),
-                  flush=True)
+            print(
+                f"# {k} at once, {s}: "
+                + ", ".join(f"{r['threads']} threads {r['seconds']:.2f} s" for r in results),
+                flush=True,
+            )
             worst = max(r["seconds"] for r in results)
             slow[(s, k)] = worst / base[s]
-            rows.append([s, str(k), "+".join(str(r["threads"]) for r in results),
-                         " ".join(f"{r['seconds']:.2f}" for r in results), f"{slow[(s, k)]:.2f}x"])
+            rows.append(
+                [
+                    s,
+                    str(k),
+                    "+".join(str(r["threads"]) for r in results),
+                    " ".join(f"{r['seconds']:.2f}" for r in results),
+                    f"{slow[(s, k)]:.2f}x",
+                ]
+            )
     from _common import table
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
-    print(f"# {args.steps} steps (sampled W-step + retraining step), digits, init_channels {args.channels}, "
-          f"batch 64; {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} "
-          f"usable cores; load average after: {' '.join(f'{x:.2f}' for x in load)}")
+    print(
+        f"# {args.steps} steps (sampled W-step + retraining step), digits, init_channels {args.channels}, "
+        f"batch 64; {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} "
+        f"usable cores; load average after: {' '.join(f'{x:.2f}' for x in load)}"
+    )
     print(table(["setting", "at once", "threads", "seconds each", "slowdown"], rows))
     parts = [f"{k} at once {slow[('auto', k)]:.2f}x" for k in ks if ("auto", k) in slow]
-    cost = f"; alone vs torch's default {100 * (base['auto'] / base['torch'] - 1):+.1f}%" if "torch" in base and "auto" in base else ""
+    cost = (
+        f"; alone vs torch's default {100 * (base['auto'] / base['torch'] - 1):+.1f}%"
+        if "torch" in base and "auto" in base
+        else ""
+    )
     print(f"auto threads, slowdown against alone: {', '.join(parts)}{cost}")
     return 0
 

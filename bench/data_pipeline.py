@@ -19,25 +19,43 @@ import sys
 import time
 
 from _common import machine, table
+
 from asolab.config import load
 from asolab.data import Batches
 from asolab.runner import Runner
 
 
-def measure(dataset: str, epochs: int, subset: int, overrides: list[str]) -> tuple[int, float, float]:
+def measure(
+    dataset: str, epochs: int, subset: int, overrides: list[str]
+) -> tuple[int, float, float]:
     """(images, seconds waiting for data, epoch seconds) over ``epochs`` W-training epochs."""
-    sets = ["device=cpu", "tracking.enabled=false", f"data.name={dataset!r}", f"data.train_subset={subset}", *overrides]
+    sets = [
+        "device=cpu",
+        "tracking.enabled=false",
+        f"data.name={dataset!r}",
+        f"data.train_subset={subset}",
+        *overrides,
+    ]
     runner = Runner(load(None, sets))
     runner.net.train()
     tau = runner.temperature()
     # Warm-up steps outside the timing: first calls of each op allocate and dispatch slowly.
-    for x, y in list(Batches(runner.data.train.head(4 * runner.cfg.data.batch_size), runner.cfg.data.batch_size)):
+    for x, y in list(
+        Batches(runner.data.train.head(4 * runner.cfg.data.batch_size), runner.cfg.data.batch_size)
+    ):
         runner._weight_step(x, y, runner.net.sample_plans(tau, differentiable=False))
     waiting = total = 0.0
     images = 0
     for _ in range(epochs):
         start = time.perf_counter()
-        it = iter(Batches(runner.data.train, runner.cfg.data.batch_size, runner.shuffle, runner.data.augmentation))
+        it = iter(
+            Batches(
+                runner.data.train,
+                runner.cfg.data.batch_size,
+                runner.shuffle,
+                runner.data.augmentation,
+            )
+        )
         while True:
             t0 = time.perf_counter()
             try:
@@ -56,8 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", default="digits,fashion_mnist", help="comma-separated data sets")
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--subset", type=int, default=4096, help="data.train_subset (0 = all; digits has 1150 train images)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument(
+        "--subset",
+        type=int,
+        default=4096,
+        help="data.train_subset (0 = all; digits has 1150 train images)",
+    )
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     args = ap.parse_args(argv)
     overrides = list(args.overrides)
@@ -70,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         share = 100 * waiting / total
         shares.append((share, name))
         rows.append([name, images, total, waiting, images / total, f"{share:.2f}%"])
-    print(f"# W-training epochs, batch size and augmentation of experiments/digits.toml; {machine()}")
+    print(
+        f"# W-training epochs, batch size and augmentation of experiments/digits.toml; {machine()}"
+    )
     print(table(["data set", "images", "epoch s", "in Batches s", "img/s", "data share"], rows))
     worst, name = max(shares)
     print(f"data pipeline share of W-training time: {worst:.2f}% at most ({name}); target < 5%")

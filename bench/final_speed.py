@@ -27,9 +27,10 @@ from _common import interleaved, machine, table, use_threads  # first: sets Open
 # isort: split
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
 from asolab.config import SpaceConfig
 from asolab.space import ArchSpec, SearchNetwork
-from torch.utils.flop_counter import FlopCounterMode
 
 VARIANTS = ("eager", "channels-last", "bf16 autocast")
 
@@ -40,7 +41,11 @@ def step_fn(net: SearchNetwork, plans, x: torch.Tensor, y: torch.Tensor, variant
         x = x.contiguous(memory_format=torch.channels_last)
 
     def step() -> None:
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if variant == "bf16 autocast" else nullcontext()
+        ctx = (
+            torch.autocast("cpu", dtype=torch.bfloat16)
+            if variant == "bf16 autocast"
+            else nullcontext()
+        )
         with ctx:
             loss = F.cross_entropy(net(x, plans), y)
         opt.zero_grad(set_to_none=True)
@@ -95,15 +100,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for variant in VARIANTS:
         per_step = seconds[variant] / args.steps
-        rows.append([variant, images / seconds[variant], f"{seconds['eager'] / seconds[variant]:.2f}x",
-                     flops / per_step / 1e9])
-    print(f"# final network training step, init_channels {args.channels}, {args.layers} cells, batch {args.batch}, "
-          f"1x{args.size}x{args.size}; {flops / 1e9:.3f} GFLOP per step; {machine()}")
+        rows.append(
+            [
+                variant,
+                images / seconds[variant],
+                f"{seconds['eager'] / seconds[variant]:.2f}x",
+                flops / per_step / 1e9,
+            ]
+        )
+    print(
+        f"# final network training step, init_channels {args.channels}, {args.layers} cells, batch {args.batch}, "
+        f"1x{args.size}x{args.size}; {flops / 1e9:.3f} GFLOP per step; {machine()}"
+    )
     print(table(["variant", "img/s", "vs eager", "GFLOP/s"], rows))
     eager_share = 100 * flops / (seconds["eager"] / args.steps) / 1e9 / args.peak_gflops
-    print("final training speed-up over eager: "
-          + ", ".join(f"{v} {seconds['eager'] / seconds[v]:.2f}x" for v in VARIANTS[1:])
-          + f"; eager reaches {eager_share:.1f}% of the {args.peak_gflops:.0f} GFLOP/s fp32 peak")
+    print(
+        "final training speed-up over eager: "
+        + ", ".join(f"{v} {seconds['eager'] / seconds[v]:.2f}x" for v in VARIANTS[1:])
+        + f"; eager reaches {eager_share:.1f}% of the {args.peak_gflops:.0f} GFLOP/s fp32 peak"
+    )
     return 0
 
 

@@ -32,8 +32,12 @@ DEFAULTS = {
     "search.final_epochs": 3,
 }
 SMOKE = {
-    "space.init_channels": 4, "search.w_epochs": 1, "search.alpha_epochs": 1, "search.retrain_epochs": 1,
-    "search.final_epochs": 0, "data.train_subset": 200,
+    "space.init_channels": 4,
+    "search.w_epochs": 1,
+    "search.alpha_epochs": 1,
+    "search.retrain_epochs": 1,
+    "search.final_epochs": 0,
+    "data.train_subset": 200,
 }
 
 
@@ -51,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     params_start = runner.net.num_weights()
     result = runner.run()
     ok = True
-    print(f"{'cycle':>5} {'kind':<7} {'where':<40} {'params':>17} {'max|dlogits|':>12} {'val acc before -> after':>24}")
+    print(
+        f"{'cycle':>5} {'kind':<7} {'where':<40} {'params':>17} {'max|dlogits|':>12} {'val acc before -> after':>24}"
+    )
     for e in rec.of("growth"):
         drop = e.val_acc_before - e.val_acc_after
         ok &= drop <= 0.01 and e.preservation_error <= 1e-4
@@ -61,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     params_end = runner.net.num_weights()
     ok &= params_end > params_start
-    print(f"supernet params {params_start} -> {params_end}; cycle val acc {[round(a, 4) for a in result.cycle_val_acc]}; "
-          f"final val {result.val_acc:.4f} test {result.test_acc:.4f}; {time.perf_counter() - start:.0f} s")
+    print(
+        f"supernet params {params_start} -> {params_end}; cycle val acc {[round(a, 4) for a in result.cycle_val_acc]}; "
+        f"final val {result.val_acc:.4f} test {result.test_acc:.4f}; {time.perf_counter() - start:.0f} s"
+    )
     return 0 if ok else 1
 
 

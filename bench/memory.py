@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from _common import machine, table
+
 from asolab.config import load
 from asolab.runner import Runner
 from asolab.runner.events import Recorder
@@ -50,9 +51,19 @@ def default_run_peak(extra: list[str]) -> tuple[float, float]:
     """(peak RSS MB, seconds) of ``asolab run`` in a child process, into a temporary store."""
     with tempfile.TemporaryDirectory(prefix="asolab-mem-") as tmp:
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{Path(tmp) / 'mlflow.db'}"}
-        cmd = [sys.executable, "-c", CLI, "run", "--set", "device=cpu", *[a for s in extra for a in ("--set", s)]]
+        cmd = [
+            sys.executable,
+            "-c",
+            CLI,
+            "run",
+            "--set",
+            "device=cpu",
+            *[a for s in extra for a in ("--set", s)],
+        ]
         start = time.perf_counter()
-        subprocess.run(cmd, env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            cmd, env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return peak_kib / 1024.0, seconds
@@ -76,22 +87,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         overrides.update(SMOKE)
         default_extra = [f"{k}={v}" for k, v in SMOKE.items() if k != "search.cycles"] + [
-            "search.cycles=1", "search.final_epochs=0", "tracking.log_models=false"]
+            "search.cycles=1",
+            "search.final_epochs=0",
+            "tracking.log_models=false",
+        ]
     print(f"# {machine()}")
     rows = []
     if not args.skip_default:
         peak, seconds = default_run_peak(default_extra)
-        rows.append(["default run (asolab run, tracked)", "peak RSS", f"{peak:.0f} MB", f"{seconds:.0f} s"])
+        rows.append(
+            ["default run (asolab run, tracked)", "peak RSS", f"{peak:.0f} MB", f"{seconds:.0f} s"]
+        )
     start = time.perf_counter()
     rss = long_run(overrides)
     seconds = time.perf_counter() - start
     for i, mb in enumerate(rss):
         rows.append([f"{len(rss)}-cycle run, no growth", f"cycle {i + 1}", f"{mb:.0f} MB", ""])
-    rows.append([f"{len(rss)}-cycle run, no growth", "peak RSS", f"{peak_rss_mb():.0f} MB", f"{seconds:.0f} s"])
+    rows.append(
+        [
+            f"{len(rss)}-cycle run, no growth",
+            "peak RSS",
+            f"{peak_rss_mb():.0f} MB",
+            f"{seconds:.0f} s",
+        ]
+    )
     print(table(["run", "when", "RSS", "wall"], rows))
     base = rss[1] if len(rss) > 1 else rss[0]
     growth = 100 * (rss[-1] - base) / base
-    print(f"RSS growth from cycle 2 to cycle {len(rss)}: {growth:+.2f}% ({base:.0f} -> {rss[-1]:.0f} MB); target within 5%")
+    print(
+        f"RSS growth from cycle 2 to cycle {len(rss)}: {growth:+.2f}% ({base:.0f} -> {rss[-1]:.0f} MB); target within 5%"
+    )
     return 0
 
 

@@ -35,6 +35,7 @@ import sys
 
 import torch
 from _common import machine
+
 from asolab.baseline.arms import ARMS
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_lines, arm_view

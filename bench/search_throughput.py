@@ -35,6 +35,7 @@ from _common import interleaved, machine, table, use_threads  # first: sets Open
 # isort: split
 import torch
 import torch.nn.functional as F
+
 from asolab.config import DataConfig, SpaceConfig
 from asolab.data import Batches, load_data
 from asolab.space import ArchSpec, SearchNetwork
@@ -67,6 +68,7 @@ def step_functions(net: SearchNetwork, batches, tau: float):
                 w_opt.zero_grad(set_to_none=True)
                 loss.backward()
                 w_opt.step()
+
         return run
 
     def alpha_epoch(continuous: bool):
@@ -75,7 +77,11 @@ def step_functions(net: SearchNetwork, batches, tau: float):
                 p.requires_grad_(False)
             try:
                 for x, y in batches:
-                    plans = net.continuous_plans() if continuous else net.sample_plans(tau, differentiable=True)
+                    plans = (
+                        net.continuous_plans()
+                        if continuous
+                        else net.sample_plans(tau, differentiable=True)
+                    )
                     loss = F.cross_entropy(net(x, plans), y)
                     a_opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -83,6 +89,7 @@ def step_functions(net: SearchNetwork, batches, tau: float):
             finally:
                 for p in weights:
                     p.requires_grad_(True)
+
         return run
 
     return {
@@ -106,19 +113,31 @@ def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, fl
     g = torch.Generator().manual_seed(0)
 
     def split(n: int) -> Split:
-        return Split(torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g))
+        return Split(
+            torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+        )
 
     train = split(batch)
-    data = DataBundle("synthetic", train, split(batch), split(batch), train, 10, 3, size, Augmentation())
-    overrides = {"tracking.enabled": False, "space.init_channels": 4 if smoke else 16, "space.layers": layers,
-                 "space.steps": 4, "data.batch_size": batch, "threads": torch.get_num_threads()}
+    data = DataBundle(
+        "synthetic", train, split(batch), split(batch), train, 10, 3, size, Augmentation()
+    )
+    overrides = {
+        "tracking.enabled": False,
+        "space.init_channels": 4 if smoke else 16,
+        "space.layers": layers,
+        "space.steps": 4,
+        "data.batch_size": batch,
+        "threads": torch.get_num_threads(),
+    }
     runner = Runner(load(None, overrides), data=data)
     genotype = runner.net.derive()
     plans = runner.net.genotype_plans(genotype)
     x, y = train.x, train.y
     runner.net.train()
     fns = {
-        "W-step": lambda: runner._weight_step(x, y, runner.net.sample_plans(1.0, differentiable=False)),
+        "W-step": lambda: runner._weight_step(
+            x, y, runner.net.sample_plans(1.0, differentiable=False)
+        ),
         "alpha": lambda: runner._alpha_step(x, y, 1.0),
         "W-retrain": lambda: runner._weight_step(x, y, plans),
     }
@@ -132,14 +151,25 @@ def cycle_main(args: argparse.Namespace) -> int:
     for layers, size in shapes:
         t = cycle_steps(layers, size, args.batch, args.smoke)
         at[(layers, size)] = t
-        rows.append([f"L{layers} 3x{size}x{size}", t["W-step"], t["alpha"], t["W-retrain"],
-                     t["W-step"] + t["alpha"] + t["W-retrain"]])
-    print(f"# NeuroExapt-shaped search steps, seconds per 256 images, batch {args.batch}; {machine()}")
+        rows.append(
+            [
+                f"L{layers} 3x{size}x{size}",
+                t["W-step"],
+                t["alpha"],
+                t["W-retrain"],
+                t["W-step"] + t["alpha"] + t["W-retrain"],
+            ]
+        )
+    print(
+        f"# NeuroExapt-shaped search steps, seconds per 256 images, batch {args.batch}; {machine()}"
+    )
     print(table(["shape", "W-step s", "alpha s", "W-retrain s", "cycle s"], rows))
     if (8, 32) in at:
         t = at[(8, 32)]
-        print(f"vs NeuroExapt at L8 3x32x32: sampled W-step {NEUROEXAPT['W-step 32x32'] / t['W-step']:.2f}x "
-              f"(target 10x), W-retraining {NEUROEXAPT['W-retrain L8 32x32'] / t['W-retrain']:.2f}x")
+        print(
+            f"vs NeuroExapt at L8 3x32x32: sampled W-step {NEUROEXAPT['W-step 32x32'] / t['W-step']:.2f}x "
+            f"(target 10x), W-retraining {NEUROEXAPT['W-retrain L8 32x32'] / t['W-retrain']:.2f}x"
+        )
     else:
         print("vs NeuroExapt: needs the L8 3x32x32 shape (not in --smoke)")
     return 0
@@ -156,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = asolab's auto rule)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
-    ap.add_argument("--cycle", action="store_true", help="the NeuroExapt-shaped cycle steps instead")
+    ap.add_argument(
+        "--cycle", action="store_true", help="the NeuroExapt-shaped cycle steps instead"
+    )
     args = ap.parse_args(argv)
     use_threads(args.threads)
     if args.cycle:
@@ -170,16 +202,29 @@ def main(argv: list[str] | None = None) -> int:
     images = sum(len(y) for _, y in batches)
     ips = {name: images / s for name, s in seconds.items()}
     n_ops = len(net.spec.primitives)
-    print(f"# {args.data}, batch {args.batch}, init_channels {args.channels}, {args.layers} cells, {n_ops} ops; {machine()}")
+    print(
+        f"# {args.data}, batch {args.batch}, init_channels {args.channels}, {args.layers} cells, {n_ops} ops; {machine()}"
+    )
     w_ratio = ips["W sampled"] / ips["W continuous"]
     a_ratio = ips["alpha sampled"] / ips["alpha continuous"]
-    print(table(
-        ["step", "sampled img/s", "continuous img/s", "speed-up"],
-        [["W-training", ips["W sampled"], ips["W continuous"], f"{w_ratio:.2f}x"],
-         ["alpha-training", ips["alpha sampled"], ips["alpha continuous"], f"{a_ratio:.2f}x"]],
-    ))
-    print(f"path sampling speed-up over the continuous relaxation ({n_ops} ops): "
-          f"W-training {w_ratio:.2f}x, alpha-training {a_ratio:.2f}x")
+    print(
+        table(
+            ["step", "sampled img/s", "continuous img/s", "speed-up"],
+            [
+                ["W-training", ips["W sampled"], ips["W continuous"], f"{w_ratio:.2f}x"],
+                [
+                    "alpha-training",
+                    ips["alpha sampled"],
+                    ips["alpha continuous"],
+                    f"{a_ratio:.2f}x",
+                ],
+            ],
+        )
+    )
+    print(
+        f"path sampling speed-up over the continuous relaxation ({n_ops} ops): "
+        f"W-training {w_ratio:.2f}x, alpha-training {a_ratio:.2f}x"
+    )
     return 0
 
 

@@ -24,15 +24,17 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from _common import interleaved, machine, table
+
 from asolab.config import DataConfig, SpaceConfig
 from asolab.data import Batches, load_data
 from asolab.space import ArchSpec, SearchNetwork
 from asolab.space.network import DerivedNetwork
 
 
-def variants(net: DerivedNetwork, compile_: bool) -> dict[str, tuple[torch.nn.Module | None, bool, str]]:
+def variants(
+    net: DerivedNetwork, compile_: bool
+) -> dict[str, tuple[torch.nn.Module | None, bool, str]]:
     """name -> (module or None when unavailable, channels_last, note)."""
     out: dict[str, tuple[torch.nn.Module | None, bool, str]] = {
         "eager": (net, False, ""),
@@ -58,13 +60,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="steps per timed repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes, no torch.compile (for the test suite)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, no torch.compile (for the test suite)"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
-        args.channels, args.batch, args.eval_batch, args.steps, args.repeats, args.no_compile = 4, 8, 16, 1, 1, True
+        args.channels, args.batch, args.eval_batch, args.steps, args.repeats, args.no_compile = (
+            4,
+            8,
+            16,
+            1,
+            1,
+            True,
+        )
     torch.manual_seed(0)
     data = load_data(DataConfig(name=args.data, train_subset=args.batch * args.steps), seed=0)
-    supernet = SearchNetwork(ArchSpec.from_config(SpaceConfig(init_channels=args.channels), data.in_channels, data.num_classes))
+    supernet = SearchNetwork(
+        ArchSpec.from_config(
+            SpaceConfig(init_channels=args.channels), data.in_channels, data.num_classes
+        )
+    )
     net = DerivedNetwork(supernet, supernet.derive())
     batches = list(Batches(data.train, args.batch))[: args.steps]
     probe = data.val.x[: args.eval_batch]
@@ -98,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 infer()
                 train()
             except Exception as exc:  # noqa: BLE001 - any compiler failure is a result to report
-                notes[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+                notes[name] = (
+                    f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+                )
                 continue
             notes[name] = f"compiled in {time.perf_counter() - start:.0f} s"
         fns[f"{name}|infer"], fns[f"{name}|train"] = infer, train
@@ -114,15 +131,27 @@ def main(argv: list[str] | None = None) -> int:
             ratios[kind] = seconds[f"eager|{kind}"] / seconds[f"{name}|{kind}"]
             if ratios[kind] > best[kind][1]:
                 best[kind] = (name, ratios[kind])
-        rows.append([
-            name, infer_imgs / seconds[f"{name}|infer"], f"{ratios['infer']:.2f}x",
-            train_imgs / seconds[f"{name}|train"], f"{ratios['train']:.2f}x", note,
-        ])
-    print(f"# derived network, {args.data}, init_channels {args.channels}, inference batch {len(probe)}, "
-          f"training batch {args.batch}; {machine()}")
-    print(table(["variant", "inference img/s", "vs eager", "train img/s", "vs eager", "note"], rows))
-    print(f"best over eager: inference {best['infer'][1]:.2f}x ({best['infer'][0]}), "
-          f"training step {best['train'][1]:.2f}x ({best['train'][0]})")
+        rows.append(
+            [
+                name,
+                infer_imgs / seconds[f"{name}|infer"],
+                f"{ratios['infer']:.2f}x",
+                train_imgs / seconds[f"{name}|train"],
+                f"{ratios['train']:.2f}x",
+                note,
+            ]
+        )
+    print(
+        f"# derived network, {args.data}, init_channels {args.channels}, inference batch {len(probe)}, "
+        f"training batch {args.batch}; {machine()}"
+    )
+    print(
+        table(["variant", "inference img/s", "vs eager", "train img/s", "vs eager", "note"], rows)
+    )
+    print(
+        f"best over eager: inference {best['infer'][1]:.2f}x ({best['infer'][0]}), "
+        f"training step {best['train'][1]:.2f}x ({best['train'][0]})"
+    )
     return 0
 
 

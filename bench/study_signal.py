@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from _common import machine, table
+
 from asolab.runner import Runner
 from asolab.study.config import load_study
 

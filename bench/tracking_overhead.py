@@ -30,14 +30,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlflow import MlflowClient
+
 from asolab.config import load
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker
-from mlflow import MlflowClient
 
 TINY = [
-    "device=cpu", "search.cycles=1", "search.w_epochs=1", "search.alpha_epochs=1", "search.retrain_epochs=1",
-    "search.final_epochs=1", "space.init_channels=4", "data.train_subset=128",
+    "device=cpu",
+    "search.cycles=1",
+    "search.w_epochs=1",
+    "search.alpha_epochs=1",
+    "search.retrain_epochs=1",
+    "search.final_epochs=1",
+    "space.init_channels=4",
+    "data.train_subset=128",
 ]
 
 
@@ -49,11 +56,24 @@ def timed_run(cfg, tracker: MlflowTracker | None, checkpoint_dir: Path) -> float
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("experiment", nargs="?", default=None, help="experiment file (default: experiments/digits.toml)")
+    ap.add_argument(
+        "experiment",
+        nargs="?",
+        default=None,
+        help="experiment file (default: experiments/digits.toml)",
+    )
     ap.add_argument("--tiny", action="store_true", help="a tiny configuration (smoke test)")
-    ap.add_argument("--repeats", type=int, default=6, help="rounds of runs, in rotating order (default 6)")
-    ap.add_argument("--compare-modes", action="store_true", help="also time the tracker writing on a background thread")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument(
+        "--repeats", type=int, default=6, help="rounds of runs, in rotating order (default 6)"
+    )
+    ap.add_argument(
+        "--compare-modes",
+        action="store_true",
+        help="also time the tracker writing on a background thread",
+    )
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
+    )
     args = ap.parse_args(argv)
     cfg = load(args.experiment, [*(TINY if args.tiny else []), *args.overrides])
     variants = ["off", "on", *(["thread"] if args.compare_modes else [])]
@@ -62,28 +82,43 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="asolab-bench-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         MlflowClient(uri).search_experiments()  # create the store's tables outside the timing
-        timed_run(cfg, None, Path(tmp) / "warm-up")  # first-run costs (allocator, kernels, caches) hit neither variant
+        timed_run(
+            cfg, None, Path(tmp) / "warm-up"
+        )  # first-run costs (allocator, kernels, caches) hit neither variant
         for i in range(max(1, args.repeats)):
             # Every run writes checkpoints after every phase, so a difference is the tracker alone.
             # The order rotates so that a drift in the machine's speed cancels.
-            order = variants[i % len(variants):] + variants[: i % len(variants)]
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
             if i % 2:
                 order.reverse()
             result = {}
             for name in order:
                 tracker = None
                 if name != "off":
-                    tracker = MlflowTracker(tracking_uri=uri, experiment="overhead-bench", write_mode="thread" if name == "thread" else "auto")
+                    tracker = MlflowTracker(
+                        tracking_uri=uri,
+                        experiment="overhead-bench",
+                        write_mode="thread" if name == "thread" else "auto",
+                    )
                 seconds = timed_run(cfg, tracker, Path(tmp) / f"{name}-{i}")
-                result[name] = (seconds, tracker.log_seconds if tracker else 0.0, tracker.write_seconds if tracker else 0.0)
+                result[name] = (
+                    seconds,
+                    tracker.log_seconds if tracker else 0.0,
+                    tracker.write_seconds if tracker else 0.0,
+                )
             rounds.append(result)
 
     tracked = [v for v in variants if v != "off"]
-    header = f"{'round':<7}{'off s':>8}" + "".join(f"{v + ' s':>10}{v + ' diff':>12}{'in hooks s':>12}{'writes s':>10}" for v in tracked)
+    header = f"{'round':<7}{'off s':>8}" + "".join(
+        f"{v + ' s':>10}{v + ' diff':>12}{'in hooks s':>12}{'writes s':>10}" for v in tracked
+    )
     print(header)
     for i, r in enumerate(rounds):
         off = r["off"][0]
-        cells = "".join(f"{r[v][0]:>10.2f}{100 * (r[v][0] - off) / off:>+11.2f}%{r[v][1]:>12.2f}{r[v][2]:>10.2f}" for v in tracked)
+        cells = "".join(
+            f"{r[v][0]:>10.2f}{100 * (r[v][0] - off) / off:>+11.2f}%{r[v][1]:>12.2f}{r[v][2]:>10.2f}"
+            for v in tracked
+        )
         print(f"{i:<7}{off:>8.2f}{cells}")
 
     def median_overhead(variant: str) -> float:
@@ -92,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     hooks = statistics.median(100 * r["on"][1] / r["on"][0] for r in rounds)
     print(f"median time inside the tracker's hooks: {hooks:.2f}% of the tracked run")
     if "thread" in variants:
-        print(f"store writes on a background thread instead: {median_overhead('thread'):+.2f}% wall time (median of {len(rounds)})")
+        print(
+            f"store writes on a background thread instead: {median_overhead('thread'):+.2f}% wall time (median of {len(rounds)})"
+        )
     print(
         f"tracking overhead: {median_overhead('on'):+.2f}% wall time, tracked vs untracked "
         f"(median of {len(rounds)} interleaved pairs of {cfg.search.cycles}-cycle runs); target < 2%"

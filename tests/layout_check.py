@@ -6,7 +6,7 @@ comparison (test_compare): every name any of them writes must be in the layout.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from mlflow import MlflowClient
 

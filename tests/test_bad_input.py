@@ -92,7 +92,10 @@ CASES = {
     "run seed as text": (["run", "{T}/seed_text.toml"], "seed must be an integer"),
     "run seed too big": (["run", "--set", "seed=99999999999999999999"], "9223372036854775807"),
     "run seed negative": (["run", "--set", "seed=-1"], "out of range"),
-    "run split_seed too big": (["run", "--set", "data.split_seed=99999999999999999999"], "data.split_seed"),
+    "run split_seed too big": (
+        ["run", "--set", "data.split_seed=99999999999999999999"],
+        "data.split_seed",
+    ),
     "run --set without =": (["run", "--set", "seed"], "expected section.key=value"),
     "run unknown section": (["run", "--set", "foo.bar=1"], "unknown key 'foo'"),
     "run section as value": (["run", "--set", "space=3"], "must be a table"),
@@ -103,20 +106,50 @@ CASES = {
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),
     "run float for int": (["run", "--set", "search.cycles=1.5"], "integer"),
     "run infinite clip": (["run", "--set", "search.grad_clip=inf"], "finite"),
-    "run min above initial temperature": (["run", "--set", "temperature.min_temperature=10"], "must not exceed"),
+    "run min above initial temperature": (
+        ["run", "--set", "temperature.min_temperature=10"],
+        "must not exceed",
+    ),
     "run unknown flag": (["run", "--bogus"], "unrecognized arguments"),
     "run --resume without tracking": (["run", "--resume", "abc", "--no-track"], "drop --no-track"),
-    "run store in a missing place": (["run", "--set", "tracking.tracking_uri=sqlite:///{T}/a_file/m.db"], "cannot create"),
-    "run store is a directory": (["run", "--set", "tracking.tracking_uri=sqlite:///{T}/a_dir"], "is a directory"),
-    "run store not a database": (["run", "--set", "tracking.tracking_uri=sqlite:///{T}/not_a_db.db"], "not an SQLite"),
-    "run store of someone else": (["run", "--set", "tracking.tracking_uri=sqlite:///{T}/other.db"], "something else"),
-    "run old file store": (["run", "--set", "tracking.tracking_uri=file:///tmp/x"], "old file store"),
+    "run store in a missing place": (
+        ["run", "--set", "tracking.tracking_uri=sqlite:///{T}/a_file/m.db"],
+        "cannot create",
+    ),
+    "run store is a directory": (
+        ["run", "--set", "tracking.tracking_uri=sqlite:///{T}/a_dir"],
+        "is a directory",
+    ),
+    "run store not a database": (
+        ["run", "--set", "tracking.tracking_uri=sqlite:///{T}/not_a_db.db"],
+        "not an SQLite",
+    ),
+    "run store of someone else": (
+        ["run", "--set", "tracking.tracking_uri=sqlite:///{T}/other.db"],
+        "something else",
+    ),
+    "run old file store": (
+        ["run", "--set", "tracking.tracking_uri=file:///tmp/x"],
+        "old file store",
+    ),
     "run unknown URI scheme": (["run", "--set", "tracking.tracking_uri=bogus://x"], "bogus"),
     "run dead server": (["run", "--set", f"tracking.tracking_uri=http://{DEAD}"], "not reachable"),
-    "run dead database": (["run", "--set", f"tracking.tracking_uri=postgresql://u:pw@{DEAD}/x"], "cannot be reached"),
+    "run dead database": (
+        ["run", "--set", f"tracking.tracking_uri=postgresql://u:pw@{DEAD}/x"],
+        "cannot be reached",
+    ),
     "run supernet too big": (
-        ["run", "--set", "space.init_channels=1024", "--set", "space.layers=64", "--set", "space.steps=8",
-         "--set", "tracking.tracking_uri={S}"],
+        [
+            "run",
+            "--set",
+            "space.init_channels=1024",
+            "--set",
+            "space.layers=64",
+            "--set",
+            "space.steps=8",
+            "--set",
+            "tracking.tracking_uri={S}",
+        ],
         "space.init_channels",
     ),
     # asolab study
@@ -132,22 +165,55 @@ CASES = {
     "study negative seed": ([*STUDY, "--seed", "-5"], "--seed"),
     "study name with a quote": ([*STUDY, "--study-name", 'bad"name'], "--study-name"),
     "study unknown storage": ([*STUDY[:-2], "--storage", "bogus://x"], "not supported"),
-    "study dead database": ([*STUDY[:-2], "--storage", f"postgresql://u:pw@{DEAD}/x"], "cannot be reached"),
-    "study storage not a database": ([*STUDY[:-2], "--storage", "sqlite:///{T}/not_a_db.db"], "not an SQLite"),
-    "study storage of someone else": ([*STUDY[:-2], "--storage", "sqlite:///{T}/other.db"], "something else"),
-    "study journal in a missing place": ([*STUDY[:-2], "--storage", "{T}/a_file/j.log"], "cannot be opened"),
+    "study dead database": (
+        [*STUDY[:-2], "--storage", f"postgresql://u:pw@{DEAD}/x"],
+        "cannot be reached",
+    ),
+    "study storage not a database": (
+        [*STUDY[:-2], "--storage", "sqlite:///{T}/not_a_db.db"],
+        "not an SQLite",
+    ),
+    "study storage of someone else": (
+        [*STUDY[:-2], "--storage", "sqlite:///{T}/other.db"],
+        "something else",
+    ),
+    "study journal in a missing place": (
+        [*STUDY[:-2], "--storage", "{T}/a_file/j.log"],
+        "cannot be opened",
+    ),
     "study dead tracking server": ([*STUDY[:3], f"http://{DEAD}", *STUDY[4:]], "not reachable"),
-    "study tracking store of someone else": ([*STUDY[:3], "sqlite:///{T}/other.db", *STUDY[4:]], "something else"),
+    "study tracking store of someone else": (
+        [*STUDY[:3], "sqlite:///{T}/other.db", *STUDY[4:]],
+        "something else",
+    ),
     # asolab compare
-    "compare CSV into a missing folder": ([*COMPARE, "--csv", "/nonexistent/x.csv"], "does not exist"),
+    "compare CSV into a missing folder": (
+        [*COMPARE, "--csv", "/nonexistent/x.csv"],
+        "does not exist",
+    ),
     "compare CSV onto a directory": ([*COMPARE, "--csv", "{T}/a_dir"], "is a directory"),
-    "compare report under a file": ([*COMPARE, "--report", "{T}/a_file/report"], "not a writable folder"),
+    "compare report under a file": (
+        [*COMPARE, "--report", "{T}/a_file/report"],
+        "not a writable folder",
+    ),
     "compare report onto a file": ([*COMPARE, "--report", "{T}/a_file"], "is a file"),
-    "compare store not a database": (["compare", "--tracking-uri", "sqlite:///{T}/not_a_db.db"], "not an SQLite"),
-    "compare store of someone else": (["compare", "--tracking-uri", "sqlite:///{T}/other.db"], "something else"),
-    "compare missing store": (["compare", "--tracking-uri", "sqlite:///{T}/none.db"], "no MLflow store"),
+    "compare store not a database": (
+        ["compare", "--tracking-uri", "sqlite:///{T}/not_a_db.db"],
+        "not an SQLite",
+    ),
+    "compare store of someone else": (
+        ["compare", "--tracking-uri", "sqlite:///{T}/other.db"],
+        "something else",
+    ),
+    "compare missing store": (
+        ["compare", "--tracking-uri", "sqlite:///{T}/none.db"],
+        "no MLflow store",
+    ),
     "compare dead server": (["compare", "--tracking-uri", f"http://{DEAD}"], "not reachable"),
-    "compare dead database": (["compare", "--tracking-uri", f"postgresql://u:pw@{DEAD}/x"], "cannot be reached"),
+    "compare dead database": (
+        ["compare", "--tracking-uri", f"postgresql://u:pw@{DEAD}/x"],
+        "cannot be reached",
+    ),
     "compare old file store": (["compare", "--tracking-uri", "file:///tmp"], "old file store"),
     "compare negative top": ([*COMPARE, "--top", "-1"], "--top"),
     "compare top not a number": ([*COMPARE, "--top", "x"], "invalid int value"),
@@ -156,10 +222,19 @@ CASES = {
     "ui port negative": ([*UI, "--port", "-1"], "1-65535"),
     "ui port not a number": ([*UI, "--port", "abc"], "invalid int value"),
     "ui unknown host": ([*UI, "--host", "999.1.1.1"], "--host"),
-    "ui store not a database": (["ui", "--tracking-uri", "sqlite:///{T}/not_a_db.db"], "not an SQLite"),
-    "ui store of someone else": (["ui", "--tracking-uri", "sqlite:///{T}/other.db"], "something else"),
+    "ui store not a database": (
+        ["ui", "--tracking-uri", "sqlite:///{T}/not_a_db.db"],
+        "not an SQLite",
+    ),
+    "ui store of someone else": (
+        ["ui", "--tracking-uri", "sqlite:///{T}/other.db"],
+        "something else",
+    ),
     "ui dead server": (["ui", "--tracking-uri", f"http://{DEAD}"], "not reachable"),
-    "ui store in a missing place": (["ui", "--tracking-uri", "sqlite:///{T}/a_file/m.db"], "cannot create"),
+    "ui store in a missing place": (
+        ["ui", "--tracking-uri", "sqlite:///{T}/a_file/m.db"],
+        "cannot create",
+    ),
 }
 
 
@@ -171,10 +246,14 @@ def test_bad_input_is_one_error_line_and_status_2(argv, words, place, ok_store, 
     assert rc == 2, err
     assert err.startswith("asolab: error: ") and "\n" not in err, err
     assert "Traceback" not in err and words in err, err
-    assert time.monotonic() - started < 30, "unreachable stores fail fast, without minutes of retries"
+    assert time.monotonic() - started < 30, (
+        "unreachable stores fail fast, without minutes of retries"
+    )
     # Someone else's database is refused, never given MLflow's or Optuna's tables.
     con = sqlite3.connect(place / "other.db")
-    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["people"]
+    assert [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == [
+        "people"
+    ]
     con.close()
 
 
@@ -203,10 +282,15 @@ def test_a_supernet_that_cannot_fit_is_refused_before_it_is_allocated():
     spec = ArchSpec.from_config(cfg.space, 1, 10)
     with pytest.raises(MemoryLimitError, match="data.batch_size"):
         check_fits(spec, 64, 8, torch.device("cpu"))
-    assert check_fits(ArchSpec.from_config(load().space, 1, 10), 64, 8, torch.device("cpu")).total < 2**30
+    assert (
+        check_fits(ArchSpec.from_config(load().space, 1, 10), 64, 8, torch.device("cpu")).total
+        < 2**30
+    )
 
 
-def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, ok_store, capsys, monkeypatch):
+def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(
+    place, ok_store, capsys, monkeypatch
+):
     """What torch raises when CUDA runs out (raised here where a CPU-only machine cannot run
     out of GPU memory): the run ends FAILED in MLflow and the command in one line."""
 
@@ -215,8 +299,21 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, ok_store
 
     monkeypatch.setattr(Runner, "_w_train", out_of_memory)
     store = ok_store
-    rc, err = run_main(["run", "--quiet", "--set", "threads=1", "--set", "space.init_channels=4",
-                        "--set", "data.train_subset=200", "--set", f"tracking.tracking_uri={store}"], capsys)
+    rc, err = run_main(
+        [
+            "run",
+            "--quiet",
+            "--set",
+            "threads=1",
+            "--set",
+            "space.init_channels=4",
+            "--set",
+            "data.train_subset=200",
+            "--set",
+            f"tracking.tracking_uri={store}",
+        ],
+        capsys,
+    )
     assert rc == 2 and err.startswith("asolab: error: out of memory") and "\n" not in err, err
     assert "data.batch_size" in err
     client = MlflowClient(store)
@@ -229,8 +326,22 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(place, ok_store
 def test_cuda_out_of_memory_ends_the_run_failed(place, capsys):
     torch.cuda.set_per_process_memory_fraction(0.001)  # a real CUDA OOM on the first big tensor
     try:
-        rc, err = run_main(["run", "--quiet", "--no-track", "--set", "device=cuda", "--set", "threads=1",
-                            "--set", "data.batch_size=4096", "--set", "data.train_subset=0"], capsys)
+        rc, err = run_main(
+            [
+                "run",
+                "--quiet",
+                "--no-track",
+                "--set",
+                "device=cuda",
+                "--set",
+                "threads=1",
+                "--set",
+                "data.batch_size=4096",
+                "--set",
+                "data.train_subset=0",
+            ],
+            capsys,
+        )
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert rc == 2 and "out of memory" in err and "\n" not in err, err
@@ -256,9 +367,14 @@ def test_a_trial_that_cannot_fit_fails_and_the_study_goes_on(tmp_path):
         '[[enqueue]]\n"space.init_channels" = 4\n"space.layers" = 3\n"space.steps" = 2\n'
     )
     journal = tmp_path / "optuna-journal.log"
-    run_study(load_study(tmp_path / "big.toml"), storage_url=str(journal),
-              tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    run_study(
+        load_study(tmp_path / "big.toml"),
+        storage_url=str(journal),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))
+    )
     trials = optuna.load_study(study_name="big", storage=storage).get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert "MemoryLimitError" in trials[0].user_attrs["asolab.error"]

@@ -11,6 +11,9 @@ import random
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY
+from mlflow.tracking import MlflowClient
+
 from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FixedGenotypeRunner
 from asolab.baseline.ranking import measure, sample_genotype
@@ -20,8 +23,6 @@ from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.runner.events import Observer
 from asolab.tracking import layout as L
-from conftest import TINY
-from mlflow.tracking import MlflowClient
 
 SMALL = {
     **TINY,

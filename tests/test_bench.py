@@ -58,11 +58,24 @@ def test_search_quality_records_its_arms_in_mlflow(capsys, tmp_path):
     """The driver makes a source ASO-SE run and its control arms as tracked runs; a second
     invocation trains nothing and prints the same arm view from the store."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = ["--smoke", "--datasets", "digits", "--seeds", "0", "--threads", "1", "--tracking-uri", uri]
+    args = [
+        "--smoke",
+        "--datasets",
+        "digits",
+        "--seeds",
+        "0",
+        "--threads",
+        "1",
+        "--tracking-uri",
+        uri,
+    ]
     lines = _run(capsys, "search_quality", args)
     trained = [line.split() for line in lines if line.startswith("  seed 0 ")]
     assert {t[2] for t in trained} == {"aso-se", "scratch", "random", "initial"}
-    assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm") and "vs random" in lines[-1]
+    assert (
+        lines[-1].startswith("digits: ASO-SE test accuracy minus each arm")
+        and "vs random" in lines[-1]
+    )
     lines = _run(capsys, "search_quality", args + ["--report"])
     assert not any(line.startswith("  seed") for line in lines)  # --report trains nothing
     assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm")
@@ -77,7 +90,12 @@ def test_study_signal_smoke(capsys, tmp_path):
     import json
 
     records = json.loads(out.read_text())
-    assert sorted((r["setting"], r["seed"]) for r in records) == [("cold", 0), ("cold", 1), ("hot", 0), ("hot", 1)]
+    assert sorted((r["setting"], r["seed"]) for r in records) == [
+        ("cold", 0),
+        ("cold", 1),
+        ("hot", 0),
+        ("hot", 1),
+    ]
     assert all(0 <= r["val_acc"] <= 1 for r in records)
     assert any(line.startswith("one-way ANOVA over settings: F = ") for line in lines)
     # again with the same file: every run is recorded, nothing trains
@@ -88,7 +106,11 @@ def test_study_signal_smoke(capsys, tmp_path):
 
 def test_study_signal_analysis():
     a = _module("study_signal").analyse(
-        [{"setting": k, "val_acc": v} for k, vs in (("a", (0.90, 0.92)), ("b", (0.80, 0.82))) for v in vs]
+        [
+            {"setting": k, "val_acc": v}
+            for k, vs in (("a", (0.90, 0.92)), ("b", (0.80, 0.82)))
+            for v in vs
+        ]
     )
     assert a["seed_std"] == pytest.approx(100 * 0.01414, rel=1e-3)
     assert a["std_of_knob_means"] == pytest.approx(100 * 0.0707, rel=1e-3)
@@ -97,9 +119,13 @@ def test_study_signal_analysis():
 
 def test_tracking_overhead(capsys):
     lines = _run(capsys, "tracking_overhead", ["--tiny", "--repeats", "2"])
-    assert lines[-1].startswith("tracking overhead:") and "median of 2 interleaved pairs" in lines[-1]
+    assert (
+        lines[-1].startswith("tracking overhead:") and "median of 2 interleaved pairs" in lines[-1]
+    )
     pairs = [line.split() for line in lines if line[:1].isdigit()]
-    assert [p[0] for p in pairs] == ["0", "1"] and all(float(p[1]) > 0 and float(p[2]) > 0 for p in pairs)
+    assert [p[0] for p in pairs] == ["0", "1"] and all(
+        float(p[1]) > 0 and float(p[2]) > 0 for p in pairs
+    )
 
 
 def test_search_throughput_neuroexapt_shaped_cycle(capsys):
@@ -111,7 +137,10 @@ def test_search_throughput_neuroexapt_shaped_cycle(capsys):
 def test_final_speed(capsys):
     lines = _run(capsys, "final_speed", ["--smoke", "--threads", "1"])
     assert [line.split()[0] for line in lines[2:5]] == ["eager", "channels-last", "bf16"]
-    assert lines[-1].startswith("final training speed-up over eager:") and "GFLOP/s fp32 peak" in lines[-1]
+    assert (
+        lines[-1].startswith("final training speed-up over eager:")
+        and "GFLOP/s fp32 peak" in lines[-1]
+    )
 
 
 def test_concurrency(capsys):
@@ -121,7 +150,20 @@ def test_concurrency(capsys):
     assert [r[1] for r in rows] == ["1", "2"] and rows[1][2].count("+") == 1
 
 
-@pytest.mark.parametrize("name", ["concurrency", "final_speed", "search_throughput", "data_pipeline", "memory", "speed_paths", "search_quality", "tracking_overhead", "study_signal"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "concurrency",
+        "final_speed",
+        "search_throughput",
+        "data_pipeline",
+        "memory",
+        "speed_paths",
+        "search_quality",
+        "tracking_overhead",
+        "study_signal",
+    ],
+)
 def test_every_benchmark_documents_itself(name):
     assert _module(name).__doc__.strip()
 

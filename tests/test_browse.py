@@ -24,12 +24,18 @@ from mlflow import MlflowClient
 
 from asolab.tracking import layout as L
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM = (
+    shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+)
 DRIVER = shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
+)
 if not CHROMIUM or not DRIVER:
-    pytest.skip("headless Chromium and chromedriver are not installed (apt install chromium chromium-driver)",
-                allow_module_level=True)
+    pytest.skip(
+        "headless Chromium and chromedriver are not installed (apt install chromium chromium-driver)",
+        allow_module_level=True,
+    )
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -89,8 +95,19 @@ def store(tmp_path_factory) -> dict:
     (d / "tiny_study.toml").write_text(textwrap.dedent(STUDY))
     uri = f"sqlite:///{d / 'mlflow.db'}"
     assert main(["run", str(d / "tiny.toml"), "--set", f"tracking.tracking_uri={uri}"]) == 0
-    assert main(["study", str(d / "tiny_study.toml"), "--storage", str(d / "journal.log"),
-                 "--tracking-uri", uri]) == 0
+    assert (
+        main(
+            [
+                "study",
+                str(d / "tiny_study.toml"),
+                "--storage",
+                str(d / "journal.log"),
+                "--tracking-uri",
+                uri,
+            ]
+        )
+        == 0
+    )
     # optuna-dashboard names the objective; the study's run describes the study
     import optuna
 
@@ -99,7 +116,9 @@ def store(tmp_path_factory) -> dict:
     assert study.metric_names == ["val_acc"]
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name("study-tiny")
-    parent = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
+    parent = [
+        r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("asolab.study_parent")
+    ][0]
     note = parent.data.tags[L.TAG_NOTE]
     assert "maximize `val_acc`" in note and f"trial {study.best_trial.number}]" in note, note
     return {"dir": d, "uri": uri}
@@ -110,8 +129,19 @@ def ui(store) -> dict:
     """A real ``asolab ui`` on a free port, stopped (its whole process group) afterwards."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store["uri"]],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "asolab.cli",
+            "ui",
+            "--port",
+            str(port),
+            "--tracking-uri",
+            store["uri"],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -139,8 +169,14 @@ def browser():
 
     opts = Options()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
     driver.set_page_load_timeout(60)
@@ -199,10 +235,13 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     for more in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']"):
         browser.execute_script("arguments[0].click()", more)
     _wait_text(browser, "peak memory", "wall time", "mutation strength")
-    WebDriverWait(browser, 30).until(lambda d: any(
-        "cells%2Ffinal.png" in (i.get_attribute("src") or "") and d.execute_script(
-            "return arguments[0].complete && arguments[0].naturalWidth > 0", i)
-        for i in d.find_elements(By.TAG_NAME, "img")))
+    WebDriverWait(browser, 30).until(
+        lambda d: any(
+            "cells%2Ffinal.png" in (i.get_attribute("src") or "")
+            and d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i)
+            for i in d.find_elements(By.TAG_NAME, "img")
+        )
+    )
     _shot(browser, "run_overview")
 
     # The study: its trials nested under the parent run, each with a distinct name.
@@ -213,11 +252,17 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     browser.get(runs_url(ui["base"], study_exp.experiment_id))
     _wait_text(browser, "study-tiny")
     # nested: the trials are hidden under the study's row until its expander opens them
-    parent = [r for r in c.search_runs([study_exp.experiment_id]) if r.data.tags.get("asolab.study_parent")][0]
+    parent = [
+        r
+        for r in c.search_runs([study_exp.experiment_id])
+        if r.data.tags.get("asolab.study_parent")
+    ][0]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert not any(n in body for n in names), body[:2000]
     expander = browser.find_elements(
-        By.CSS_SELECTOR, f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button")
+        By.CSS_SELECTOR,
+        f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button",
+    )
     assert expander, "no expander on the study's row"
     expander[0].click()
     body = _wait_text(browser, *names)
@@ -242,8 +287,12 @@ def test_compare_report_fits_1400px_and_links_every_run(store, browser, tmp_path
     assert scroll <= width, f"the report is {scroll} px wide in a {width} px window"
     links = browser.find_elements(By.CSS_SELECTOR, "a.run")
     c = MlflowClient(store["uri"])
-    ids = {r.info.run_id for e in c.search_experiments() for r in c.search_runs([e.experiment_id])
-           if L.TAG_FINAL_GENOTYPE in r.data.tags}
+    ids = {
+        r.info.run_id
+        for e in c.search_experiments()
+        for r in c.search_runs([e.experiment_id])
+        if L.TAG_FINAL_GENOTYPE in r.data.tags
+    }
     assert {a.get_attribute("href").split("/runs/")[1].split("?")[0] for a in links} == ids
     # a genotype row is a few lines, never a tall column of broken words
     rows = browser.find_elements(By.CSS_SELECTOR, "table.runs tbody tr")

@@ -16,8 +16,14 @@ from asolab.cli import main
         (["--set", "search.weight_lr=nan"], ["search.weight_lr", "finite"]),
         (["--set", "search.cyclez=3"], ["search.cyclez", "unknown key", "cycles"]),
         (["no_such_experiment"], ["no_such_experiment", "known experiments", "digits"]),
-        (["--set", "data.name=fashion_mnist", "--set", "data.data_dir=/nonexistent"], ["fashion_mnist", "/nonexistent", "apt-get install"]),
-        (["--set", "data.name=cifar10", "--set", "data.data_dir=/nonexistent"], ["cifar10", "download = true"]),
+        (
+            ["--set", "data.name=fashion_mnist", "--set", "data.data_dir=/nonexistent"],
+            ["fashion_mnist", "/nonexistent", "apt-get install"],
+        ),
+        (
+            ["--set", "data.name=cifar10", "--set", "data.data_dir=/nonexistent"],
+            ["cifar10", "download = true"],
+        ),
     ],
 )
 def test_bad_run_input_is_one_error_line_and_status_2(args, words, capsys, tmp_path):
@@ -40,6 +46,9 @@ def test_browse_hint_names_a_store_that_asolab_ui_would_not_find(monkeypatch):
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert ui_command(default_tracking_uri()) == "asolab ui"
-    assert ui_command("sqlite:////tmp/my store/mlflow.db") == "asolab ui --tracking-uri 'sqlite:////tmp/my store/mlflow.db'"
+    assert (
+        ui_command("sqlite:////tmp/my store/mlflow.db")
+        == "asolab ui --tracking-uri 'sqlite:////tmp/my store/mlflow.db'"
+    )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert ui_command("http://127.0.0.1:5000") == "asolab ui"

@@ -17,26 +17,31 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY
+from layout_check import undeclared
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from asolab import config
 from asolab.cli import main
-from asolab.space.ops import PRIMITIVES
 from asolab.compare.analysis import (
-    analyse, diff_frame, diff_lines, evolution, load_evolution, op_frequencies, val_acc_by_cycle,
+    analyse,
+    diff_frame,
+    diff_lines,
+    evolution,
+    load_evolution,
+    op_frequencies,
+    val_acc_by_cycle,
 )
 from asolab.compare.report import write_report
 from asolab.compare.select import COLUMNS, CompareError, RunRecord, Selection, load_selection
 from asolab.runner import Runner
 from asolab.runner.events import Recorder
 from asolab.space.genotype import Genotype, distance
+from asolab.space.ops import PRIMITIVES
 from asolab.tracking import layout
 from asolab.tracking.mlflow_tracker import MlflowTracker
-from layout_check import undeclared
 from asolab.tracking.store import artifact_root
-
-from conftest import TINY
 
 EXPERIMENTS = {
     # experiment -> (seeds, initial temperature, mutation strength)
@@ -54,10 +59,17 @@ def store(tmp_path_factory):
     runs = {}
     for exp, (seeds, tau0, strength) in EXPERIMENTS.items():
         for seed in seeds:
-            cfg = config.load(None, {
-                **TINY, "seed": seed, "tracking.enabled": True, "tracking.log_models": False,
-                "temperature.initial_temperature": tau0, "mutation.strength": strength,
-            })
+            cfg = config.load(
+                None,
+                {
+                    **TINY,
+                    "seed": seed,
+                    "tracking.enabled": True,
+                    "tracking.log_models": False,
+                    "temperature.initial_temperature": tau0,
+                    "mutation.strength": strength,
+                },
+            )
             recorder = Recorder()
             tracker = MlflowTracker(tracking_uri=uri, experiment=exp, log_models=False)
             Runner(cfg, [tracker, recorder]).run()
@@ -65,7 +77,9 @@ def store(tmp_path_factory):
     # A run that failed before it recorded any genotype (no artifact, no genotype tag).
     client = MlflowClient(tracking_uri=uri)
     exp_id = client.get_experiment_by_name("cmp-alpha").experiment_id
-    failed = client.create_run(exp_id, run_name="crashed-early", tags={layout.TAG_DATASET: "digits"})
+    failed = client.create_run(
+        exp_id, run_name="crashed-early", tags={layout.TAG_DATASET: "digits"}
+    )
     client.log_param(failed.info.run_id, "seed", "7")
     client.set_terminated(failed.info.run_id, "FAILED")
     return uri, runs, failed.info.run_id
@@ -124,7 +138,13 @@ def test_diff_lists_exactly_the_changed_edges():
     )
     frame = diff_frame(BASE, other)
     assert frame.to_dict("records") == [
-        {"cell": "normal", "node": 0, "input": 0, "before": "sep_conv_3x3", "after": "sep_conv_5x5"},
+        {
+            "cell": "normal",
+            "node": 0,
+            "input": 0,
+            "before": "sep_conv_3x3",
+            "after": "sep_conv_5x5",
+        },
         {"cell": "reduce", "node": 1, "input": 0, "before": "max_pool_3x3", "after": "-"},
         {"cell": "reduce", "node": 1, "input": 1, "before": "-", "after": "max_pool_3x3"},
     ]
@@ -151,7 +171,10 @@ def _random_genotype(rng: random.Random, steps: int = 2) -> Genotype:
 
 def test_distance_is_a_metric_on_a_sample():
     rng = random.Random(0)
-    sample = [_random_genotype(rng) for _ in range(14)] + [BASE, BASE.replace_op("normal", 0, 0, "avg_pool_3x3")]
+    sample = [_random_genotype(rng) for _ in range(14)] + [
+        BASE,
+        BASE.replace_op("normal", 0, 0, "avg_pool_3x3"),
+    ]
     for a in sample:
         assert distance(a, a) == 0
         assert distance(a, Genotype.parse(str(a))) == 0
@@ -160,23 +183,35 @@ def test_distance_is_a_metric_on_a_sample():
         assert (distance(a, b) == 0) == (a == b)
     for a, b, c in itertools.permutations(sample, 3):
         assert distance(a, c) <= distance(a, b) + distance(b, c)
-    assert max(distance(a, b) for a, b in itertools.combinations(sample, 2)) > 2  # the sample is not trivial
+    assert (
+        max(distance(a, b) for a, b in itertools.combinations(sample, 2)) > 2
+    )  # the sample is not trivial
 
 
 def _with_own_cells(rng: random.Random, g: Genotype) -> Genotype:
     """``g`` with up to two more own cells, at indices from a small range so that samples share some."""
-    cells = [(i, _random_genotype(rng).normal, rng.choice([(2, 3), (3,)])) for i in rng.sample(range(5, 8), rng.randint(1, 2))]
-    return Genotype(g.normal, g.normal_concat, g.reduce, g.reduce_concat, g.own_cells + tuple(cells))
+    cells = [
+        (i, _random_genotype(rng).normal, rng.choice([(2, 3), (3,)]))
+        for i in rng.sample(range(5, 8), rng.randint(1, 2))
+    ]
+    return Genotype(
+        g.normal, g.normal_concat, g.reduce, g.reduce_concat, g.own_cells + tuple(cells)
+    )
 
 
 def test_own_cells_in_diffs_distances_and_op_frequencies():
-    own = _g(str(BASE) + " ; cell3: skip_connect(0) sep_conv_3x3(1) | skip_connect(0) skip_connect(2) -> 2,3")
+    own = _g(
+        str(BASE)
+        + " ; cell3: skip_connect(0) sep_conv_3x3(1) | skip_connect(0) skip_connect(2) -> 2,3"
+    )
     edited = own.replace_op("cell3", 1, 2, "avg_pool_3x3")
     assert diff_lines(own, edited) == ["cell3 node 1 input 2: skip_connect -> avg_pool_3x3"]
     assert diff_lines(BASE, own)[-1] == "cell3 concat: - -> 2,3" and distance(BASE, own) == 5
     rng = random.Random(1)
     base = _random_genotype(rng)
-    sample = [own, edited, BASE, base] + [_with_own_cells(rng, g) for g in (base, base, base, base, BASE, own)]
+    sample = [own, edited, BASE, base] + [
+        _with_own_cells(rng, g) for g in (base, base, base, base, BASE, own)
+    ]
     for a, b, c in itertools.permutations(sample, 3):
         assert distance(a, c) <= distance(a, b) + distance(b, c)
         assert (distance(a, b) == 0) == (a == b)
@@ -184,7 +219,11 @@ def test_own_cells_in_diffs_distances_and_op_frequencies():
     assert list(freq.columns) == ["normal", "reduce", "own", "total"]
     assert freq.loc["skip_connect", "own"] == 5 and freq.loc["avg_pool_3x3", "own"] == 1
     assert int(freq["total"].sum()) == own.num_edges + edited.num_edges
-    assert list(op_frequencies([BASE]).columns) == ["normal", "reduce", "total"]  # unchanged without own cells
+    assert list(op_frequencies([BASE]).columns) == [
+        "normal",
+        "reduce",
+        "total",
+    ]  # unchanged without own cells
 
 
 def test_op_frequencies_and_clusters_count_edges_and_runs():
@@ -218,10 +257,16 @@ def test_cycle_val_acc_is_matched_to_cycles_by_step():
     assert val_acc_by_cycle(accs, epochs) == {0: 0.5, 1: 0.6, 2: 0.7}
     # A cycle without epochs logs no value (its step is not new): the next cycle keeps its own number.
     epochs = _metrics("cycle", [(0, 0), (1, 0), (2, 2), (3, 2)])
-    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(2, 0.5), (4, 0.7)]), epochs) == {0: 0.5, 2: 0.7}
+    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(2, 0.5), (4, 0.7)]), epochs) == {
+        0: 0.5,
+        2: 0.7,
+    }
     # Final epochs after the last cycle (cycle = cycles) carry no cycle_val_acc.
     epochs = _metrics("cycle", [(0, 0), (1, 1), (2, 2), (3, 2)])
-    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(1, 0.5), (2, 0.6)]), epochs) == {0: 0.5, 1: 0.6}
+    assert val_acc_by_cycle(_metrics("cycle_val_acc", [(1, 0.5), (2, 0.6)]), epochs) == {
+        0: 0.5,
+        1: 0.6,
+    }
     # Without a `cycle` history, the k-th value by step is cycle k.
     assert val_acc_by_cycle(_metrics("cycle_val_acc", [(9, 0.7), (3, 0.5)]), []) == {0: 0.5, 1: 0.7}
 
@@ -246,7 +291,9 @@ def test_table_has_one_row_per_run_matching_the_records(store):
         assert row["cycles"] == TINY["search.cycles"] == len(cycle_ends)
         assert Genotype.parse(row["genotype"]) == end.genotype
         assert row["params"] == end.derived_params
-        assert row["val_acc"] == pytest.approx(end.val_acc) and row["test_acc"] == pytest.approx(end.test_acc)
+        assert row["val_acc"] == pytest.approx(end.val_acc) and row["test_acc"] == pytest.approx(
+            end.test_acc
+        )
         assert row["peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
         # against the run's own record in MLflow
         assert row["run_name"] == run.info.run_name
@@ -267,17 +314,24 @@ def test_selection_by_experiment_filter_top_and_run(store):
     assert sorted(top["test_acc"], reverse=True) == pytest.approx(best_two)
     one = next(iter(runs))
     picked = load_selection(uri, run_ids=[one, failed])
-    assert [r.run_id for r in picked.records] == [one] and [s.run_id for s in picked.skipped] == [failed]
+    assert [r.run_id for r in picked.records] == [one] and [s.run_id for s in picked.skipped] == [
+        failed
+    ]
 
 
 def test_top_by_a_metric_no_run_has_is_an_error(store, capsys):
     """A misspelt --by would rank every run as missing and compare arbitrary ones."""
     uri, runs, _ = store
-    with pytest.raises(CompareError, match=r"--by 'test_ac': no selected run has this metric \(did you mean 'test_acc'\?\)"):
+    with pytest.raises(
+        CompareError,
+        match=r"--by 'test_ac': no selected run has this metric \(did you mean 'test_acc'\?\)",
+    ):
         load_selection(uri, top=2, by="test_ac")
     assert main(["compare", "--tracking-uri", uri, "--top", "2", "--by", "no_such_metric"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("asolab: error: --by 'no_such_metric': no selected run has this metric")
+    assert len(err) == 1 and err[0].startswith(
+        "asolab: error: --by 'no_such_metric': no selected run has this metric"
+    )
     listed = err[0].split("the selected runs have: ")[1].split(", ")
     assert {"final_val_acc", "test_acc", "cycle_val_acc"} <= set(listed)
     # The same metric is fine without --top (it is only used for ranking).
@@ -296,14 +350,18 @@ def test_top_counts_only_runs_with_a_genotype(store, scratch_experiment):
     assert [r.metric("test_acc") for r in sel.records] == pytest.approx(beta[:2])
     # Skipped: the run ranked above the compared ones, not the one ranked below them.
     assert [s.run_id for s in sel.skipped] == [high] and low not in str(sel.skipped)
-    lowest = load_selection(uri, experiments=["cmp-beta", "cmp-top"], top=1, by="test_acc", ascending=True)
+    lowest = load_selection(
+        uri, experiments=["cmp-beta", "cmp-top"], top=1, by="test_acc", ascending=True
+    )
     assert [r.metric("test_acc") for r in lowest.records] == pytest.approx([beta[-1]])
     assert [s.run_id for s in lowest.skipped] == [low]
 
 
 def test_unknown_experiment_is_a_clear_error(store, capsys):
     uri, _, _ = store
-    with pytest.raises(CompareError, match=r"'nope' not found.*; known experiments: Default, cmp-alpha, cmp-beta$"):
+    with pytest.raises(
+        CompareError, match=r"'nope' not found.*; known experiments: Default, cmp-alpha, cmp-beta$"
+    ):
         load_selection(uri, experiments=["nope"])
     assert main(["compare", "--tracking-uri", uri, "--experiment", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -342,19 +400,31 @@ def test_evolution_reads_every_cycle_genotype(store):
     assert df["val_acc"].tolist() == pytest.approx([c.val_acc for c in cycle_ends])
 
 
-def test_evolution_keeps_accuracies_on_their_cycles_when_a_cycle_artifact_is_corrupt(store, scratch_experiment, tmp_path):
+def test_evolution_keeps_accuracies_on_their_cycles_when_a_cycle_artifact_is_corrupt(
+    store, scratch_experiment, tmp_path
+):
     """A copy of a real run whose cycle_000.json is garbage: cycle 1 still shows cycle 1's accuracy."""
     uri, runs, _ = store
     client, make = scratch_experiment
-    differing = [(rid, ends) for rid, (_, _, _, ends) in runs.items() if ends[0].val_acc != ends[1].val_acc]
-    assert differing, "every run scored the same in cycles 0 and 1: the test could not tell them apart"
+    differing = [
+        (rid, ends) for rid, (_, _, _, ends) in runs.items() if ends[0].val_acc != ends[1].val_acc
+    ]
+    assert differing, (
+        "every run scored the same in cycles 0 and 1: the test could not tell them apart"
+    )
     source, cycle_ends = differing[0]
     copy = client.create_run(make("cmp-corrupt"), run_name="corrupt-cycle-0").info.run_id
-    history = client.get_metric_history(source, "cycle_val_acc") + client.get_metric_history(source, "cycle")
+    history = client.get_metric_history(source, "cycle_val_acc") + client.get_metric_history(
+        source, "cycle"
+    )
     client.log_batch(copy, metrics=history)
     local = Path(client.download_artifacts(source, layout.GENOTYPE_DIR, str(tmp_path)))
     for cycle in range(len(cycle_ends)):
-        text = "{not json" if cycle == 0 else (local / Path(layout.genotype_artifact(cycle)).name).read_text()
+        text = (
+            "{not json"
+            if cycle == 0
+            else (local / Path(layout.genotype_artifact(cycle)).name).read_text()
+        )
         client.log_text(copy, text, layout.genotype_artifact(cycle))
     client.set_terminated(copy)
 
@@ -397,8 +467,12 @@ def test_network_reference_check_catches_each_kind():
     inline = '<img alt="x" src="data:image/png;base64,AAAA"><style>td { background: url(data:image/png;base64,AA) }</style>'
     assert _network_references(inline) == []
     for leak in (
-        '<img src="cells.png">', "<a href='//cdn.example.org/x'>", '<style>@import "theme.css";</style>',
-        "<style>body { background: url('bg.png') }</style>", "<p>see https://example.org</p>", "<script>1</script>",
+        '<img src="cells.png">',
+        "<a href='//cdn.example.org/x'>",
+        '<style>@import "theme.css";</style>',
+        "<style>body { background: url('bg.png') }</style>",
+        "<p>see https://example.org</p>",
+        "<script>1</script>",
     ):
         assert _network_references(leak), leak
 
@@ -408,10 +482,22 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
 
     uri, runs, failed = store
     report, csv = tmp_path / "report", tmp_path / "runs.csv"
-    rc = main(["compare", "--tracking-uri", uri, "--report", str(report), "--csv", str(csv), "--log-to-mlflow", "--evolution"])
+    rc = main(
+        [
+            "compare",
+            "--tracking-uri",
+            uri,
+            "--report",
+            str(report),
+            "--csv",
+            str(csv),
+            "--log-to-mlflow",
+            "--evolution",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    assert f"{len(runs)} runs compared" in out and f"skipped 1 run(s)" in out and failed in out
+    assert f"{len(runs)} runs compared" in out and "skipped 1 run(s)" in out and failed in out
     assert "distinct genotypes" in out and "evolution of" in out
     table = pd.read_csv(csv)
     assert sorted(table["run_id"]) == sorted(runs)
@@ -439,16 +525,23 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     [comparison_run] = client.search_runs([exp.experiment_id])
     assert comparison_run.data.metrics["runs"] == len(runs)
     assert undeclared(client, comparison_run.info.run_id) == []  # every name in tracking/layout.py
-    assert {a.path for a in client.list_artifacts(comparison_run.info.run_id, "report")} >= {"report/index.html", "report/runs.csv"}
+    assert {a.path for a in client.list_artifacts(comparison_run.info.run_id, "report")} >= {
+        "report/index.html",
+        "report/runs.csv",
+    }
     # The comparison run itself is never selected by a later comparison.
     again = load_selection(uri)
-    assert comparison_run.info.run_id not in {r.run_id for r in again.records} | {s.run_id for s in again.skipped}
+    assert comparison_run.info.run_id not in {r.run_id for r in again.records} | {
+        s.run_id for s in again.skipped
+    }
 
 
 def test_cli_diff_of_two_runs(store, capsys):
     uri, runs, _ = store
     (a, (_, _, ea, _)), (b, (_, _, eb, _)) = list(runs.items())[:2]
-    assert main(["compare", "--tracking-uri", uri, "--run", a, "--run", b, "--diff", a[:10], b]) == 0
+    assert (
+        main(["compare", "--tracking-uri", uri, "--run", a, "--run", b, "--diff", a[:10], b]) == 0
+    )
     out = capsys.readouterr().out
     assert f"distance {distance(ea.genotype, eb.genotype)}" in out
     for line in diff_lines(ea.genotype, eb.genotype):
@@ -461,7 +554,9 @@ def test_write_report_with_a_single_genotype(store, scratch_experiment, tmp_path
     client, make = scratch_experiment
     source, (_, _, end, _) = next(iter(runs.items()))
     exp_id = make("cmp-twins")
-    twin = _genotype_run(client, exp_id, "twin", end.genotype, {"final_val_acc": end.val_acc + 0.01})
+    twin = _genotype_run(
+        client, exp_id, "twin", end.genotype, {"final_val_acc": end.val_acc + 0.01}
+    )
     comparison = analyse(load_selection(uri, run_ids=[source, twin]))
     assert comparison.diffs == [] and comparison.clusters["runs"].tolist() == [2]
     page = write_report(comparison, tmp_path / "same").read_text()
@@ -486,7 +581,15 @@ def test_study_selects_its_trial_runs_not_the_parent(store):
         parent = client.create_run(exp_id, run_name="study-parent", tags={layout.TAG_STUDY: "s1"})
         trials = []
         for k, (_, _, end, _) in enumerate(list(runs.values())[:2]):
-            t = client.create_run(exp_id, run_name=f"trial-{k}", tags={layout.TAG_STUDY: "s1", layout.TAG_TRIAL: str(k), "mlflow.parentRunId": parent.info.run_id})
+            t = client.create_run(
+                exp_id,
+                run_name=f"trial-{k}",
+                tags={
+                    layout.TAG_STUDY: "s1",
+                    layout.TAG_TRIAL: str(k),
+                    "mlflow.parentRunId": parent.info.run_id,
+                },
+            )
             client.log_text(t.info.run_id, end.genotype.to_json(), layout.FINAL_GENOTYPE_ARTIFACT)
             client.log_metric(t.info.run_id, "final_val_acc", end.val_acc)
             client.set_terminated(t.info.run_id)
@@ -509,11 +612,19 @@ def test_study_parent_runs_are_not_compared_unless_named(store, scratch_experime
     uri, runs, failed = store
     client, make = scratch_experiment
     exp_id = make("cmp-parent")
-    cfg = load_study(None).replace(name="cmp-s", tracking=StudyTrackingConfig(experiment="cmp-parent"))
+    cfg = load_study(None).replace(
+        name="cmp-s", tracking=StudyTrackingConfig(experiment="cmp-parent")
+    )
     parent = ensure_parent_run(uri, cfg, "cmp-s", "sqlite:///optuna.db")
     client.set_terminated(parent)
     _, _, end, _ = next(iter(runs.values()))
-    trial = _genotype_run(client, exp_id, "trial-0", end.genotype, tags={layout.TAG_STUDY: "cmp-s", layout.TAG_TRIAL: "0"})
+    trial = _genotype_run(
+        client,
+        exp_id,
+        "trial-0",
+        end.genotype,
+        tags={layout.TAG_STUDY: "cmp-s", layout.TAG_TRIAL: "0"},
+    )
 
     def seen(sel):
         return {r.run_id for r in sel.records} | {s.run_id for s in sel.skipped}
@@ -524,7 +635,9 @@ def test_study_parent_runs_are_not_compared_unless_named(store, scratch_experime
     assert seen(load_selection(uri, experiments=["cmp-parent"])) == {trial}
     assert seen(load_selection(uri, study="cmp-s")) == {trial}
     named = load_selection(uri, run_ids=[parent, trial])
-    assert [r.run_id for r in named.records] == [trial] and [s.run_id for s in named.skipped] == [parent]
+    assert [r.run_id for r in named.records] == [trial] and [s.run_id for s in named.skipped] == [
+        parent
+    ]
 
 
 def _terminal_rows(out: str) -> list[dict[str, str]]:
@@ -546,8 +659,12 @@ def test_terminal_table_shows_run_id_and_temperature_settings(store, capsys):
         params = client.get_run(run_id).data.params
         assert len(row["id"]) == 8 and row["run_name"] == client.get_run(run_id).info.run_name
         assert row["sched"] == params["temperature.schedule"]
-        assert float(row["tau0"]) == pytest.approx(float(params["temperature.initial_temperature"]), rel=1e-3)
-        assert float(row["tau_min"]) == pytest.approx(float(params["temperature.min_temperature"]), rel=1e-3)
+        assert float(row["tau0"]) == pytest.approx(
+            float(params["temperature.initial_temperature"]), rel=1e-3
+        )
+        assert float(row["tau_min"]) == pytest.approx(
+            float(params["temperature.min_temperature"]), rel=1e-3
+        )
         assert float(row["strength"]) == pytest.approx(float(params["mutation.strength"]), rel=1e-3)
     assert sorted(row["id"] for row in rows) == sorted(r[:8] for r in runs)
 
@@ -556,9 +673,16 @@ def test_ambiguous_run_reference_is_an_error_listing_the_matches():
     twin_a = RunRecord("abc1" + "0" * 28, "alpha", "exp", "FINISHED", {}, {}, {}, BASE)
     twin_b = RunRecord("abc2" + "0" * 28, "beta", "exp", "FINISHED", {}, {}, {}, BASE)
     sel = Selection("sqlite:///nowhere.db", [twin_a, twin_b])
-    with pytest.raises(CompareError, match=r"'abc' is ambiguous: it matches 2 selected runs: abc10+ \(alpha, exp\), abc20+ \(beta, exp\)"):
+    with pytest.raises(
+        CompareError,
+        match=r"'abc' is ambiguous: it matches 2 selected runs: abc10+ \(alpha, exp\), abc20+ \(beta, exp\)",
+    ):
         sel.record("abc")
-    assert sel.record("abc2") is twin_b and sel.record("alpha") is twin_a and sel.record(twin_b.run_id) is twin_b
+    assert (
+        sel.record("abc2") is twin_b
+        and sel.record("alpha") is twin_a
+        and sel.record(twin_b.run_id) is twin_b
+    )
     with pytest.raises(CompareError, match="'abd' is not among the selected runs"):
         sel.record("abd")
 
@@ -569,9 +693,25 @@ def test_cli_diff_with_an_ambiguous_run_name_is_one_error_line(store, scratch_ex
     exp_id = make("cmp-names")
     _, _, end, _ = next(iter(runs.values()))
     same_name = [_genotype_run(client, exp_id, "same-name", end.genotype) for _ in range(2)]
-    assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-names", "--diff", "same-name", same_name[0]]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--tracking-uri",
+                uri,
+                "--experiment",
+                "cmp-names",
+                "--diff",
+                "same-name",
+                same_name[0],
+            ]
+        )
+        == 2
+    )
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("asolab: error: run 'same-name' is ambiguous: it matches 2 selected runs")
+    assert len(err) == 1 and err[0].startswith(
+        "asolab: error: run 'same-name' is ambiguous: it matches 2 selected runs"
+    )
     assert all(run_id in err[0] for run_id in same_name)
     assert captured.out == ""  # resolved before anything is printed

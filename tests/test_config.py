@@ -21,7 +21,15 @@ def test_default_experiment_loads_and_is_frozen():
 
 
 def test_set_overrides_parse_toml_values():
-    cfg = config.load(None, ["search.cycles=2", "temperature.schedule=cosine", "mutation.strength=0.5", "space.primitives=['skip_connect','sep_conv_3x3']"])
+    cfg = config.load(
+        None,
+        [
+            "search.cycles=2",
+            "temperature.schedule=cosine",
+            "mutation.strength=0.5",
+            "space.primitives=['skip_connect','sep_conv_3x3']",
+        ],
+    )
     assert cfg.search.cycles == 2
     assert cfg.temperature.schedule == "cosine"
     assert cfg.mutation.strength == 0.5
@@ -29,7 +37,10 @@ def test_set_overrides_parse_toml_values():
 
 
 def test_int_is_accepted_for_float_fields():
-    assert config.load(None, ["temperature.initial_temperature=3"]).temperature.initial_temperature == 3.0
+    assert (
+        config.load(None, ["temperature.initial_temperature=3"]).temperature.initial_temperature
+        == 3.0
+    )
 
 
 def _write(tmp_path, text):
@@ -45,11 +56,20 @@ def _write(tmp_path, text):
         ("[serch]\ncycles = 3\n", ["exp.toml", "serch", "allowed", "search"]),
         ("[search]\ncycles = 'three'\n", ["exp.toml", "search.cycles", "integer", "[1, 1000]"]),
         ("[search]\nweight_lr = nan\n", ["exp.toml", "search.weight_lr", "finite", "(0.0, 10.0]"]),
-        ("[temperature]\ninitial_temperature = inf\n", ["exp.toml", "temperature.initial_temperature", "finite"]),
+        (
+            "[temperature]\ninitial_temperature = inf\n",
+            ["exp.toml", "temperature.initial_temperature", "finite"],
+        ),
         ("[mutation]\nstrength = 1.5\n", ["exp.toml", "mutation.strength", "[0.0, 1.0]"]),
         ("[data]\nname = 'imagenet'\n", ["exp.toml", "data.name", "digits", "fashion_mnist"]),
-        ("[space]\nprimitives = ['sep_conv_9x9']\n", ["exp.toml", "space.primitives", "sep_conv_3x3"]),
-        ("[temperature]\ninitial_temperature = 1.0\nmin_temperature = 2.0\n", ["exp.toml", "min_temperature", "initial_temperature"]),
+        (
+            "[space]\nprimitives = ['sep_conv_9x9']\n",
+            ["exp.toml", "space.primitives", "sep_conv_3x3"],
+        ),
+        (
+            "[temperature]\ninitial_temperature = 1.0\nmin_temperature = 2.0\n",
+            ["exp.toml", "min_temperature", "initial_temperature"],
+        ),
         ("device = 'tpu'\n", ["exp.toml", "device", "cuda:N"]),
         ("[data]\naugment = 1\n", ["exp.toml", "data.augment", "true or false"]),
         ("seed = \n", ["exp.toml", "TOML"]),
@@ -71,7 +91,9 @@ def test_bad_override_names_the_key():
         config.load(None, ["search.nope=1"])
     with pytest.raises(ConfigError, match="expected section.key=value"):
         config.load(None, ["search.cycles"])
-    with pytest.raises(ConfigError, match=r"temperature\.initial_temperature must be a finite number"):
+    with pytest.raises(
+        ConfigError, match=r"temperature\.initial_temperature must be a finite number"
+    ):
         config.load(None, ["temperature.initial_temperature=nan"])
 
 
@@ -94,7 +116,7 @@ def test_configuration_reference_matches_the_code():
 
     page = DOC.read_text()
     assert replace_generated(page, markdown()) == page, "run: python -m asolab.config_doc --write"
-    assert "| `search.cycles` | `3` |" in page and "| `sampler.name` | `\"tpe\"` |" in page
+    assert "| `search.cycles` | `3` |" in page and '| `sampler.name` | `"tpe"` |' in page
 
 
 def test_the_configs_choices_are_the_registries():
@@ -110,9 +132,13 @@ def test_the_configs_choices_are_the_registries():
     # OPS and PRIMITIVES list the same operations in the same order; the default space is all
     assert config.PRIMITIVES() == tuple(OPS) == PRIMITIVES == config.SpaceConfig().primitives
     for key in ("data.name", "temperature.schedule", "growth.policy"):
-        with pytest.raises(config.ConfigError, match=f"{key} = 'no_such' is out of range; allowed: one of "):
+        with pytest.raises(
+            config.ConfigError, match=f"{key} = 'no_such' is out of range; allowed: one of "
+        ):
             config.load(None, {key: "no_such"})
-    with pytest.raises(config.ConfigError, match="unknown value .no_such_op.; allowed: one of none, "):
+    with pytest.raises(
+        config.ConfigError, match="unknown value .no_such_op.; allowed: one of none, "
+    ):
         config.load(None, {"space.primitives": ["no_such_op"]})
 
 

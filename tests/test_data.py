@@ -44,7 +44,9 @@ def test_translation_moves_pixels_and_zero_fills():
     out = _translate(x, torch.tensor([[1, 0], [0, -1]]))
     # image 0 moved down one row, image 1 left one column; the gap is zero-filled
     assert torch.equal(out[0, 0, 1:], x[0, 0, :-1]) and torch.equal(out[0, 0, 0], torch.zeros(4))
-    assert torch.equal(out[1, 0, :, :-1], x[1, 0, :, 1:]) and torch.equal(out[1, 0, :, -1], torch.zeros(4))
+    assert torch.equal(out[1, 0, :, :-1], x[1, 0, :, 1:]) and torch.equal(
+        out[1, 0, :, -1], torch.zeros(4)
+    )
     flipped = Augmentation(flip=True)(x, torch.Generator().manual_seed(0))
     for img, src in zip(flipped, x):
         assert torch.equal(img, src) or torch.equal(img, src.flip(2))
@@ -67,7 +69,10 @@ def test_missing_torchvision_set_without_download_says_how(tmp_path):
         load_data(config.DataConfig(name="cifar10", data_dir=str(tmp_path)), seed=0)
 
 
-@pytest.mark.skipif(not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(), reason="dataset-fashion-mnist not installed")
+@pytest.mark.skipif(
+    not __import__("pathlib").Path("/usr/share/datasets/fashion-mnist").exists(),
+    reason="dataset-fashion-mnist not installed",
+)
 def test_fashion_mnist_reads_debian_idx_files():
     d = load_data(config.DataConfig(name="fashion_mnist", val_fraction=0.1), seed=0)
     assert len(d.test) == 10000 and len(d.train) + len(d.val) == 60000
@@ -90,7 +95,10 @@ def test_corrupt_fashion_mnist_file_is_one_clear_error(tmp_path, damage):
     for prefix, n in (("train", 60), ("t10k", 20)):
         _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)))
         _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
-    assert len(load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0).test) == 20
+    assert (
+        len(load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0).test)
+        == 20
+    )
     broken = tmp_path / "train-images-idx3-ubyte"
     if damage == "truncated":
         broken.write_bytes(broken.read_bytes()[:1000])

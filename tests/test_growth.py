@@ -15,8 +15,8 @@ from asolab.runner import checkpoint as ckpt
 from asolab.runner.cycle import Runner
 from asolab.runner.events import Recorder
 from asolab.space.genotype import Genotype, diff, distance
-from asolab.space.ops import PRIMITIVES
 from asolab.space.network import SearchNetwork
+from asolab.space.ops import PRIMITIVES
 from asolab.space.spec import ArchSpec
 
 TOL = 1e-4
@@ -33,11 +33,21 @@ PRIMITIVE_SETS = [
 def _plain(widths: tuple[int, int, int]) -> nn.Sequential:
     a, b, c = widths
     return nn.Sequential(
-        nn.Conv2d(3, a, 3, padding=1, bias=False), nn.BatchNorm2d(a), nn.ReLU(),
-        nn.Conv2d(a, b, 3, stride=2, padding=2, dilation=2, groups=2, bias=True), nn.BatchNorm2d(b), nn.ReLU(),
-        nn.Conv2d(b, b, 3, padding=1, groups=b, bias=False), nn.BatchNorm2d(b), nn.ReLU(),  # depthwise
-        nn.Conv2d(b, c, 1, bias=True), nn.BatchNorm2d(c), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 5),
+        nn.Conv2d(3, a, 3, padding=1, bias=False),
+        nn.BatchNorm2d(a),
+        nn.ReLU(),
+        nn.Conv2d(a, b, 3, stride=2, padding=2, dilation=2, groups=2, bias=True),
+        nn.BatchNorm2d(b),
+        nn.ReLU(),
+        nn.Conv2d(b, b, 3, padding=1, groups=b, bias=False),
+        nn.BatchNorm2d(b),
+        nn.ReLU(),  # depthwise
+        nn.Conv2d(b, c, 1, bias=True),
+        nn.BatchNorm2d(c),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(c, 5),
     )
 
 
@@ -69,11 +79,19 @@ def test_plain_network_middle_layer_widened_1_5x_keeps_every_output():
     net[9] = morphism.widen_conv(net[9], in_map=m)
     after = net(x).detach()
     params_after = _count(net)
-    print(f"plain net widened 12 -> 18: params {params_before} -> {params_after}, max|dlogits| {(after - before).abs().max():.2e}")
+    print(
+        f"plain net widened 12 -> 18: params {params_before} -> {params_after}, max|dlogits| {(after - before).abs().max():.2e}"
+    )
     assert (after - before).abs().max().item() <= 1e-5
     assert params_after > params_before
     conv = net[3]
-    assert (conv.stride, conv.padding, conv.dilation, conv.groups, conv.out_channels) == ((2, 2), (2, 2), (2, 2), 2, 18)
+    assert (conv.stride, conv.padding, conv.dilation, conv.groups, conv.out_channels) == (
+        (2, 2),
+        (2, 2),
+        (2, 2),
+        2,
+        18,
+    )
     assert conv.bias is not None and net[6].groups == 18 and net[9].in_channels == 18
     assert torch.equal(net[4].running_var, old_var[m])  # statistics replicated
 
@@ -118,7 +136,9 @@ def _supernet(primitives: tuple[str, ...]) -> SearchNetwork:
     return net
 
 
-@pytest.fixture(scope="module", params=range(len(PRIMITIVE_SETS)), ids=["sep+skip", "none+pool+dil5", "all"])
+@pytest.fixture(
+    scope="module", params=range(len(PRIMITIVE_SETS)), ids=["sep+skip", "none+pool+dil5", "all"]
+)
 def supernet(request) -> SearchNetwork:
     return _supernet(PRIMITIVE_SETS[request.param])
 
@@ -134,7 +154,11 @@ def _growths(net: SearchNetwork) -> list[morphism.Morph]:
     out = []
     for i, cs in enumerate(spec.cells):  # every non-residual cell, reductions included
         if not cs.residual:
-            out.append(morphism.widen_cell(net, i, growth.widened_channels(cs.channels, 0.5, cs.channels % 2 == 0)))
+            out.append(
+                morphism.widen_cell(
+                    net, i, growth.widened_channels(cs.channels, 0.5, cs.channels % 2 == 0)
+                )
+            )
     for pos in morphism.deepen_positions(spec):  # before/after each reduction, start and end
         out.append(morphism.deepen(net, pos))
     op = [p for p in spec.primitives if p != "none"][-1]
@@ -152,32 +176,46 @@ def test_every_growth_preserves_logits_on_random_and_digits_inputs(supernet, dig
     for morph in _growths(supernet):
         err_r = (_logits(morph.net, random_x) - before_r).abs().max().item()
         err_d = (_logits(morph.net, digits_x) - before_d).abs().max().item()
-        assert err_r <= TOL and err_d <= TOL, f"{morph.kind} at {morph.where}: {err_r:.2e} / {err_d:.2e}"
-        assert morph.net.num_weights() > params, f"{morph.kind} at {morph.where} did not add parameters"
+        assert err_r <= TOL and err_d <= TOL, (
+            f"{morph.kind} at {morph.where}: {err_r:.2e} / {err_d:.2e}"
+        )
+        assert morph.net.num_weights() > params, (
+            f"{morph.kind} at {morph.where} did not add parameters"
+        )
         kinds.add(morph.kind)
     assert kinds == {"widen", "deepen", "branch"}
 
 
 def test_derived_network_counts_and_calibrates_growth_branches():
     torch.manual_seed(0)
-    net = SearchNetwork(ArchSpec.from_config(config.SpaceConfig(init_channels=4, layers=3, steps=2), 1, 10))
+    net = SearchNetwork(
+        ArchSpec.from_config(config.SpaceConfig(init_channels=4, layers=3, steps=2), 1, 10)
+    )
     g = net.derive()
     before = net.count_derived(g)
-    grown = morphism.add_branch(net, 0, 1, 0, "sep_conv_3x3").net  # runs under every plan, genotype plans too
+    grown = morphism.add_branch(
+        net, 0, 1, 0, "sep_conv_3x3"
+    ).net  # runs under every plan, genotype plans too
     branch = grown.cells[0].branches[0]
     expected = sum(p.numel() for p in branch.parameters()) + 1  # the op and its gate
     assert grown.count_derived(g) == before + expected
     deeper = morphism.deepen(grown, 1).net
     assert deeper.count_derived(g) > grown.count_derived(g)
     bn = next(m for m in grown.cells[0].branches[0].modules() if isinstance(m, nn.BatchNorm2d))
-    _warm_bn(grown, torch.randn(8, 1, 8, 8), plans=grown.genotype_plans(g))  # 3 batches of statistics
+    _warm_bn(
+        grown, torch.randn(8, 1, 8, 8), plans=grown.genotype_plans(g)
+    )  # 3 batches of statistics
     grown.recalibrate_batchnorm(g, [torch.randn(8, 1, 8, 8)])
-    assert int(bn.num_batches_tracked) == 1  # the branch's statistics were re-estimated with the path's
+    assert (
+        int(bn.num_batches_tracked) == 1
+    )  # the branch's statistics were re-estimated with the path's
 
 
 def test_widening_reaches_residual_cells_branches_and_classifier():
     net = _supernet(PRIMITIVES)
-    morph = morphism.widen_cell(net, 1, 12)  # cell 1 (reduction) feeds residual cell 2 and cells 3, 4
+    morph = morphism.widen_cell(
+        net, 1, 12
+    )  # cell 1 (reduction) feeds residual cell 2 and cells 3, 4
     assert morph.details["cells"] == [1, 2]
     assert [c.channels for c in morph.spec.cells] == [4, 12, 12, 16, 16]
     wide = morphism.widen_cell(net, 4, 24)
@@ -193,7 +231,9 @@ def test_widen_rejects_residual_cells_and_odd_reductions():
         morphism.widen_cell(net, 1, 11)
 
 
-def _step(net: SearchNetwork, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, plans) -> float:
+def _step(
+    net: SearchNetwork, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, plans
+) -> float:
     net.train()
     loss = F.cross_entropy(net(x, plans), y)
     opt.zero_grad(set_to_none=True)
@@ -209,7 +249,11 @@ def test_training_after_growth_and_optimizer_state_carried(digits):
     adam = torch.optim.Adam(net.alpha_parameters(), lr=3e-3, betas=(0.5, 0.999))
     _step(net, sgd, x, y, net.continuous_plans())  # every op gets a gradient, hence momentum
     _step(net, adam, x, y, net.sample_plans(1.0, differentiable=True))
-    for morph in [morphism.widen_cell(net, 3, 24), morphism.deepen(net, 0), morphism.add_branch(net, 4, 1, 0, "sep_conv_5x5")]:
+    for morph in [
+        morphism.widen_cell(net, 3, 24),
+        morphism.deepen(net, 0),
+        morphism.add_branch(net, 4, 1, 0, "sep_conv_5x5"),
+    ]:
         new_sgd = morphism.remap_optimizer(sgd, net, morph.net.weight_parameters(), morph)
         new_adam = morphism.remap_optimizer(adam, net, morph.net.alpha_parameters(), morph)
         held = [id(p) for opt in (new_sgd, new_adam) for g in opt.param_groups for p in g["params"]]
@@ -231,7 +275,9 @@ def test_training_after_growth_and_optimizer_state_carried(digits):
             fn = morph.transforms.get(old_name)
             expected = fn(buf_old, 1) if fn else buf_old
             assert torch.equal(buf_new, expected), name
-            assert torch.equal(p.detach(), fn(old[old_name].detach(), 1) if fn else old[old_name].detach())
+            assert torch.equal(
+                p.detach(), fn(old[old_name].detach(), 1) if fn else old[old_name].detach()
+            )
         assert checked >= len(old) - 10
         loss = _step(morph.net, new_sgd, x, y, morph.net.sample_plans(1.0, differentiable=False))
         loss2 = _step(morph.net, new_adam, x, y, morph.net.sample_plans(1.0, differentiable=True))
@@ -243,13 +289,26 @@ def test_training_after_growth_and_optimizer_state_carried(digits):
 
 def test_policy_kinds_and_plateau():
     assert growth.growth_kind(GrowthConfig(policy="none"), 0, []) is None
-    assert [growth.growth_kind(GrowthConfig(policy="cycle"), c, []) for c in range(4)] == ["widen", "deepen", "branch", "widen"]
+    assert [growth.growth_kind(GrowthConfig(policy="cycle"), c, []) for c in range(4)] == [
+        "widen",
+        "deepen",
+        "branch",
+        "widen",
+    ]
     plateau = GrowthConfig(policy="plateau", plateau_patience=2)
     assert growth.growth_kind(plateau, 3, [0.5, 0.6, 0.7]) is None  # still improving
-    assert growth.growth_kind(plateau, 3, [0.5, 0.6, 0.55]) is None  # not yet patience cycles of stall
+    assert (
+        growth.growth_kind(plateau, 3, [0.5, 0.6, 0.55]) is None
+    )  # not yet patience cycles of stall
     assert growth.growth_kind(plateau, 3, [0.7, 0.6, 0.65]) == "widen"
-    assert growth.growth_steps(0.0) == 1 and growth.growth_steps(0.5) == 2 and growth.growth_steps(1.0) == 3
-    assert growth.widened_channels(16, 0.25, True) == 20 and growth.widened_channels(4, 0.1, True) == 6
+    assert (
+        growth.growth_steps(0.0) == 1
+        and growth.growth_steps(0.5) == 2
+        and growth.growth_steps(1.0) == 3
+    )
+    assert (
+        growth.widened_channels(16, 0.25, True) == 20 and growth.widened_channels(4, 0.1, True) == 6
+    )
     assert growth.widened_channels(5, 0.0, False) == 6
 
 
@@ -260,7 +319,12 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
     # final_genotype = "last": the finished runner then holds exactly the state of its
     # last checkpoint ("best" may pick and recalibrate an earlier cycle's genotype).
     cfg = tiny_cfg.replace(
-        **{"growth.policy": "cycle", "mutation.strength": 0.5, "search.cycles": 3, "search.final_genotype": "last"}
+        **{
+            "growth.policy": "cycle",
+            "mutation.strength": 0.5,
+            "search.cycles": 3,
+            "search.final_genotype": "last",
+        }
     )
     rec = Recorder()
     runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)
@@ -301,7 +365,13 @@ def _searched_supernet() -> tuple[SearchNetwork, torch.optim.Optimizer]:
             a.copy_(torch.randn_like(a))
     _warm_bn(net, torch.randn(32, 1, 8, 8), plans=net.continuous_plans())
     adam = torch.optim.Adam(net.alpha_parameters(), lr=3e-3, betas=(0.5, 0.999), weight_decay=1e-3)
-    _step(net, adam, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), net.sample_plans(1.0, differentiable=True))
+    _step(
+        net,
+        adam,
+        torch.randn(16, 1, 8, 8),
+        torch.randint(0, 10, (16,)),
+        net.sample_plans(1.0, differentiable=True),
+    )
     return net, adam
 
 
@@ -311,7 +381,13 @@ def _alpha_step(net: SearchNetwork, adam: torch.optim.Optimizer, seed: int = 0) 
     for p in weights:
         p.requires_grad_(False)  # as the runner's alpha phase: weights frozen
     try:
-        _step(net, adam, torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), net.sample_plans(1.0, differentiable=True))
+        _step(
+            net,
+            adam,
+            torch.randn(16, 1, 8, 8),
+            torch.randint(0, 10, (16,)),
+            net.sample_plans(1.0, differentiable=True),
+        )
     finally:
         for p in weights:
             p.requires_grad_(True)
@@ -344,7 +420,10 @@ def test_deepen_gives_the_inserted_cell_its_own_alphas_at_every_position(digits)
         assert not any(p is own for p in grown.weight_parameters())
         # Adam's state goes with the copy (see deepen), as separate tensors.
         state, normal_state = new_adam.state[own], adam.state[net.alphas["normal"]]
-        assert torch.equal(state["exp_avg"], normal_state["exp_avg"]) and state["exp_avg"] is not normal_state["exp_avg"]
+        assert (
+            torch.equal(state["exp_avg"], normal_state["exp_avg"])
+            and state["exp_avg"] is not normal_state["exp_avg"]
+        )
         # Function preserved: every op of every edge, and the genotype's path.
         assert (_logits(grown, x) - before_cont).abs().max().item() <= TOL
         carried = morph.carry(g)
@@ -365,7 +444,10 @@ def test_own_alphas_get_no_gradient_while_the_gate_is_closed():
     net, _ = _searched_supernet()
     grown = morphism.deepen(net, 2).net
     grown.train()
-    F.cross_entropy(grown(torch.randn(8, 1, 8, 8), grown.sample_plans(1.0, differentiable=True)), torch.randint(0, 10, (8,))).backward()
+    F.cross_entropy(
+        grown(torch.randn(8, 1, 8, 8), grown.sample_plans(1.0, differentiable=True)),
+        torch.randint(0, 10, (8,)),
+    ).backward()
     assert grown.alphas["cell2"].grad is not None and not grown.alphas["cell2"].grad.any()
     assert grown.alphas["normal"].grad.any()
 
@@ -378,7 +460,9 @@ def test_second_deepen_before_the_first_moves_its_alpha_key_and_keeps_its_values
     adam1 = morphism.remap_optimizer(adam, net, net1.alpha_parameters(), first)
     with torch.no_grad():
         net1.gates[str(last)].fill_(0.5)
-        net1.alphas[f"cell{last}"].copy_(torch.randn_like(net1.alphas["normal"]))  # learned on its own
+        net1.alphas[f"cell{last}"].copy_(
+            torch.randn_like(net1.alphas["normal"])
+        )  # learned on its own
     _alpha_step(net1, adam1)
     own_values = net1.alphas[f"cell{last}"].detach().clone()
     g1 = net1.derive()
@@ -394,7 +478,10 @@ def test_second_deepen_before_the_first_moves_its_alpha_key_and_keeps_its_values
     assert torch.equal(net2.gates[str(last + 1)], net1.gates[str(last)])
     assert second.names[f"alphas.cell{last + 1}"] == f"alphas.cell{last}"
     adam2 = morphism.remap_optimizer(adam1, net1, net2.alpha_parameters(), second)
-    assert torch.equal(adam2.state[net2.alphas[f"cell{last + 1}"]]["exp_avg"], adam1.state[net1.alphas[f"cell{last}"]]["exp_avg"])
+    assert torch.equal(
+        adam2.state[net2.alphas[f"cell{last + 1}"]]["exp_avg"],
+        adam1.state[net1.alphas[f"cell{last}"]]["exp_avg"],
+    )
     assert (_logits(net2, x) - before).abs().max().item() <= TOL
     # The genotype follows its cells: the first own cell renumbered, the new one added.
     g2 = second.carry(g1)
@@ -403,7 +490,9 @@ def test_second_deepen_before_the_first_moves_its_alpha_key_and_keeps_its_values
     assert net2.derive() == g2
     with torch.no_grad():
         net1.eval(), net2.eval()
-        assert (net2(x, net2.genotype_plans(g2)) - net1(x, net1.genotype_plans(g1))).abs().max().item() <= TOL
+        assert (
+            net2(x, net2.genotype_plans(g2)) - net1(x, net1.genotype_plans(g1))
+        ).abs().max().item() <= TOL
 
 
 def test_sampled_and_continuous_plans_cover_own_alphas_and_w_training_never_samples_none():
@@ -413,8 +502,15 @@ def test_sampled_and_continuous_plans_cover_own_alphas_and_w_training_never_samp
     with torch.no_grad():
         grown.alphas["cell2"][:, none] = 50.0  # the own cell wants 'none' everywhere
     hard = grown.sample_plans(1.0, differentiable=True)
-    assert set(hard) == set(grown.continuous_plans()) == set(grown.genotype_plans(grown.derive())) == {"normal", "reduce", "cell2"}
-    assert all(choices[0][0] == none for choices in hard["cell2"])  # alpha-training samples by the own alphas
+    assert (
+        set(hard)
+        == set(grown.continuous_plans())
+        == set(grown.genotype_plans(grown.derive()))
+        == {"normal", "reduce", "cell2"}
+    )
+    assert all(
+        choices[0][0] == none for choices in hard["cell2"]
+    )  # alpha-training samples by the own alphas
     for _ in range(5):
         plans = grown.sample_plans(1.0, differentiable=False)
         assert all(choices[0][0] != none for choices in plans["cell2"])
@@ -466,11 +562,18 @@ def test_deepened_net_saves_and_loads_to_the_same_logits_and_genotype(tmp_path, 
             grown.alphas[key].copy_(torch.randn_like(grown.alphas[key]))
         for gate in grown.gates.values():
             gate.fill_(0.5)
-    path = ckpt.save({"spec": grown.spec.to_dict(), "model": grown.state_dict()}, tmp_path / "net.pt")
+    path = ckpt.save(
+        {"spec": grown.spec.to_dict(), "model": grown.state_dict()}, tmp_path / "net.pt"
+    )
     state = ckpt.load(path)
     loaded = SearchNetwork(ArchSpec.from_dict(state["spec"]))
     loaded.load_state_dict(state["model"])
-    assert loaded.spec == grown.spec and loaded.spec.alpha_keys == ("normal", "reduce", "cell0", "cell3")
+    assert loaded.spec == grown.spec and loaded.spec.alpha_keys == (
+        "normal",
+        "reduce",
+        "cell0",
+        "cell3",
+    )
     g = grown.derive()
     assert loaded.derive() == g and len(g.own_cells) == 2
     x = digits.val.x[:64]
@@ -489,12 +592,19 @@ def test_specs_saved_before_own_alphas_still_load():
     assert spec.cells[2].residual and not spec.cells[2].own_alphas
     old_style = SearchNetwork(spec)
     assert spec.alpha_keys == ("normal", "reduce") and set(old_style.alphas) == {"normal", "reduce"}
-    old_style(torch.randn(2, 1, 8, 8), old_style.genotype_plans(old_style.derive()))  # the residual cell shares the normal alphas
+    old_style(
+        torch.randn(2, 1, 8, 8), old_style.genotype_plans(old_style.derive())
+    )  # the residual cell shares the normal alphas
 
 
 def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tmp_path):
     cfg = tiny_cfg.replace(
-        **{"growth.policy": "deepen", "mutation.strength": 0.5, "search.cycles": 2, "search.final_genotype": "last"}
+        **{
+            "growth.policy": "deepen",
+            "mutation.strength": 0.5,
+            "search.cycles": 2,
+            "search.final_genotype": "last",
+        }
     )
     rec = Recorder()
     runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)

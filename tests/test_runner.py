@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+from conftest import TINY
 
 from asolab import config
 from asolab.data import Batches, Split, load_data
@@ -17,8 +18,6 @@ from asolab.runner import Runner
 from asolab.runner.cycle import PHASES
 from asolab.runner.events import Recorder
 from asolab.space.network import DerivedNetwork
-
-from conftest import TINY
 
 
 def _snapshot(params):
@@ -68,7 +67,9 @@ def test_optimizers_live_for_the_whole_run_and_keep_momentum(tiny_cfg):
     r._mutate()
     r._retrain("retrain", 1, r.data.train)
     assert r.weight_opt is wopt and r.alpha_opt is aopt
-    assert not torch.equal(r.weight_opt.state[stem_weight]["momentum_buffer"], momentum)  # updated, not reset
+    assert not torch.equal(
+        r.weight_opt.state[stem_weight]["momentum_buffer"], momentum
+    )  # updated, not reset
     assert aopt.state[r.net.alphas["normal"]]["step"] >= 1
     # the optimizer holds every weight exactly once, and no alpha
     ids = [id(p) for g in wopt.param_groups for p in g["params"]]
@@ -88,7 +89,9 @@ def test_derived_network_shares_the_supernets_weights(tiny_cfg):
 
 
 def test_derived_network_starts_from_the_supernets_training(tiny_cfg):
-    cfg = tiny_cfg.replace(**{"search.w_epochs": 4, "data.train_subset": 0, "space.init_channels": 8})
+    cfg = tiny_cfg.replace(
+        **{"search.w_epochs": 4, "data.train_subset": 0, "space.init_channels": 8}
+    )
     trained = Runner(cfg)
     trained._w_train()
     genotype = trained._derive_calibrated()
@@ -104,7 +107,9 @@ def test_same_seed_same_run(tiny_cfg):
     for _ in range(2):
         rec = Recorder()
         res = Runner(tiny_cfg, [rec]).run()
-        results.append((res.genotype, [(e.train_loss, e.val_acc) for e in rec.of("epoch_end")], res.test_acc))
+        results.append(
+            (res.genotype, [(e.train_loss, e.val_acc) for e in rec.of("epoch_end")], res.test_acc)
+        )
     assert results[0] == results[1]
     other = Runner(dataclasses.replace(tiny_cfg, seed=1)).run()
     assert other.test_acc != results[0][2] or other.genotype != results[0][0]
@@ -112,7 +117,9 @@ def test_same_seed_same_run(tiny_cfg):
 
 def test_test_split_never_influences_the_search(tiny_cfg):
     data = load_data(tiny_cfg.data, tiny_cfg.seed)
-    scrambled = dataclasses.replace(data, test=Split(torch.randn_like(data.test.x), torch.randint(0, 10, data.test.y.shape)))
+    scrambled = dataclasses.replace(
+        data, test=Split(torch.randn_like(data.test.x), torch.randint(0, 10, data.test.y.shape))
+    )
     runs = []
     for bundle in (data, scrambled):
         rec = Recorder()
@@ -131,7 +138,10 @@ def test_events_cover_every_phase_and_cycle(tiny_cfg):
     assert [e.global_epoch for e in epochs] == list(range(6))
     cycles = rec.of("cycle_end")
     assert [c.cycle for c in cycles] == [0, 1]
-    assert all(c.memory["rss_mb"] > 0 and c.memory["peak_rss_mb"] >= c.memory["rss_mb"] * 0.5 for c in cycles)
+    assert all(
+        c.memory["rss_mb"] > 0 and c.memory["peak_rss_mb"] >= c.memory["rss_mb"] * 0.5
+        for c in cycles
+    )
     assert all(0 < c.derived_params < c.supernet_params for c in cycles)
     mutations = rec.of("mutation")
     assert len(mutations) == 2 and all(m.before != m.after and m.edits for m in mutations)
@@ -142,7 +152,9 @@ def test_events_cover_every_phase_and_cycle(tiny_cfg):
 
 @pytest.mark.parametrize("choice", ["best", "last", "derived"])
 def test_final_genotype_follows_the_configured_choice(tiny_cfg, choice):
-    cfg = dataclasses.replace(tiny_cfg, search=dataclasses.replace(tiny_cfg.search, cycles=3, final_genotype=choice))
+    cfg = dataclasses.replace(
+        tiny_cfg, search=dataclasses.replace(tiny_cfg.search, cycles=3, final_genotype=choice)
+    )
     rec = Recorder()
     runner = Runner(cfg, [rec])
     result = runner.run()
@@ -203,7 +215,10 @@ class _Stopper(Recorder):
 
 
 def _growth_summary(events):
-    return [(g.cycle, g.kind, g.where, g.params_before, g.params_after, g.preservation_error) for g in events]
+    return [
+        (g.cycle, g.kind, g.where, g.params_before, g.params_after, g.preservation_error)
+        for g in events
+    ]
 
 
 def test_checkpoints_name_the_cycle_their_phase_belonged_to(tiny_cfg, tmp_path):
@@ -224,12 +239,16 @@ def test_resume_after_mutate_still_reports_the_cycles_mutation_and_growth(tiny_c
     rec = Recorder()
     Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
     assert rec.of("run_start")[0].resumed_from["next"] == "retrain"
-    assert rec.of("mutation") == [] and rec.of("growth") == []  # nothing of the mutation is replayed
+    assert (
+        rec.of("mutation") == [] and rec.of("growth") == []
+    )  # nothing of the mutation is replayed
     (end,) = rec.of("cycle_end")
     (ref,) = [c for c in full.of("cycle_end") if c.cycle == 1]
     assert end.mutation_edits == ref.mutation_edits == len(full.of("mutation")[1].edits) > 0
     assert end.growth and _growth_summary(end.growth) == _growth_summary(ref.growth)
-    assert _growth_summary(ref.growth) == _growth_summary([g for g in full.of("growth") if g.cycle == 1])
+    assert _growth_summary(ref.growth) == _growth_summary(
+        [g for g in full.of("growth") if g.cycle == 1]
+    )
 
 
 def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg, tmp_path):
@@ -239,7 +258,9 @@ def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg
     with pytest.raises(_StopAt):
         Runner(cfg, [_Stopper(1, "retrain")], checkpoint_dir=tmp_path / "a").run()
     rec = Recorder()
-    again = Runner.resume(tmp_path / "a" / "checkpoint.pt", [rec], checkpoint_dir=tmp_path / "a").run()
+    again = Runner.resume(
+        tmp_path / "a" / "checkpoint.pt", [rec], checkpoint_dir=tmp_path / "a"
+    ).run()
     assert rec.of("run_start")[0].resumed_from["next"] == "final"
     assert [e.phase for e in rec.of("epoch_end")] == ["final"]
     assert (again.genotype, again.test_acc) == (full.genotype, full.test_acc)
@@ -249,7 +270,11 @@ def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg
     last = Runner.resume(tmp_path / "a" / "checkpoint.pt", [rec]).run()
     assert rec.of("run_start")[0].resumed_from["next"] == "evaluation"
     assert rec.of("epoch_end") == [] and rec.of("checkpoint") == []
-    assert (last.genotype, last.test_acc, last.val_acc) == (full.genotype, full.test_acc, full.val_acc)
+    assert (last.genotype, last.test_acc, last.val_acc) == (
+        full.genotype,
+        full.test_acc,
+        full.val_acc,
+    )
     # the run's wall time carries over from the checkpoint (both earlier processes)
     saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["seconds"]
     assert last.seconds > saved > again.seconds - saved > 0
@@ -272,23 +297,33 @@ def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, 
         Runner(cfg, [killed], checkpoint_dir=tmp_path).run()
     assert [c.stage_epoch for c in killed.of("checkpoint") if c.phase == "final"] == [1, 2]
     rec, screen = Recorder(), io.StringIO()
-    resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec, ProgressObserver(screen)], checkpoint_dir=tmp_path).run()
+    resumed = Runner.resume(
+        tmp_path / "checkpoint.pt", [rec, ProgressObserver(screen)], checkpoint_dir=tmp_path
+    ).run()
     assert "(resumed in the final stage at epoch 3)" in screen.getvalue()
-    bar = screen.getvalue()  # the bar counts the stage's earlier epochs: 2/4 when it appears, then 3/4, 4/4
+    bar = (
+        screen.getvalue()
+    )  # the bar counts the stage's earlier epochs: 2/4 when it appears, then 3/4, 4/4
     assert "| 3/4" in bar and "| 4/4" in bar and "| 0/4" not in bar and "| 1/4" not in bar
     start = rec.of("run_start")[0].resumed_from
     assert (start["next"], start["stage_epoch"]) == ("final", 2)
     assert [(e.phase, e.epoch) for e in rec.of("epoch_end")] == [("final", 2), ("final", 3)]
     # After epoch 3 a checkpoint inside the stage; after epoch 4 the stage's own (stage_epoch 0).
     assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint")] == [("final", 3), ("final", 0)]
-    assert (resumed.genotype, resumed.test_acc, resumed.val_acc) == (full.genotype, full.test_acc, full.val_acc)
+    assert (resumed.genotype, resumed.test_acc, resumed.val_acc) == (
+        full.genotype,
+        full.test_acc,
+        full.val_acc,
+    )
 
 
 def test_final_stage_checkpoints_only_when_the_last_one_is_old(tiny_cfg, tmp_path):
     """With the default interval a short final stage writes no checkpoints inside it."""
     rec = Recorder()
     Runner(tiny_cfg.replace(**{"search.final_epochs": 3}), [rec], checkpoint_dir=tmp_path).run()
-    assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint") if c.phase == "final"] == [("final", 0)]
+    assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint") if c.phase == "final"] == [
+        ("final", 0)
+    ]
 
 
 def _save_edited(src, dst, edit):
@@ -363,7 +398,11 @@ def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
     check = Check()
     runner = Runner(config.load(None, overrides), [check], checkpoint_dir=tmp_path)
     runner.run()
-    assert [e.phase for e in check.of("checkpoint")] == [*(p.name for p in PHASES), "final", "final"]
+    assert [e.phase for e in check.of("checkpoint")] == [
+        *(p.name for p in PHASES),
+        "final",
+        "final",
+    ]
 
 
 def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
@@ -373,7 +412,9 @@ def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
     check_cuda_index("cuda", 0)
     check_cuda_index("cuda:0", 1)
     check_cuda_index("cuda:1", 2)
-    with pytest.raises(ConfigError, match=r"'cuda:1' but this machine has 1 CUDA device\(s\) \(cuda:0\)"):
+    with pytest.raises(
+        ConfigError, match=r"'cuda:1' but this machine has 1 CUDA device\(s\) \(cuda:0\)"
+    ):
         check_cuda_index("cuda:1", 1)
     with pytest.raises(ConfigError, match=r"has 2 CUDA device\(s\) \(cuda:0 to cuda:1\)"):
         check_cuda_index("cuda:7", 2)
@@ -406,14 +447,27 @@ def test_a_diverging_loss_is_a_one_line_cli_error(capsys):
 
     # lr 10 with weight decay 1 multiplies every weight by -9 per step: the loss overflows
     diverge = {
-        "threads": 1, "space.init_channels": 4, "search.cycles": 1, "search.w_epochs": 1, "search.alpha_epochs": 0,
-        "search.retrain_epochs": 0, "data.train_subset": 200, "data.batch_size": 8, "growth.policy": "none",
-        "search.weight_lr": 10, "search.weight_lr_min": 10, "search.weight_decay": 1,
+        "threads": 1,
+        "space.init_channels": 4,
+        "search.cycles": 1,
+        "search.w_epochs": 1,
+        "search.alpha_epochs": 0,
+        "search.retrain_epochs": 0,
+        "data.train_subset": 200,
+        "data.batch_size": 8,
+        "growth.policy": "none",
+        "search.weight_lr": 10,
+        "search.weight_lr_min": 10,
+        "search.weight_decay": 1,
     }
-    argv = ["run", "--quiet", "--no-track"] + [a for k, v in diverge.items() for a in ("--set", f"{k}={v}")]
+    argv = ["run", "--quiet", "--no-track"] + [
+        a for k, v in diverge.items() for a in ("--set", f"{k}={v}")
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "loss became nan" in err
+    assert (
+        len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "loss became nan" in err
+    )
 
 
 def test_run_state_round_trips_through_plain_data(tiny_cfg):
@@ -422,9 +476,17 @@ def test_run_state_round_trips_through_plain_data(tiny_cfg):
     from asolab.runner.events import GrowthEvent
 
     g = Runner(tiny_cfg).net.derive()
-    event = GrowthEvent(cycle=1, kind="widen", where="cell 0", params_before=10, params_after=12,
-                        preservation_error=0.0, val_acc_before=0.5, val_acc_after=0.5,
-                        details={"spec": {}})
+    event = GrowthEvent(
+        cycle=1,
+        kind="widen",
+        where="cell 0",
+        params_before=10,
+        params_after=12,
+        preservation_error=0.0,
+        val_acc_before=0.5,
+        val_acc_after=0.5,
+        details={"spec": {}},
+    )
     position = Position(cycle=1, phase=2, global_epoch=7, weight_epoch=5)
     state = RunState(position, g, None, [0.25, 0.5], [g, g], 3, [event])
     plain = state.to_dict()

@@ -15,7 +15,9 @@ CFG = TemperatureConfig(initial_temperature=5.0, min_temperature=0.5, anneal_fra
 
 @pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "constant"])
 def test_schedule_endpoints_and_monotonicity(schedule):
-    cfg = TemperatureConfig(schedule=schedule, initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8)
+    cfg = TemperatureConfig(
+        schedule=schedule, initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8
+    )
     assert temperature(0.0, cfg) == pytest.approx(5.0)
     assert temperature(0.8, cfg) == pytest.approx(0.5)
     assert temperature(1.0, cfg) == pytest.approx(0.5)

@@ -38,9 +38,19 @@ def test_genotype_string_and_json_round_trip():
 
 def test_edge_order_does_not_matter_and_darts_lists_parse():
     flat = {
-        "normal": [["skip_connect", 1], ["sep_conv_3x3", 0], ["sep_conv_3x3", 2], ["dil_conv_3x3", 0]],
+        "normal": [
+            ["skip_connect", 1],
+            ["sep_conv_3x3", 0],
+            ["sep_conv_3x3", 2],
+            ["dil_conv_3x3", 0],
+        ],
         "normal_concat": [2, 3],
-        "reduce": [["max_pool_3x3", 1], ["max_pool_3x3", 0], ["max_pool_3x3", 0], ["skip_connect", 2]],
+        "reduce": [
+            ["max_pool_3x3", 1],
+            ["max_pool_3x3", 0],
+            ["max_pool_3x3", 0],
+            ["skip_connect", 2],
+        ],
         "reduce_concat": [2, 3],
     }
     assert Genotype.from_dict(flat) == G
@@ -48,7 +58,12 @@ def test_edge_order_does_not_matter_and_darts_lists_parse():
 
 def test_genotype_refuses_bad_input_index_and_bad_strings():
     with pytest.raises(ValueError, match="reads input 3"):
-        Genotype(normal=((("skip_connect", 3), ("skip_connect", 0)),), normal_concat=(2,), reduce=((("skip_connect", 0),),), reduce_concat=(2,))
+        Genotype(
+            normal=((("skip_connect", 3), ("skip_connect", 0)),),
+            normal_concat=(2,),
+            reduce=((("skip_connect", 0),),),
+            reduce_concat=(2,),
+        )
     with pytest.raises(ValueError, match="not a genotype string"):
         Genotype.parse("hello")
 
@@ -56,7 +71,9 @@ def test_genotype_refuses_bad_input_index_and_bad_strings():
 def test_diff_and_distance():
     h = G.replace_op("normal", 1, 2, "avg_pool_3x3")
     changes = diff(G, h)
-    assert [(c.cell, c.node, c.input, c.before, c.after) for c in changes] == [("normal", 1, 2, ("sep_conv_3x3",), ("avg_pool_3x3",))]
+    assert [(c.cell, c.node, c.input, c.before, c.after) for c in changes] == [
+        ("normal", 1, 2, ("sep_conv_3x3",), ("avg_pool_3x3",))
+    ]
     assert distance(G, G) == 0 and distance(G, h) == distance(h, G) == 1
     k = h.replace_op("reduce", 0, 0, "sep_conv_5x5")
     assert distance(G, k) <= distance(G, h) + distance(h, k)
@@ -64,7 +81,9 @@ def test_diff_and_distance():
 
 def _net(primitives=PRIMITIVES, steps=2) -> SearchNetwork:
     torch.manual_seed(0)
-    spec = ArchSpec.from_config(SpaceConfig(init_channels=4, layers=3, steps=steps, primitives=tuple(primitives)), 1, 10)
+    spec = ArchSpec.from_config(
+        SpaceConfig(init_channels=4, layers=3, steps=steps, primitives=tuple(primitives)), 1, 10
+    )
     return SearchNetwork(spec)
 
 
@@ -82,7 +101,10 @@ def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
             a[edge_index(1, 1), p.index("dil_conv_5x5")] = 4.0
             a[edge_index(1, 2), p.index("avg_pool_3x3")] = 5.0
     g = net.derive()
-    expected = ((("sep_conv_3x3", 0), ("skip_connect", 1)), (("dil_conv_5x5", 1), ("avg_pool_3x3", 2)))
+    expected = (
+        (("sep_conv_3x3", 0), ("skip_connect", 1)),
+        (("dil_conv_5x5", 1), ("avg_pool_3x3", 2)),
+    )
     assert g.normal == Genotype(expected, (2, 3), expected, (2, 3)).normal
     assert g.reduce == g.normal and g.normal_concat == (2, 3)
 
@@ -93,7 +115,9 @@ def _count_calls(net: SearchNetwork) -> dict[int, int]:
         for mixed in cell.edges:
             for op in mixed.ops:
                 counts[id(op)] = 0
-                op.register_forward_hook(lambda m, i, o, key=id(op): counts.__setitem__(key, counts[key] + 1))
+                op.register_forward_hook(
+                    lambda m, i, o, key=id(op): counts.__setitem__(key, counts[key] + 1)
+                )
     return counts
 
 
@@ -155,18 +179,30 @@ def test_genotype_without_own_cells_prints_and_serialises_exactly_as_before():
 def test_own_cells_print_in_index_order_and_round_trip():
     assert OWN.cell_names == ("normal", "reduce", "cell2", "cell4")
     assert str(OWN) == (
-        str(G) + " ; cell2: avg_pool_3x3(0) avg_pool_3x3(1) | avg_pool_3x3(0) avg_pool_3x3(2) -> 2,3"
+        str(G)
+        + " ; cell2: avg_pool_3x3(0) avg_pool_3x3(1) | avg_pool_3x3(0) avg_pool_3x3(2) -> 2,3"
         " ; cell4: skip_connect(0) sep_conv_3x3(1) | sep_conv_5x5(1) skip_connect(2) -> 2,3"
     )
     assert Genotype.parse(str(OWN)) == OWN and Genotype.from_json(OWN.to_json()) == OWN
     assert hash(Genotype.from_json(OWN.to_json())) == hash(OWN)
     assert OWN.to_dict()["own_cells"][0] == {
         "cell": 2,
-        "nodes": [[["avg_pool_3x3", 0], ["avg_pool_3x3", 1]], [["avg_pool_3x3", 0], ["avg_pool_3x3", 2]]],
+        "nodes": [
+            [["avg_pool_3x3", 0], ["avg_pool_3x3", 1]],
+            [["avg_pool_3x3", 0], ["avg_pool_3x3", 2]],
+        ],
         "concat": [2, 3],
     }
-    assert OWN.num_edges == 16 and {c for c, _, _, _ in OWN.edges()} == {"normal", "reduce", "cell2", "cell4"}
-    assert OWN != G and Genotype(G.normal, G.normal_concat, G.reduce, G.reduce_concat, OWN.own_cells) == OWN
+    assert OWN.num_edges == 16 and {c for c, _, _, _ in OWN.edges()} == {
+        "normal",
+        "reduce",
+        "cell2",
+        "cell4",
+    }
+    assert (
+        OWN != G
+        and Genotype(G.normal, G.normal_concat, G.reduce, G.reduce_concat, OWN.own_cells) == OWN
+    )
 
 
 def test_own_cells_are_validated_and_bad_strings_refused():
@@ -184,8 +220,12 @@ def test_own_cells_are_validated_and_bad_strings_refused():
 
 def test_diff_and_distance_see_own_cells():
     h = OWN.replace_op("cell4", 1, 1, "max_pool_3x3")
-    assert h.cell("cell4")[1] == (("max_pool_3x3", 1), ("skip_connect", 2)) and h.normal == OWN.normal
-    assert [(c.cell, c.node, c.input, c.before, c.after) for c in diff(OWN, h)] == [("cell4", 1, 1, ("sep_conv_5x5",), ("max_pool_3x3",))]
+    assert (
+        h.cell("cell4")[1] == (("max_pool_3x3", 1), ("skip_connect", 2)) and h.normal == OWN.normal
+    )
+    assert [(c.cell, c.node, c.input, c.before, c.after) for c in diff(OWN, h)] == [
+        ("cell4", 1, 1, ("sep_conv_5x5",), ("max_pool_3x3",))
+    ]
     assert distance(OWN, h) == distance(h, OWN) == 1
     # A cell only one genotype has: each of its edges plus its concat list.
     assert distance(G, OWN) == 8 + 2 and [c.cell for c in diff(G, OWN)][:1] == ["cell2"]
@@ -216,11 +256,16 @@ def test_cell_picture_draws_own_cells_too():
     assert big.width * big.height > small.width * small.height
     from asolab.space.plot import _pillow_png
 
-    wide, narrow = Image.open(io.BytesIO(_pillow_png(OWN, "cycle 3"))), Image.open(io.BytesIO(_pillow_png(G)))
+    wide, narrow = (
+        Image.open(io.BytesIO(_pillow_png(OWN, "cycle 3"))),
+        Image.open(io.BytesIO(_pillow_png(G))),
+    )
     assert wide.width > narrow.width
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed (apt install graphviz)")
+@pytest.mark.skipif(
+    shutil.which("dot") is None, reason="graphviz's dot is not installed (apt install graphviz)"
+)
 def test_cell_picture_labels_are_inside_and_never_overlap():
     """Graphviz lays the cells out: every edge label's box lies inside the picture and
     overlaps no other label and no state's box (read from ``dot -Tjson``)."""
@@ -250,8 +295,11 @@ def test_cell_picture_labels_are_inside_and_never_overlap():
             return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
         for i, a in enumerate(boxes):
-            assert x0 <= a[0] and a[2] <= x1 and y0 <= a[1] and a[3] <= y1, (labels[i], layout["bb"])
-            assert not any(overlap(a, b) for b in boxes[i + 1:]), labels[i]
+            assert x0 <= a[0] and a[2] <= x1 and y0 <= a[1] and a[3] <= y1, (
+                labels[i],
+                layout["bb"],
+            )
+            assert not any(overlap(a, b) for b in boxes[i + 1 :]), labels[i]
             assert not any(overlap(a, n) for n in nodes), labels[i]
         # state names are c_{k-2}, c_{k-1} (subscripts), 0.., c_k: never the literal LaTeX
         assert "c_{k" not in genotype_dot(g)

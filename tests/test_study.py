@@ -19,13 +19,13 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from layout_check import undeclared
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from asolab.cli import main
 from asolab.config import ConfigError
-from asolab.study import load_study, run_study
-from asolab.study import report
+from asolab.study import load_study, report, run_study
 from asolab.study import run as study_run
 from asolab.study.config import in_range
 from asolab.study.objective import suggest
@@ -46,7 +46,6 @@ from asolab.study.storage import (
     used_budget,
 )
 from asolab.tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
-from layout_check import undeclared
 
 pytestmark = pytest.mark.slow
 
@@ -108,12 +107,19 @@ def write_study(tmp_path: Path, name: str, body: str) -> Path:
 
 
 def stores(tmp_path: Path) -> dict[str, str]:
-    return {"storage_url": str(tmp_path / "optuna-journal.log"), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    return {
+        "storage_url": str(tmp_path / "optuna-journal.log"),
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
 
 
 def load(tmp_path: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna-journal.log"))))
+    return optuna.load_study(
+        study_name=name,
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna-journal.log"))
+        ),
+    )
 
 
 def runs_of(tmp_path: Path, name: str, experiment: str = "") -> tuple[object, list]:
@@ -133,14 +139,19 @@ def artifacts(tmp_path: Path, run_id: str, folder: str) -> list[str]:
 
 
 def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    file = write_study(tmp_path, "tm", """
+    file = write_study(
+        tmp_path,
+        "tm",
+        """
         n_trials = 3
         seed = 3
         [sampler]
         name = "random"
         [pruner]
         name = "none"
-        """ + SPACE)
+        """
+        + SPACE,
+    )
     cfg = load_study(file)
     outcome = run_study(cfg, **stores(tmp_path))
     study = load(tmp_path, "tm")
@@ -152,7 +163,11 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
         for p in cfg.params:
             assert in_range(p, t.params[p.optuna_name]), (p.optuna_name, t.params[p.optuna_name])
         # min_temperature is a fraction of initial_temperature, so the constraint always holds
-        assert 0 < t.user_attrs["temperature.min_temperature"] <= t.params["temperature.initial_temperature"]
+        assert (
+            0
+            < t.user_attrs["temperature.min_temperature"]
+            <= t.params["temperature.initial_temperature"]
+        )
         assert 0.0 <= t.value <= 1.0
 
     parent, children = runs_of(tmp_path, "tm")
@@ -164,8 +179,12 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
         run = by_trial[t.number]
         assert run.info.run_id == t.user_attrs[ATTR_MLFLOW_RUN]
         assert run.data.metrics["objective.val_acc"] == pytest.approx(t.value)
-        assert float(run.data.params["temperature.initial_temperature"]) == pytest.approx(t.params["temperature.initial_temperature"])
-        assert float(run.data.params["temperature.min_temperature"]) == pytest.approx(t.user_attrs["temperature.min_temperature"])
+        assert float(run.data.params["temperature.initial_temperature"]) == pytest.approx(
+            t.params["temperature.initial_temperature"]
+        )
+        assert float(run.data.params["temperature.min_temperature"]) == pytest.approx(
+            t.user_attrs["temperature.min_temperature"]
+        )
     assert parent.data.metrics["best.value"] == pytest.approx(study.best_value)
     assert parent.data.tags["asolab.best_trial"] == str(study.best_trial.number)
     plots = artifacts(tmp_path, parent.info.run_id, "plots")
@@ -177,18 +196,42 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
 
     # The same command again, with a bigger budget: same study, same parent run, one more trial.
     s = stores(tmp_path)
-    argv = ["study", str(file), "--n-trials", "4", "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+    argv = [
+        "study",
+        str(file),
+        "--n-trials",
+        "4",
+        "--storage",
+        s["storage_url"],
+        "--tracking-uri",
+        s["tracking_uri"],
+    ]
     assert main(argv) == 0
     resumed = load(tmp_path, "tm").get_trials()
     assert len(resumed) == 4
-    assert all(resumed[3].params != t.params for t in resumed[:3]), "a resumed invocation must not replay old points"
+    assert all(resumed[3].params != t.params for t in resumed[:3]), (
+        "a resumed invocation must not replay old points"
+    )
     parent2, children2 = runs_of(tmp_path, "tm")
     assert parent2.info.run_id == parent.info.run_id and len(children2) == 4
     assert main(argv) == 0  # budget met: nothing to add
     assert len(load(tmp_path, "tm").get_trials()) == 4
 
     capsys.readouterr()
-    assert main(["study", str(file), "--summary", "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]) == 0
+    assert (
+        main(
+            [
+                "study",
+                str(file),
+                "--summary",
+                "--storage",
+                s["storage_url"],
+                "--tracking-uri",
+                s["tracking_uri"],
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "4 trials (4 complete)" in out and "best trials" in out and parent.info.run_id in out
     assert f"{study.best_value:.4g}" in out
@@ -197,23 +240,54 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    assert main(["study", str(file), "--summary", "--storage", s["storage_url"], "--tracking-uri", closed]) == 0
+    assert (
+        main(
+            [
+                "study",
+                str(file),
+                "--summary",
+                "--storage",
+                s["storage_url"],
+                "--tracking-uri",
+                closed,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "could not be read" in out and "not reachable" in out and "(none yet)" not in out
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
-    assert main(["study", str(file), "--summary", "--storage", s["storage_url"], "--tracking-uri", empty]) == 0
+    assert (
+        main(
+            [
+                "study",
+                str(file),
+                "--summary",
+                "--storage",
+                s["storage_url"],
+                "--tracking-uri",
+                empty,
+            ]
+        )
+        == 0
+    )
     assert "parent run (none yet)" in capsys.readouterr().out
 
 
 def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "pr", """
+    file = write_study(
+        tmp_path,
+        "pr",
+        """
         n_trials = 2
         [sampler]
         name = "random"
         [pruner]
         name = "threshold"
         lower = 1.01          # no accuracy reaches it: every trial is pruned after its first cycle
-        """ + SPACE)
+        """
+        + SPACE,
+    )
     # --study-name differs from the file's name: trial runs carry the study's actual name
     run_study(load_study(file), study_name="pr-renamed", **stores(tmp_path))
     trials = load(tmp_path, "pr-renamed").get_trials()
@@ -223,7 +297,9 @@ def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
     assert len(children) == 2
     # named to be told apart in the UI's narrow name column: number, temperature, strength
     names = sorted(r.info.run_name for r in children)
-    assert [n.split()[0] for n in names] == ["t000", "t001"] and all(" τ" in n and " s" in n for n in names)
+    assert [n.split()[0] for n in names] == ["t000", "t001"] and all(
+        " τ" in n and " s" in n for n in names
+    )
     assert len(set(names)) == 2
     for run in children:
         assert run.data.tags[TAG_STUDY] == "pr-renamed"
@@ -233,7 +309,10 @@ def test_aggressive_pruner_prunes_and_marks_the_run(tmp_path: Path) -> None:
 
 
 def test_nan_trial_fails_and_the_study_goes_on(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "nan", """
+    file = write_study(
+        tmp_path,
+        "nan",
+        """
         n_trials = 2
         [overrides]           # unclipped gradients + weight decay 1.0: lr 10 overflows to NaN
         search.grad_clip = 1e38
@@ -252,7 +331,8 @@ def test_nan_trial_fails_and_the_study_goes_on(tmp_path: Path) -> None:
         "search.weight_lr" = 10.0
         [[enqueue]]
         "search.weight_lr" = 0.01
-        """)
+        """,
+    )
     run_study(load_study(file), **stores(tmp_path))
     trials = load(tmp_path, "nan").get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
@@ -265,7 +345,10 @@ def test_nan_trial_fails_and_the_study_goes_on(tmp_path: Path) -> None:
 
 
 def test_two_workers_share_the_budget(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "par", """
+    file = write_study(
+        tmp_path,
+        "par",
+        """
         n_trials = 4
         [overrides]
         data.train_subset = 150
@@ -274,7 +357,9 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         n_startup_trials = 10
         [pruner]
         name = "none"
-        """ + SPACE)
+        """
+        + SPACE,
+    )
     outcome = run_study(load_study(file), workers=2, **stores(tmp_path))
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
@@ -290,7 +375,10 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
 
 
 def test_two_objectives_give_a_pareto_front(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "pareto", """
+    file = write_study(
+        tmp_path,
+        "pareto",
+        """
         n_trials = 3
         [objective]
         metrics = ["val_acc", "params"]
@@ -306,7 +394,8 @@ def test_two_objectives_give_a_pareto_front(tmp_path: Path) -> None:
         low = 4
         high = 8
         step = 4
-        """)
+        """,
+    )
     outcome = run_study(load_study(file), **stores(tmp_path))
     study = load(tmp_path, "pareto")
     assert len(study.directions) == 2
@@ -321,20 +410,30 @@ def test_two_objectives_give_a_pareto_front(tmp_path: Path) -> None:
 
 
 def test_trial_of_a_dead_worker_is_failed_and_retried(tmp_path: Path) -> None:
-    file = write_study(tmp_path, "stale", """
+    file = write_study(
+        tmp_path,
+        "stale",
+        """
         n_trials = 1
         [sampler]
         name = "random"
         [pruner]
         name = "none"
-        """ + SPACE)
+        """
+        + SPACE,
+    )
     cfg = load_study(file)
     s = stores(tmp_path)
     # A worker that started trial 0 and was killed: its process is gone, the trial is RUNNING.
     study = open_study(cfg, s["storage_url"], "stale")
     trial = study.ask()
     params = {p.optuna_name: suggest(trial, p) for p in cfg.params}
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     trial.set_user_attr(ATTR_OWNER, f"{socket.gethostname()}:{int(dead.stdout)}")
 
     run_study(cfg, **s)
@@ -358,7 +457,7 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
         "storage = { heartbeat_interval = 60, grace_period = 60 }": "storage.heartbeat_interval (60) must be less than storage.grace_period",
         "n_trials = 0\ntimeout = 0": "needs a time budget",
         "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf]",
-        "timeout = \"1h\"": "timeout must be a number",
+        'timeout = "1h"': "timeout must be a number",
         "sampler = { population_size = 1 }": "sampler.population_size = 1 is out of range",
     }
     for i, (body, needle) in enumerate(cases.items()):
@@ -370,7 +469,9 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
     assert main(["study", str(tmp_path / "nope.toml")]) == 2
 
 
-def test_cli_refuses_bad_budgets_names_and_sqlite_workers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_refuses_bad_budgets_names_and_sqlite_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     file = write_study(tmp_path, "cli", "n_trials = 2\n" + SPACE)
     s = stores(tmp_path)
     base = ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
@@ -382,7 +483,12 @@ def test_cli_refuses_bad_budgets_names_and_sqlite_workers(tmp_path: Path, capsys
         ("--study-name", "it's"): "no quotes, backslashes",
         ("--study-name", "a\\b"): "no quotes, backslashes",
         ("--study-name", "a'b", "--summary"): "no quotes, backslashes",
-        ("--workers", "2", "--storage", sqlite): "Optuna documents SQLite as unsafe for concurrent workers",
+        (
+            "--workers",
+            "2",
+            "--storage",
+            sqlite,
+        ): "Optuna documents SQLite as unsafe for concurrent workers",
     }
     for extra, needle in cases.items():
         capsys.readouterr()
@@ -401,16 +507,25 @@ def test_cli_refuses_bad_budgets_names_and_sqlite_workers(tmp_path: Path, capsys
 
 def test_time_budget_alone(tmp_path: Path) -> None:
     # n_trials = 0: no trial limit, the time budget decides
-    file = write_study(tmp_path, "timed", "n_trials = 0\ntimeout = 1\n" + SHORT_RANDOM_TRIALS + SPACE)
+    file = write_study(
+        tmp_path, "timed", "n_trials = 0\ntimeout = 1\n" + SHORT_RANDOM_TRIALS + SPACE
+    )
     s = stores(tmp_path)
-    assert main(["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]) == 0
+    assert (
+        main(
+            ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+        )
+        == 0
+    )
     trials = load(tmp_path, "timed").get_trials()
     assert trials and all(t.state == TrialState.COMPLETE for t in trials)
     # no trial starts once the budget is spent (a trial running then finishes)
     assert all(t.datetime_start < trials[0].datetime_start + timedelta(seconds=1) for t in trials)
 
 
-def test_failed_workers_end_with_an_error_and_keep_the_others_trials(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_failed_workers_end_with_an_error_and_keep_the_others_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     file = write_study(tmp_path, "crash", ONE_SHORT_RANDOM_TRIAL + SPACE)
     killed: list[int] = []
 
@@ -431,14 +546,27 @@ def test_failed_workers_end_with_an_error_and_keep_the_others_trials(tmp_path: P
     killer.start()
     s = stores(tmp_path)
     try:
-        code = main(["study", str(file), "--workers", "2", "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]])
+        code = main(
+            [
+                "study",
+                str(file),
+                "--workers",
+                "2",
+                "--storage",
+                s["storage_url"],
+                "--tracking-uri",
+                s["tracking_uri"],
+            ]
+        )
     finally:
         killer.join()
     assert killed
     assert code == 2
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
-    assert last.startswith("asolab: error: 1 of the study's worker processes failed (worker 0: killed by SIGKILL)"), last
+    assert last.startswith(
+        "asolab: error: 1 of the study's worker processes failed (worker 0: killed by SIGKILL)"
+    ), last
     assert "1 trials (1 complete)" in captured.out  # the summary of what was recorded comes first
     trials = load(tmp_path, "crash").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE]
@@ -460,7 +588,9 @@ grace_period = 5
 """
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
+@pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed"
+)  # the tests ask for trials themselves
 def test_dead_trial_on_an_rdb_storage_is_failed_marked_and_retried(tmp_path: Path) -> None:
     file = write_study(tmp_path, "rdb", ONE_SHORT_RANDOM_TRIAL + RDB_STORAGE + SPACE)
     cfg = load_study(file)
@@ -471,8 +601,11 @@ def test_dead_trial_on_an_rdb_storage_is_failed_marked_and_retried(tmp_path: Pat
     trial = study.ask()
     params = {p.optuna_name: suggest(trial, p) for p in cfg.params}
     c = MlflowClient(uri)
-    dead_run = c.create_run(c.get_run(parent).info.experiment_id, run_name="rdb-trial-0000",
-                            tags={"mlflow.parentRunId": parent, TAG_STUDY: "rdb", TAG_TRIAL: "0"}).info.run_id
+    dead_run = c.create_run(
+        c.get_run(parent).info.experiment_id,
+        run_name="rdb-trial-0000",
+        tags={"mlflow.parentRunId": parent, TAG_STUDY: "rdb", TAG_TRIAL: "0"},
+    ).info.run_id
     trial.set_user_attr(ATTR_MLFLOW_RUN, dead_run)
     trial.set_user_attr(ATTR_OWNER, "another-host:4242")
     assert Heartbeat(study, trial, 1).beat()  # its last heartbeat...
@@ -496,7 +629,9 @@ def test_dead_trial_on_an_rdb_storage_is_failed_marked_and_retried(tmp_path: Pat
     assert by_trial["1"].data.tags[TAG_TRIAL_STATE] == "COMPLETE"
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
+@pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed"
+)  # the tests ask for trials themselves
 def test_a_retry_chain_counts_once_against_the_budget(tmp_path: Path) -> None:
     file = write_study(tmp_path, "chain", RDB_STORAGE + "max_retry = 2\n" + SPACE)
     cfg = load_study(file)
@@ -514,7 +649,9 @@ def test_a_retry_chain_counts_once_against_the_budget(tmp_path: Path) -> None:
         assert Heartbeat(study, trial, 1).beat()
         age_heartbeats(tmp_path / "optuna.db")
         stale = recover_stale_trials(study, cfg.storage)
-        assert [(s.trial.number, s.trial.user_attrs[ATTR_MLFLOW_RUN]) for s in stale] == [(attempt, f"run-{attempt}")]
+        assert [(s.trial.number, s.trial.user_attrs[ATTR_MLFLOW_RUN]) for s in stale] == [
+            (attempt, f"run-{attempt}")
+        ]
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL] * 3  # max_retry = 2: no third retry
     assert used_budget(study) == 1  # one set of parameters, tried three times
@@ -550,8 +687,12 @@ def test_a_live_owner_on_this_host_is_never_stale(tmp_path: Path) -> None:
     assert states[away.number] == states[reused.number] == TrialState.FAIL
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the tests ask for trials themselves
-def test_heartbeat_keeps_beating_after_a_failed_beat(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed"
+)  # the tests ask for trials themselves
+def test_heartbeat_keeps_beating_after_a_failed_beat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="asolab.study.storage")
     file = write_study(tmp_path, "beat", RDB_STORAGE + SPACE)
     cfg = load_study(file)
@@ -578,16 +719,22 @@ def test_heartbeat_keeps_beating_after_a_failed_beat(tmp_path: Path, caplog: pyt
         with sqlite3.connect(db) as con:
             con.execute("ALTER TABLE heartbeats_away RENAME TO trial_heartbeats")
         age_heartbeats(db)
-        assert wait_for(lambda: not last_beat().startswith("2000")), "the heartbeat stopped after a failed beat"
+        assert wait_for(lambda: not last_beat().startswith("2000")), (
+            "the heartbeat stopped after a failed beat"
+        )
 
 
-def test_a_trial_failed_elsewhere_is_not_told_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_trial_failed_elsewhere_is_not_told_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.ERROR, logger="asolab.study.run")
     file = write_study(tmp_path, "told", SPACE)
     cfg = load_study(file)
     study = open_study(cfg, stores(tmp_path)["storage_url"], "told")
     trial = study.ask()
-    load(tmp_path, "told").tell(trial.number, state=TrialState.FAIL)  # another worker judged it stale
+    load(tmp_path, "told").tell(
+        trial.number, state=TrialState.FAIL
+    )  # another worker judged it stale
     frozen = study_run._tell(study, trial, [0.5])
     assert frozen.state == TrialState.FAIL
     assert "already holds it as FAIL" in caplog.text
@@ -607,7 +754,10 @@ def test_budget_lock_serialises_workers_whatever_the_storage(tmp_path: Path) -> 
             time.sleep(0.5)
             events.append("other leaves")
 
-    for lock_url, expected in ((url, ["other leaves", "this enters"]), (url + "2", ["this enters", "other leaves"])):
+    for lock_url, expected in (
+        (url, ["other leaves", "this enters"]),
+        (url + "2", ["this enters", "other leaves"]),
+    ):
         events.clear()
         held.clear()
         worker = threading.Thread(target=other_worker)
@@ -642,12 +792,18 @@ def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> Non
 def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     """objective.seeds = 2: a trial is two runs (seeds 0 and 1), its value their mean,
     reported to the pruner at distinct steps; the first seed's run holds the trial's values."""
-    file = write_study(tmp_path, "sd", """
+    file = write_study(
+        tmp_path,
+        "sd",
+        """
         n_trials = 1
         [objective]
         metrics = ["val_acc"]
         seeds = 2
-        """ + SHORT_RANDOM_TRIALS + SPACE)
+        """
+        + SHORT_RANDOM_TRIALS
+        + SPACE,
+    )
     run_study(load_study(file), **stores(tmp_path))
     (trial,) = load(tmp_path, "sd").get_trials()
     assert trial.state == TrialState.COMPLETE
@@ -655,14 +811,18 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     by_seed = {r.data.params["seed"]: r for r in children}
     assert sorted(by_seed) == ["0", "1"]
     names = [by_seed[s].info.run_name for s in ("0", "1")]
-    assert names[0].startswith("t000 ") and names[0].endswith(" seed0") and names[1].endswith(" seed1")
+    assert (
+        names[0].startswith("t000 ") and names[0].endswith(" seed0") and names[1].endswith(" seed1")
+    )
     accs = [by_seed[s].data.metrics["final_val_acc"] for s in ("0", "1")]
     assert trial.value == pytest.approx(sum(accs) / 2)
     assert [v for (v,) in trial.user_attrs["objective_per_seed"]] == pytest.approx(accs)
     assert sorted(trial.intermediate_values) == [0, 1]  # one cycle per seed, steps kept apart
     assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_seed["0"].info.run_id
     first = by_seed["0"].info.run_id
-    assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics["objective.val_acc"] == pytest.approx(trial.value)
+    assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics[
+        "objective.val_acc"
+    ] == pytest.approx(trial.value)
 
 
 def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:

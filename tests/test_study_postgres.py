@@ -24,21 +24,21 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import optuna
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
+from test_study import TINY_EXPERIMENT  # the same tiny digits run as the other study tests
 
 from asolab.config import ConfigError
 from asolab.study.config import StorageConfig
 from asolab.study.report import TAG_STORAGE, TAG_STUDY_PARENT
 from asolab.study.storage import ATTR_MLFLOW_RUN, ATTR_OWNER, make_storage
 from asolab.tracking.layout import TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
-from test_study import TINY_EXPERIMENT  # the same tiny digits run as the other study tests
 
 PASSWORD = "s3cret-pw"
 
@@ -49,8 +49,11 @@ def _pg_scheme() -> str | None:
     SQLAlchemy 2.1, psycopg2 before), else the scheme naming the driver that is."""
     from sqlalchemy.dialects import postgresql
 
-    for driver, scheme in ((postgresql.dialect.driver, "postgresql"), ("psycopg", "postgresql+psycopg"),
-                           ("psycopg2", "postgresql+psycopg2")):
+    for driver, scheme in (
+        (postgresql.dialect.driver, "postgresql"),
+        ("psycopg", "postgresql+psycopg"),
+        ("psycopg2", "postgresql+psycopg2"),
+    ):
         if importlib.util.find_spec(driver) is not None:
             return scheme
     return None
@@ -58,8 +61,12 @@ def _pg_scheme() -> str | None:
 
 def _pg_bindir() -> Path | None:
     """The newest PostgreSQL server binaries: Debian's /usr/lib/postgresql/N/bin, else PATH."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
-                   if Path(p).parent.parent.name.isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: (
+            int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0
+        ),
+    )
     if found:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
@@ -79,7 +86,9 @@ def postgres() -> Iterator[Postgres]:
         pytest.skip("no PostgreSQL driver for SQLAlchemy (pip install 'psycopg[binary]')")
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found (apt-get install postgresql)")
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found (apt-get install postgresql)"
+        )
     as_user: list[str] = []
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root
         runuser = shutil.which("runuser")
@@ -91,7 +100,9 @@ def postgres() -> Iterator[Postgres]:
             pytest.skip("running as root, and no 'postgres' user or runuser to start PostgreSQL as")
         as_user = [runuser, "-u", "postgres", "--"]
 
-    root = Path(tempfile.mkdtemp(prefix="asolab-pg-"))  # short: the socket path must fit in 107 bytes
+    root = Path(
+        tempfile.mkdtemp(prefix="asolab-pg-")
+    )  # short: the socket path must fit in 107 bytes
     if as_user:
         os.chown(root, pg_user.pw_uid, pg_user.pw_gid)
     data, log_file, pwfile = root / "data", root / "server.log", root / "pwfile"
@@ -100,24 +111,54 @@ def postgres() -> Iterator[Postgres]:
         os.chown(pwfile, pg_user.pw_uid, pg_user.pw_gid)
 
     def pg(tool: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(as_user + [str(bindir / tool), *args], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            as_user + [str(bindir / tool), *args], capture_output=True, text=True, timeout=120
+        )
 
     started = False
     try:
-        init = pg("initdb", "-D", str(data), "-U", "asolab", f"--pwfile={pwfile}", "--auth=scram-sha-256",
-                  "-E", "UTF8", "--no-sync")
+        init = pg(
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            "asolab",
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         assert init.returncode == 0, f"initdb failed:\n{init.stdout}\n{init.stderr}"
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         # fsync off: the data dies with the test anyway
         options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -F -c full_page_writes=off"
-        start = pg("pg_ctl", "start", "-w", "-t", "60", "-D", str(data), "-l", str(log_file), "-o", options)
+        start = pg(
+            "pg_ctl", "start", "-w", "-t", "60", "-D", str(data), "-l", str(log_file), "-o", options
+        )
         started = True
         server_log = log_file.read_text() if log_file.exists() else ""
-        assert start.returncode == 0, f"pg_ctl start failed:\n{start.stdout}\n{start.stderr}\n{server_log}"
-        created = subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "asolab", "optuna"],
-                                 env={**os.environ, "PGPASSWORD": PASSWORD}, capture_output=True, text=True, timeout=60)
+        assert start.returncode == 0, (
+            f"pg_ctl start failed:\n{start.stdout}\n{start.stderr}\n{server_log}"
+        )
+        created = subprocess.run(
+            [
+                str(bindir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "asolab",
+                "optuna",
+            ],
+            env={**os.environ, "PGPASSWORD": PASSWORD},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert created.returncode == 0, f"createdb failed:\n{created.stderr}"
         yield Postgres(f"{scheme}://asolab:{PASSWORD}@127.0.0.1:{port}/optuna")
     finally:
@@ -134,7 +175,9 @@ def wait_for_parent_run(db: Path, proc: subprocess.Popen, timeout: float = 120) 
         if db.exists():
             try:
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-                    if con.execute("SELECT 1 FROM tags WHERE key = ? AND value = 'true'", (TAG_STUDY_PARENT,)).fetchone():
+                    if con.execute(
+                        "SELECT 1 FROM tags WHERE key = ? AND value = 'true'", (TAG_STUDY_PARENT,)
+                    ).fetchone():
                         return
             except sqlite3.OperationalError:  # schema still being created, or locked
                 pass
@@ -147,7 +190,9 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
     n_trials = 6
     (tmp_path / "tiny.toml").write_text(TINY_EXPERIMENT)
     file = tmp_path / "pg.toml"
-    file.write_text('name = "pg"\nexperiment = "tiny.toml"\n' + textwrap.dedent(f"""
+    file.write_text(
+        'name = "pg"\nexperiment = "tiny.toml"\n'
+        + textwrap.dedent(f"""
         n_trials = {n_trials}
         [overrides]
         data.train_subset = 150
@@ -165,16 +210,30 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
         [params.mutation.strength]
         low = 0.0
         high = 1.0
-        """))
+        """)
+    )
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false", "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
 
     def machine(seed: int) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "asolab.cli", "study", str(file), "--storage", postgres.url,
-               "--tracking-uri", uri, "--seed", str(seed)]
-        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "asolab.cli",
+            "study",
+            str(file),
+            "--storage",
+            postgres.url,
+            "--tracking-uri",
+            uri,
+            "--seed",
+            str(seed),
+        ]
+        return subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     # As docs/scaling-out.md says: the first machine creates the study and its parent run, then the
     # other machine joins while the first is still running trials.
@@ -190,7 +249,10 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
         first.kill()
     for p, out in zip((first, second), outs):
         assert p.returncode == 0, out
-        assert "study pg:" in out and f"storage {postgres.url.split(':')[0]}://asolab:***@127.0.0.1" in out, out
+        assert (
+            "study pg:" in out
+            and f"storage {postgres.url.split(':')[0]}://asolab:***@127.0.0.1" in out
+        ), out
         assert PASSWORD not in out
 
     study = optuna.load_study(study_name="pg", storage=postgres.url)
@@ -205,7 +267,9 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
     by_owner: dict[str, list] = {}
     for t in complete:
         by_owner.setdefault(t.user_attrs[ATTR_OWNER], []).append(t)
-    assert len(by_owner) == 2, f"both machines ran trials: {sorted((t.number, t.user_attrs[ATTR_OWNER]) for t in complete)}"
+    assert len(by_owner) == 2, (
+        f"both machines ran trials: {sorted((t.number, t.user_attrs[ATTR_OWNER]) for t in complete)}"
+    )
     points = [tuple(sorted(t.params.items())) for t in complete]
     assert len(set(points)) == len(points), points
     first_a, first_b = (min(ts, key=lambda t: t.number) for ts in by_owner.values())
@@ -218,7 +282,10 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
     parents = [r for r in runs if r.data.tags.get(TAG_STUDY_PARENT) == "true"]
     assert len(parents) == 1, "both machines use the one parent run"
     parent = parents[0]
-    assert PASSWORD not in parent.data.tags[TAG_STORAGE] and "asolab:***@" in parent.data.tags[TAG_STORAGE]
+    assert (
+        PASSWORD not in parent.data.tags[TAG_STORAGE]
+        and "asolab:***@" in parent.data.tags[TAG_STORAGE]
+    )
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == len(runs) - 1, "every other run of the study is a child of the parent"
     by_trial = {int(r.data.tags[TAG_TRIAL]): r for r in children}
@@ -236,7 +303,10 @@ def test_storage_errors_mask_the_password() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
-    for url in (f"postgresql://optuna:{PASSWORD}@127.0.0.1:{closed}/optuna", f"ftp://optuna:{PASSWORD}@host/x"):
+    for url in (
+        f"postgresql://optuna:{PASSWORD}@127.0.0.1:{closed}/optuna",
+        f"ftp://optuna:{PASSWORD}@host/x",
+    ):
         with pytest.raises(ConfigError) as err:
             make_storage(url, StorageConfig())
         assert PASSWORD not in str(err.value) and "optuna:***@" in str(err.value), err.value
@@ -254,8 +324,15 @@ def test_machines_opening_an_empty_database_at_once_all_get_the_storage(postgres
         print("opened")
         """)
     go = time.time() + 8  # after every interpreter has imported asolab
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(go)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
     assert all("opened" in out for out in outputs)

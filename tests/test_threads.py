@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+
 from asolab import threads
 from asolab.cli import _forced_threads
 from asolab.config import ConfigError
@@ -17,8 +18,10 @@ from asolab.runner import Runner
 from asolab.runner import checkpoint as ckpt
 from asolab.runner.events import Recorder
 
-CLAIMER = "import sys, time; from pathlib import Path; from asolab import threads; " \
-          "threads.claim(int(sys.argv[2]), Path(sys.argv[1])); print('claimed', flush=True); time.sleep(120)"
+CLAIMER = (
+    "import sys, time; from pathlib import Path; from asolab import threads; "
+    "threads.claim(int(sys.argv[2]), Path(sys.argv[1])); print('claimed', flush=True); time.sleep(120)"
+)
 
 
 @pytest.fixture
@@ -37,7 +40,11 @@ def other_process(registry):
     procs = []
 
     def start(n: int) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", CLAIMER, str(registry), str(n)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(registry), str(n)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         procs.append(proc)
         assert proc.stdout.readline().strip() == "claimed"
         return proc
@@ -68,7 +75,9 @@ def test_an_entry_whose_pid_was_reused_does_not_count(registry):
     assert threads.auto_threads(cores=2, directory=registry) == 2
 
 
-def test_a_run_with_auto_threads_records_the_count_it_chose_and_resume_keeps_it(tiny_cfg, registry, other_process, tmp_path):
+def test_a_run_with_auto_threads_records_the_count_it_chose_and_resume_keeps_it(
+    tiny_cfg, registry, other_process, tmp_path
+):
     auto = tiny_cfg.replace(threads=0)
 
     class Stop(Exception):
@@ -82,7 +91,10 @@ def test_a_run_with_auto_threads_records_the_count_it_chose_and_resume_keeps_it(
     with pytest.raises(Stop):
         Runner(auto, [rec], checkpoint_dir=tmp_path).run()
     start = rec.of("run_start")[0]
-    assert (start.config.threads, start.threads_source) == (2, "auto")  # 2 usable cores, nobody else
+    assert (start.config.threads, start.threads_source) == (
+        2,
+        "auto",
+    )  # 2 usable cores, nobody else
     assert ckpt.load(tmp_path / "checkpoint.pt")["config"]["threads"] == 2
 
     other_process(1)  # now "auto" would give 1; a new run takes 1, the resumed one keeps 2
@@ -91,7 +103,10 @@ def test_a_run_with_auto_threads_records_the_count_it_chose_and_resume_keeps_it(
     resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec])
     assert resumed.cfg.threads == 2 and torch.get_num_threads() == 2
     resumed.run()
-    assert (rec.of("run_start")[0].config.threads, rec.of("run_start")[0].threads_source) == (2, "resumed")
+    assert (rec.of("run_start")[0].config.threads, rec.of("run_start")[0].threads_source) == (
+        2,
+        "resumed",
+    )
     forced = Runner.resume(tmp_path / "checkpoint.pt", threads=1)
     assert (forced.cfg.threads, forced.threads_source, torch.get_num_threads()) == (1, "set", 1)
 
@@ -112,6 +127,8 @@ def test_resume_takes_a_thread_count_from_set_and_refuses_a_bad_one():
 def test_the_wait_policy_is_set_before_torch_only():
     code = "import os, asolab.cli, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
     env = {k: v for k, v in threads.os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "PASSIVE"
     assert threads.prepare_environment() is False  # torch is loaded in this process: too late

@@ -21,6 +21,10 @@ import mlflow.pytorch
 import optuna
 import pytest
 import torch
+from layout_check import undeclared
+from mlflow import MlflowClient
+from mlflow.entities import LoggedModelStatus
+
 from asolab.cli import main, resume_command
 from asolab.config import PROJECT_ROOT, load
 from asolab.runner import Runner
@@ -35,10 +39,7 @@ from asolab.tracking import (
     resolve_tracking_uri,
 )
 from asolab.tracking import layout as L
-from layout_check import undeclared
 from asolab.tracking.store import ensure_experiment
-from mlflow import MlflowClient
-from mlflow.entities import LoggedModelStatus
 
 # Tiny but complete: 2 cycles of every phase, growth in each mutation, 1 final epoch.
 TINY = [
@@ -84,7 +85,13 @@ def tracked(store, tmp_path_factory):
     tracker = MlflowTracker(tracking_uri=store, experiment="tracking-test")
     runner = Runner(cfg, [recorder, tracker], checkpoint_dir=tmp_path_factory.mktemp("ckpt"))
     result = runner.run()
-    return {"cfg": cfg, "recorder": recorder, "tracker": tracker, "runner": runner, "result": result}
+    return {
+        "cfg": cfg,
+        "recorder": recorder,
+        "tracker": tracker,
+        "runner": runner,
+        "result": result,
+    }
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list:
@@ -102,10 +109,12 @@ def test_run_records_everything(tracked, store, tmp_path):
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
     # artifacts land beside the database, not in ./mlartifacts
-    assert Path(store[len("sqlite:///"):]).parent.as_uri() in run.info.artifact_uri
+    assert Path(store[len("sqlite:///") :]).parent.as_uri() in run.info.artifact_uri
     assert run.info.run_name.startswith("digits-seed3-") and tracker.run_id[:8] in run.info.run_name
 
-    assert undeclared(client, tracker.run_id, cfg.flat()) == []  # every name is in tracking/layout.py
+    assert (
+        undeclared(client, tracker.run_id, cfg.flat()) == []
+    )  # every name is in tracking/layout.py
 
     tags = run.data.tags
     for key in (L.TAG_VERSION, L.TAG_GIT_COMMIT, L.TAG_DEVICE, L.TAG_HOST):
@@ -129,21 +138,44 @@ def test_run_records_everything(tracked, store, tmp_path):
         steps = [m.step for m in _history(client, tracker.run_id, key)]
         assert steps == list(range(TOTAL_EPOCHS)), key
     epochs = recorder.of("epoch_end")
-    assert [m.value for m in _history(client, tracker.run_id, "val_acc")] == pytest.approx([e.val_acc for e in epochs])
-    assert [m.value for m in _history(client, tracker.run_id, "phase_index")] == [L.PHASE_INDEX[e.phase] for e in epochs]
+    assert [m.value for m in _history(client, tracker.run_id, "val_acc")] == pytest.approx(
+        [e.val_acc for e in epochs]
+    )
+    assert [m.value for m in _history(client, tracker.run_id, "phase_index")] == [
+        L.PHASE_INDEX[e.phase] for e in epochs
+    ]
 
     # per cycle: genotypes equal to the runner's, pictures, parameters, memory, mutation, growth
     cycles = recorder.of("cycle_end")
     assert len(cycles) == 2
     for ev in cycles:
-        g = Genotype.from_json(Path(client.download_artifacts(tracker.run_id, L.genotype_artifact(ev.cycle), str(tmp_path))).read_text())
+        g = Genotype.from_json(
+            Path(
+                client.download_artifacts(
+                    tracker.run_id, L.genotype_artifact(ev.cycle), str(tmp_path)
+                )
+            ).read_text()
+        )
         assert g == ev.genotype
-        png = Path(client.download_artifacts(tracker.run_id, L.cells_artifact(ev.cycle), str(tmp_path))).read_bytes()
+        png = Path(
+            client.download_artifacts(tracker.run_id, L.cells_artifact(ev.cycle), str(tmp_path))
+        ).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         mutation = _json_artifact(client, tracker.run_id, L.mutation_artifact(ev.cycle), tmp_path)
         (mev,) = [m for m in recorder.of("mutation") if m.cycle == ev.cycle]
-        assert len(mutation["edits"]) == len(mev.edits) and Genotype.from_dict(mutation["after"]) == mev.after
-    for key in ("cycle_val_acc", "cycle_val_loss", "supernet_params", "derived_params", "rss_mb", "peak_rss_mb", "mutation_edits"):
+        assert (
+            len(mutation["edits"]) == len(mev.edits)
+            and Genotype.from_dict(mutation["after"]) == mev.after
+        )
+    for key in (
+        "cycle_val_acc",
+        "cycle_val_loss",
+        "supernet_params",
+        "derived_params",
+        "rss_mb",
+        "peak_rss_mb",
+        "mutation_edits",
+    ):
         hist = _history(client, tracker.run_id, key)
         assert [m.step for m in hist] == [c.global_epoch for c in cycles], key
     per_cycle = {
@@ -153,7 +185,9 @@ def test_run_records_everything(tracked, store, tmp_path):
         "mutation_edits": [c.mutation_edits for c in cycles],
     }
     for key, expected in per_cycle.items():
-        assert [m.value for m in _history(client, tracker.run_id, key)] == pytest.approx(expected), key
+        assert [m.value for m in _history(client, tracker.run_id, key)] == pytest.approx(
+            expected
+        ), key
     assert [c.mutation_edits for c in cycles] == [len(m.edits) for m in recorder.of("mutation")]
     # growth metrics at the end of every cycle that grew, from the cycle's own growth events
     grown = [c for c in cycles if c.growth]
@@ -172,14 +206,27 @@ def test_run_records_everything(tracked, store, tmp_path):
     growth = recorder.of("growth")
     assert growth, "growth.policy=widen should grow the network"
     record = _json_artifact(client, tracker.run_id, L.growth_artifact(growth[0].cycle), tmp_path)
-    assert record[0]["kind"] == growth[0].kind and record[0]["params_after"] == growth[0].params_after
+    assert (
+        record[0]["kind"] == growth[0].kind and record[0]["params_after"] == growth[0].params_after
+    )
     errors = _history(client, tracker.run_id, "growth_preservation_error")
-    assert errors and errors[0].value == pytest.approx(max(g.preservation_error for g in growth if g.cycle == growth[0].cycle))
+    assert errors and errors[0].value == pytest.approx(
+        max(g.preservation_error for g in growth if g.cycle == growth[0].cycle)
+    )
 
     # checkpoint, final genotype, test accuracy, parameter count
-    assert [f.path for f in client.list_artifacts(tracker.run_id, L.CHECKPOINT_DIR)] == [L.CHECKPOINT_ARTIFACT]
+    assert [f.path for f in client.list_artifacts(tracker.run_id, L.CHECKPOINT_DIR)] == [
+        L.CHECKPOINT_ARTIFACT
+    ]
     end = recorder.of("run_end")[-1]
-    assert Genotype.from_json(Path(client.download_artifacts(tracker.run_id, L.FINAL_GENOTYPE_ARTIFACT, str(tmp_path))).read_text()) == end.genotype
+    assert (
+        Genotype.from_json(
+            Path(
+                client.download_artifacts(tracker.run_id, L.FINAL_GENOTYPE_ARTIFACT, str(tmp_path))
+            ).read_text()
+        )
+        == end.genotype
+    )
     assert tags[L.TAG_FINAL_GENOTYPE] == str(end.genotype)
     assert run.data.metrics["test_acc"] == pytest.approx(end.test_acc)
     assert run.data.metrics["final_params"] == end.derived_params
@@ -198,8 +245,14 @@ def test_run_records_everything(tracked, store, tmp_path):
 
     # the stored checkpoint is the one after the final stage: it holds the trained final network
     assert tags[L.TAG_PHASE] == "after final stage"
-    state = torch.load(client.download_artifacts(tracker.run_id, L.CHECKPOINT_ARTIFACT, str(tmp_path)), weights_only=True)
-    assert state["position"]["cycle"] == cfg.search.cycles and state["position"]["global_epoch"] == TOTAL_EPOCHS
+    state = torch.load(
+        client.download_artifacts(tracker.run_id, L.CHECKPOINT_ARTIFACT, str(tmp_path)),
+        weights_only=True,
+    )
+    assert (
+        state["position"]["cycle"] == cfg.search.cycles
+        and state["position"]["global_epoch"] == TOTAL_EPOCHS
+    )
     assert Genotype.from_json(state["genotype"]) == end.genotype
     net = tracked["runner"].net.state_dict()
     assert all(torch.equal(state["model"][k], v.cpu()) for k, v in net.items())
@@ -218,7 +271,10 @@ def test_run_records_everything(tracked, store, tmp_path):
     # the logged model carries the run's final figures (the UI's Models tab shows them)
     logged = client.get_logged_model(tags[L.TAG_MODEL_URI].removeprefix("models:/"))
     linked = {m.key: m.value for m in logged.metrics or []}
-    assert linked["test_acc"] == pytest.approx(end.test_acc) and linked["final_params"] == end.derived_params
+    assert (
+        linked["test_acc"] == pytest.approx(end.test_acc)
+        and linked["final_params"] == end.derived_params
+    )
     assert {m.step for m in logged.metrics} == {TOTAL_EPOCHS}
     assert logged.source_run_id == tracker.run_id and logged.status == LoggedModelStatus.READY
     outputs = client.get_run(tracker.run_id).outputs.model_outputs
@@ -260,17 +316,28 @@ sys.exit(main(sys.argv[2:]))
 
 def _steps(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
     run = client.get_run(run_id)
-    return {key: sorted(m.step for m in client.get_metric_history(run_id, key)) for key in run.data.metrics}
+    return {
+        key: sorted(m.step for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
 
 
 def test_sigkill_in_retraining_then_resume_is_exactly_once(tracked, store, tmp_path):
     """kill -9 in mid-cycle (cycle 0's retraining), resume: the same run, with exactly
     the metric steps of an uninterrupted run, none lost, none doubled."""
     marker = tmp_path / "frozen"
-    args = ["run", "--quiet", "--experiment", "resume-test", *_set_args([*TINY, f"tracking.tracking_uri={store}"])]
+    args = [
+        "run",
+        "--quiet",
+        "--experiment",
+        "resume-test",
+        *_set_args([*TINY, f"tracking.tracking_uri={store}"]),
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-c", _FREEZE_IN_RETRAINING, str(marker), *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.time() + 240
@@ -294,32 +361,56 @@ def test_sigkill_in_retraining_then_resume_is_exactly_once(tracked, store, tmp_p
 
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags[L.TAG_RESUMED] == "1"
-    retrain0 = next(e for e in tracked["recorder"].of("epoch_end") if (e.cycle, e.phase) == (0, "retrain"))
-    assert run.data.tags[L.TAG_RESUMED_FROM] == f"cycle 0 / before retrain (epoch {retrain0.global_epoch})"
+    retrain0 = next(
+        e for e in tracked["recorder"].of("epoch_end") if (e.cycle, e.phase) == (0, "retrain")
+    )
+    assert (
+        run.data.tags[L.TAG_RESUMED_FROM]
+        == f"cycle 0 / before retrain (epoch {retrain0.global_epoch})"
+    )
     assert len(client.search_runs([run.info.experiment_id])) == 1
     # every metric of the uninterrupted run, at exactly its steps (duplicates would show)
     reference = _steps(client, tracked["tracker"].run_id)
-    assert {"mutation_edits", "growth_events", "growth_preservation_error", "growth_params_after"} <= set(reference)
+    assert {
+        "mutation_edits",
+        "growth_events",
+        "growth_preservation_error",
+        "growth_params_after",
+    } <= set(reference)
     assert _steps(client, run_id) == reference
     assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
     ref_val = [m.value for m in _history(client, tracked["tracker"].run_id, "val_acc")]
     assert [m.value for m in _history(client, run_id, "val_acc")] == pytest.approx(ref_val)
-    for key in ("mutation_edits", "growth_preservation_error", "growth_params_after", "cycle_val_acc"):
+    for key in (
+        "mutation_edits",
+        "growth_preservation_error",
+        "growth_params_after",
+        "cycle_val_acc",
+    ):
         ref = [m.value for m in _history(client, tracked["tracker"].run_id, key)]
         assert [m.value for m in _history(client, run_id, key)] == pytest.approx(ref), key
     # the growth artifact of the killed cycle is complete too
     (ref_growth,) = [c.growth for c in tracked["recorder"].of("cycle_end") if c.cycle == 0]
     record = _json_artifact(client, run_id, L.growth_artifact(0), tmp_path)
-    assert [(g["kind"], g["params_after"]) for g in record] == [(g.kind, g.params_after) for g in ref_growth]
+    assert [(g["kind"], g["params_after"]) for g in record] == [
+        (g.kind, g.params_after) for g in ref_growth
+    ]
 
 
 def test_resuming_a_finished_run_is_refused(tracked, store, capsys):
     client = MlflowClient(store)
     run_id = tracked["tracker"].run_id
     before = _steps(client, run_id)
-    assert main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"]) == 2
+    assert (
+        main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"]) == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "FINISHED" in err and run_id in err
+    assert (
+        len(err.splitlines()) == 1
+        and err.startswith("asolab: error:")
+        and "FINISHED" in err
+        and run_id in err
+    )
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and L.TAG_RESUMED not in run.data.tags
     assert _steps(client, run_id) == before
@@ -339,19 +430,45 @@ def test_resume_looks_in_the_given_store_only(store, capsys, monkeypatch):
     other = store.replace("mlflow.db", "other.db")
     MlflowClient(other).search_experiments()  # an existing, empty store
     capsys.readouterr()
-    assert main(["run", "--quiet", "--resume", "0123456789abcdef", "--set", f"tracking.tracking_uri={other}"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--resume",
+                "0123456789abcdef",
+                "--set",
+                f"tracking.tracking_uri={other}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "not found in tracking store" in err and "tracking.tracking_uri" in err
+    assert (
+        len(err.splitlines()) == 1
+        and "not found in tracking store" in err
+        and "tracking.tracking_uri" in err
+    )
 
 
 def test_unreachable_server_fails_before_training(monkeypatch, capsys):
     url = f"http://127.0.0.1:{_free_port()}"
     started = []
     monkeypatch.setattr(Runner, "run", lambda self: started.append(self))
-    assert main(["run", "--quiet", "--set", f"tracking.tracking_uri={url}", "--set", "search.cycles=1"]) == 2
+    assert (
+        main(
+            ["run", "--quiet", "--set", f"tracking.tracking_uri={url}", "--set", "search.cycles=1"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert started == []
-    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and url in err and "--no-track" in err
+    assert (
+        len(err.splitlines()) == 1
+        and err.startswith("asolab: error:")
+        and url in err
+        and "--no-track" in err
+    )
     with pytest.raises(TrackingError, match="not reachable"):
         check_reachable(url)
     with pytest.raises(TrackingError, match="file store"):
@@ -380,17 +497,25 @@ class _Raise(Observer):
 
 @pytest.mark.parametrize(
     "exc, status",
-    [(KeyboardInterrupt(), "KILLED"), (RuntimeError("boom\nsecond line"), "FAILED"), (optuna.TrialPruned("pruned at 0"), "FINISHED")],
+    [
+        (KeyboardInterrupt(), "KILLED"),
+        (RuntimeError("boom\nsecond line"), "FAILED"),
+        (optuna.TrialPruned("pruned at 0"), "FINISHED"),
+    ],
 )
 def test_run_states(exc, status, store, tmp_path):
     cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
-    tracker = MlflowTracker(tracking_uri=store, experiment="states", tags={"asolab.note": "x"}, log_models=False)
+    tracker = MlflowTracker(
+        tracking_uri=store, experiment="states", tags={"asolab.note": "x"}, log_models=False
+    )
     with pytest.raises(type(exc)):
         Runner(cfg, [tracker, _Raise(exc)], checkpoint_dir=tmp_path).run()
     run = MlflowClient(store).get_run(tracker.run_id)
     assert run.info.status == status
     assert run.data.tags["asolab.note"] == "x"
-    assert [m.step for m in MlflowClient(store).get_metric_history(tracker.run_id, "train_loss")] == [0]  # logged so far is kept
+    assert [
+        m.step for m in MlflowClient(store).get_metric_history(tracker.run_id, "train_loss")
+    ] == [0]  # logged so far is kept
     if status == "FAILED":
         assert run.data.tags[L.TAG_ERROR] == "RuntimeError: boom second line"
     else:
@@ -441,7 +566,9 @@ class _CtrlCTwice(Observer):
 def test_a_second_ctrl_c_while_uploads_drain_still_ends_the_run_killed(store, tmp_path):
     cfg = load(None, [*TINY, "search.cycles=1", "growth.policy=none"])
     # Uploads drain only when they run on the tracker's thread (a remote store's mode).
-    tracker = MlflowTracker(tracking_uri=store, experiment="states", log_models=False, write_mode="thread")
+    tracker = MlflowTracker(
+        tracking_uri=store, experiment="states", log_models=False, write_mode="thread"
+    )
     with pytest.raises(KeyboardInterrupt):
         Runner(cfg, [tracker, _CtrlCTwice(tracker)], checkpoint_dir=tmp_path).run()
     assert MlflowClient(store).get_run(tracker.run_id).info.status == "KILLED"
@@ -475,13 +602,19 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
     cfg = load(None, [*TINY, "search.cycles=1"])
     client, recorded = MlflowClient(store), {}
     for mode in ("auto", "thread"):
-        tracker = MlflowTracker(tracking_uri=store, experiment="write-modes", log_models=False, write_mode=mode)
+        tracker = MlflowTracker(
+            tracking_uri=store, experiment="write-modes", log_models=False, write_mode=mode
+        )
         Runner(cfg, [tracker], checkpoint_dir=tmp_path / mode).run()
         # auto writes a local SQLite store inline: no thread competes with training for the cores
         assert tracker._writer.inline is (mode == "auto")
         run = client.get_run(tracker.run_id)
         steps = {k: [m.step for m in _history(client, tracker.run_id, k)] for k in run.data.metrics}
-        artifacts = sorted(a.path for folder in ("", "genotypes", "cells", "checkpoints") for a in client.list_artifacts(tracker.run_id, folder or None))
+        artifacts = sorted(
+            a.path
+            for folder in ("", "genotypes", "cells", "checkpoints")
+            for a in client.list_artifacts(tracker.run_id, folder or None)
+        )
         recorded[mode] = (run.info.status, steps, artifacts, run.data.tags[L.TAG_GENOTYPE])
     assert recorded["auto"] == recorded["thread"]
     assert recorded["auto"][0] == "FINISHED" and "cells/cycle_000.png" in recorded["auto"][2]
@@ -498,7 +631,9 @@ def test_corrupt_sqlite_store_is_a_one_line_error(tmp_path, capsys):
     assert "\n" not in str(info.value) and uri in str(info.value)
     assert main(["run", "--quiet", "--set", f"tracking.tracking_uri={uri}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "not a database" in err
+    assert (
+        len(err.splitlines()) == 1 and err.startswith("asolab: error:") and "not a database" in err
+    )
 
 
 def test_ui_serves_the_store(tracked, store):
@@ -508,7 +643,10 @@ def test_ui_serves_the_store(tracked, store):
     env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": f"127.0.0.1:{port}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -534,7 +672,9 @@ def test_ui_serves_the_store(tracked, store):
         other_name = f"http://localhost:{port}"
         with urllib.request.urlopen(other_name + "/health", timeout=10) as r:
             assert r.status == 200  # /health passes; only the API refuses the name
-        with pytest.raises(TrackingError, match=f"403 Invalid Host header.*--allowed-hosts localhost:{port}") as info:
+        with pytest.raises(
+            TrackingError, match=f"403 Invalid Host header.*--allowed-hosts localhost:{port}"
+        ) as info:
             check_reachable(other_name)
         assert "\n" not in str(info.value)
     finally:
@@ -560,7 +700,12 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
     """A run stopped after a checkpoint between final-stage epochs continues the
     same MLflow run at the next epoch, with exactly the metric steps and final
     figures of an uninterrupted run."""
-    overrides = [*TINY, "search.final_epochs=3", "search.checkpoint_minutes=0", f"tracking.tracking_uri={store}"]
+    overrides = [
+        *TINY,
+        "search.final_epochs=3",
+        "search.checkpoint_minutes=0",
+        f"tracking.tracking_uri={store}",
+    ]
     cfg = load(None, overrides)
     reference = MlflowTracker(tracking_uri=store, experiment="final-stage-resume", log_models=False)
     Runner(cfg, [reference], checkpoint_dir=tmp_path / "ref").run()
@@ -600,7 +745,12 @@ def test_layout_names_what_the_runner_reports(tracked):
     assert list(L.PHASE_INDEX) == [p.name for p in PHASES] + ["final"]
     assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
     assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
-    assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {L.WEIGHT_LR, L.ALPHA_LR}
+    assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {
+        L.WEIGHT_LR,
+        L.ALPHA_LR,
+    }
+
+
 # The killed process for the kill tests below: `asolab run` that stops at a chosen
 # moment, creates a marker file, and waits to be killed. argv: the marker, the
 # moment, then asolab's arguments. The moment is "epoch:CYCLE:PHASE" (the first
@@ -652,10 +802,18 @@ sys.exit(main(sys.argv[3:]))
 def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrides=TINY) -> str:
     """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its run id."""
     marker = tmp_path / "frozen"
-    args = ["run", "--quiet", "--experiment", experiment, *_set_args([*overrides, f"tracking.tracking_uri={store}"])]
+    args = [
+        "run",
+        "--quiet",
+        "--experiment",
+        experiment,
+        *_set_args([*overrides, f"tracking.tracking_uri={store}"]),
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-c", _FREEZE_AT, str(marker), where, *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.time() + 240
@@ -675,7 +833,9 @@ def _resume(run_id: str, store: str) -> int:
     return main(["run", "--quiet", "--resume", run_id, "--set", f"tracking.tracking_uri={store}"])
 
 
-def test_sigkill_before_the_first_checkpoint_then_resume_restarts_in_the_same_run(tracked, store, tmp_path):
+def test_sigkill_before_the_first_checkpoint_then_resume_restarts_in_the_same_run(
+    tracked, store, tmp_path
+):
     """kill -9 in the first W-training phase, before any checkpoint: --resume starts the
     run again inside the same MLflow run, which ends exactly like an uninterrupted one."""
     run_id = _killed_run(store, tmp_path, "restart-test", "epoch:0:w_train")
@@ -696,16 +856,24 @@ def test_sigkill_before_the_first_checkpoint_then_resume_restarts_in_the_same_ru
 
 
 def _run_models(client: MlflowClient, run: Any) -> list:
-    return list(client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"))
+    return list(
+        client.search_logged_models(
+            [run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+        )
+    )
 
 
-def test_sigkill_while_the_final_model_is_logged_then_resume_leaves_one_ready_model(tracked, store, tmp_path):
+def test_sigkill_while_the_final_model_is_logged_then_resume_leaves_one_ready_model(
+    tracked, store, tmp_path
+):
     """kill -9 while the final model's files are uploaded: after --resume the run has
     exactly one logged model, READY, loadable, holding the run's final metrics."""
     run_id = _killed_run(store, tmp_path, "model-kill-test", "log_model_artifacts")
     client = MlflowClient(store)
     (begun,) = _run_models(client, client.get_run(run_id))
-    assert begun.status == LoggedModelStatus.PENDING and "test_acc" in {m.key for m in begun.metrics or []}
+    assert begun.status == LoggedModelStatus.PENDING and "test_acc" in {
+        m.key for m in begun.metrics or []
+    }
     assert _resume(run_id, store) == 0
 
     run = client.get_run(run_id)
@@ -738,12 +906,25 @@ def test_an_empty_resume_id_is_refused_and_starts_no_run(store, capsys):
     client = MlflowClient(store)
     before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
     capsys.readouterr()  # MLflow's own lines when this test made the store
-    assert main(["run", "--quiet", "--resume", "", *_set_args([*TINY, f"tracking.tracking_uri={store}"])]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--resume",
+                "",
+                *_set_args([*TINY, f"tracking.tracking_uri={store}"]),
+            ]
+        )
+        == 2
+    )
     assert "--resume" in _one_error_line(capsys)
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == before
 
 
-def test_a_run_whose_checkpoint_is_corrupt_is_named_in_the_error_and_ends_failed(store, tmp_path, capsys):
+def test_a_run_whose_checkpoint_is_corrupt_is_named_in_the_error_and_ends_failed(
+    store, tmp_path, capsys
+):
     """The error names the run (not the deleted download), offers no 'earlier checkpoint'
     (none is kept), and the run no longer looks RUNNING."""
     client = MlflowClient(store)
@@ -770,7 +951,9 @@ def test_a_run_killed_before_it_recorded_its_config_ends_failed_on_resume(store,
 
 
 def test_too_small_a_validation_split_is_one_error_line(capsys):
-    assert main(["run", "--quiet", "--no-track", *_set_args([*TINY, "data.val_fraction=0.0001"])]) == 2
+    assert (
+        main(["run", "--quiet", "--no-track", *_set_args([*TINY, "data.val_fraction=0.0001"])]) == 2
+    )
     err = _one_error_line(capsys)
     assert "data.val_fraction" in err and "at least 10" in err and "one per class" in err
 
@@ -794,7 +977,11 @@ def test_runs_started_at_the_same_moment_on_a_new_store_both_open_it(tmp_path):
         uri = f"sqlite:///{tmp_path / f'new{attempt}.db'}"
         start = time.time() + 8  # after every process has imported mlflow
         procs = [
-            subprocess.Popen([sys.executable, "-c", _OPEN_AT, uri, str(start)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_AT, uri, str(start)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
             for _ in range(3)
         ]
         outs = [(p.wait(timeout=120), p.communicate()[0].decode()) for p in procs]

@@ -11,34 +11,62 @@ import argparse
 import logging
 import shlex
 import sys
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from . import threads as _threads
 
 # Before anything imports torch: OpenMP reads its wait policy once, when torch loads it.
 _threads.prepare_environment()
 
-from .baseline.cli import add_baseline as _add_baseline, add_rank as _add_rank
+from .baseline.cli import add_baseline as _add_baseline
+from .baseline.cli import add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
-from .study.cli import add_parser as _add_study
 from .config import ConfigError, load
 from .data import DataError
 from .runner.checkpoint import CheckpointError
+from .study.cli import add_parser as _add_study
 from .tracking.store import TrackingError
 
 log = logging.getLogger("asolab")
 
 # FloatingPointError: the runner's "loss became nan" (lower a learning rate), not a bug.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError, TrackingError, FloatingPointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    DataError,
+    CheckpointError,
+    TrackingError,
+    FloatingPointError,
+)
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run ASO-SE evolution cycles for an experiment file")
-    p.add_argument("file", nargs="?", help="experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        help="experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow (same as --set tracking.enabled=false)")
-    p.add_argument("--experiment", default=None, metavar="NAME", help="MLflow experiment (default: tracking.experiment, else the file's name)")
+    p.add_argument(
+        "--no-track",
+        action="store_true",
+        help="do not record the run in MLflow (same as --set tracking.enabled=false)",
+    )
+    p.add_argument(
+        "--experiment",
+        default=None,
+        metavar="NAME",
+        help="MLflow experiment (default: tracking.experiment, else the file's name)",
+    )
     p.add_argument(
         "--resume",
         default=None,
@@ -61,7 +89,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     observers: list = [ProgressObserver(enabled=not args.quiet), recorder]
     if not (cfg.tracking.enabled and not args.no_track):
         if args.resume is not None:
-            raise ConfigError("--resume needs tracking (the checkpoint lives in the MLflow run); drop --no-track")
+            raise ConfigError(
+                "--resume needs tracking (the checkpoint lives in the MLflow run); drop --no-track"
+            )
         Runner(cfg, observers).run()
         print(summary_table(recorder.of("run_end")[-1]))
         return 0
@@ -85,7 +115,10 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         _warn_ignored_overrides(args.overrides)
     check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
     tracker = MlflowTracker(
-        tracking_uri=uri, experiment=args.experiment, resume_run_id=args.resume, log_models=cfg.tracking.log_models
+        tracking_uri=uri,
+        experiment=args.experiment,
+        resume_run_id=args.resume,
+        log_models=cfg.tracking.log_models,
     )
     workdir = Path(tempfile.mkdtemp(prefix="asolab-run-"))
     try:
@@ -98,11 +131,18 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
             runner.run()
         except KeyboardInterrupt:
             if tracker.run_id:
-                print(f"asolab: run {tracker.run_id} stopped; continue it with: {resume_command(args.file, tracker.run_id, uri)}", file=sys.stderr)
+                print(
+                    f"asolab: run {tracker.run_id} stopped; continue it with: {resume_command(args.file, tracker.run_id, uri)}",
+                    file=sys.stderr,
+                )
             raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(summary_table(recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}))
+    print(
+        summary_table(
+            recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}
+        )
+    )
     print(f"browse it: {ui_command(uri)}   (run {tracker.run_id})")
     if tracker.experiment_id and tracker.run_id:
         from .tracking.browse import DEFAULT_UI, run_url, runs_url
@@ -137,7 +177,9 @@ def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: in
                 )
             log.warning("run %s has no checkpoint yet: it starts again from epoch 0", run_id)
             cfg = from_dict(data, source=f"the config recorded by run {run_id}")
-            return Runner(cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir)
+            return Runner(
+                cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir
+            )
         label = f"the checkpoint of run {run_id} in {uri}"
         return Runner.resume(path, observers, checkpoint_dir=workdir, label=label, threads=threads)
     except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
@@ -160,7 +202,11 @@ def resume_command(file: str | None, run_id: str, uri: str) -> str:
 def _forced_threads(overrides: list[str]) -> int:
     """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
     resume takes (0 = keep the run's own count)."""
-    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].strip() == "threads" and "=" in o]
+    values = [
+        o.split("=", 1)[1]
+        for o in overrides
+        if o.split("=", 1)[0].strip() == "threads" and "=" in o
+    ]
     if not values:
         return 0
     try:
@@ -173,12 +219,16 @@ def _forced_threads(overrides: list[str]) -> int:
 
 
 def _warn_ignored_overrides(overrides: list[str]) -> None:
-    ignored = [o for o in overrides if not (o.strip().startswith("tracking.") or o.split("=", 1)[0].strip() == "threads")]
+    ignored = [
+        o
+        for o in overrides
+        if not (o.strip().startswith("tracking.") or o.split("=", 1)[0].strip() == "threads")
+    ]
     if ignored:
         log.warning(
-            "--resume continues the run with the config in its checkpoint; ignoring %s", ", ".join(ignored)
+            "--resume continues the run with the config in its checkpoint; ignoring %s",
+            ", ".join(ignored),
         )
-
 
 
 def _add_ui(sub: argparse._SubParsersAction) -> None:
@@ -188,7 +238,12 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_run, _add_compare, _add_ui, _add_study, _add_baseline, _add_rank,
+    _add_run,
+    _add_compare,
+    _add_ui,
+    _add_study,
+    _add_baseline,
+    _add_rank,
 ]
 
 
@@ -215,12 +270,19 @@ def ui_command(uri: str) -> str:
     """The ``asolab ui`` command that serves ``uri`` (the store ``asolab ui`` finds by itself needs no flag)."""
     from .tracking.store import resolve_tracking_uri
 
-    return "asolab ui" if uri == resolve_tracking_uri() else f"asolab ui --tracking-uri {shlex.quote(uri)}"
+    return (
+        "asolab ui"
+        if uri == resolve_tracking_uri()
+        else f"asolab ui --tracking-uri {shlex.quote(uri)}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         return args.func(args)
     except USER_ERRORS as exc:

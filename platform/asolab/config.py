@@ -15,10 +15,12 @@ import dataclasses
 import importlib
 import json
 import math
-import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+import tomllib
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The largest seed torch.manual_seed and numpy's generators both accept as one signed 64-bit value.
@@ -102,80 +104,168 @@ class DataConfig:
     name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
     data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
-    val_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share of the training data held out for alpha-training and selection; it must hold at least one example per class, else the run is refused with the least fraction that does")
-    test_fraction: float = _field(0.2, gt=0.0, le=0.5, help="share carved out as test split for data sets without one (digits)")
-    split_seed: int = _field(0, ge=0, le=SEED_MAX, help="seed of the test carve-out; fixed so that all runs share one test split")
-    train_subset: int = _field(0, ge=0, help="use at most this many training examples for search (0 = all)")
+    val_fraction: float = _field(
+        0.2,
+        gt=0.0,
+        le=0.5,
+        help="share of the training data held out for alpha-training and selection; it must hold at least one example per class, else the run is refused with the least fraction that does",
+    )
+    test_fraction: float = _field(
+        0.2,
+        gt=0.0,
+        le=0.5,
+        help="share carved out as test split for data sets without one (digits)",
+    )
+    split_seed: int = _field(
+        0,
+        ge=0,
+        le=SEED_MAX,
+        help="seed of the test carve-out; fixed so that all runs share one test split",
+    )
+    train_subset: int = _field(
+        0, ge=0, help="use at most this many training examples for search (0 = all)"
+    )
     batch_size: int = _field(64, ge=1, le=65536, help="training batch size")
-    eval_batch_size: int = _field(512, ge=1, le=65536, help="evaluation batch size (validation, test)")
-    augment: bool = _field(True, help="the data set's own batched augmentation on the training split")
+    eval_batch_size: int = _field(
+        512, ge=1, le=65536, help="evaluation batch size (validation, test)"
+    )
+    augment: bool = _field(
+        True, help="the data set's own batched augmentation on the training split"
+    )
 
 
 @dataclass(frozen=True)
 class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
-    primitives: tuple[str, ...] = _field(PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge (default: all)")
-    init_channels: int = _field(16, ge=1, le=1024, help="supernet width: channels of the first cells")
-    layers: int = _field(3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth")
+    primitives: tuple[str, ...] = _field(
+        PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge (default: all)"
+    )
+    init_channels: int = _field(
+        16, ge=1, le=1024, help="supernet width: channels of the first cells"
+    )
+    layers: int = _field(
+        3, ge=1, le=64, help="number of cells; reduction cells sit at 1/3 and 2/3 depth"
+    )
     steps: int = _field(2, ge=1, le=8, help="intermediate nodes per cell")
-    stem_multiplier: int = _field(3, ge=1, le=8, help="stem width = stem_multiplier * init_channels")
+    stem_multiplier: int = _field(
+        3, ge=1, le=8, help="stem width = stem_multiplier * init_channels"
+    )
 
 
 @dataclass(frozen=True)
 class SearchConfig:
     """The ASO-SE cycle: epochs per phase and optimiser settings."""
 
-    cycles: int = _field(3, ge=1, le=1000, help="ASO-SE cycles (W-training, alpha-training, mutation, W-retraining)")
-    warmup_epochs: int = _field(0, ge=0, le=1000, help="extra W-training epochs in the first cycle, before alphas are trained")
+    cycles: int = _field(
+        3, ge=1, le=1000, help="ASO-SE cycles (W-training, alpha-training, mutation, W-retraining)"
+    )
+    warmup_epochs: int = _field(
+        0,
+        ge=0,
+        le=1000,
+        help="extra W-training epochs in the first cycle, before alphas are trained",
+    )
     w_epochs: int = _field(2, ge=0, le=1000, help="W-training epochs per cycle")
     alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
-    retrain_epochs: int = _field(2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle")
-    final_epochs: int = _field(0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle")
-    weight_lr: float = _field(0.05, gt=0.0, le=10.0, help="SGD on weights: initial learning rate (cosine-annealed over the weight epochs)")
-    weight_lr_min: float = _field(0.001, ge=0.0, le=10.0, help="SGD on weights: the learning rate the annealing ends at")
+    retrain_epochs: int = _field(
+        2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"
+    )
+    final_epochs: int = _field(
+        0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle"
+    )
+    weight_lr: float = _field(
+        0.05,
+        gt=0.0,
+        le=10.0,
+        help="SGD on weights: initial learning rate (cosine-annealed over the weight epochs)",
+    )
+    weight_lr_min: float = _field(
+        0.001, ge=0.0, le=10.0, help="SGD on weights: the learning rate the annealing ends at"
+    )
     weight_momentum: float = _field(0.9, ge=0.0, le=0.999, help="SGD on weights: momentum")
     weight_decay: float = _field(3e-4, ge=0.0, le=1.0, help="SGD on weights: weight decay")
     alpha_lr: float = _field(3e-3, gt=0.0, le=10.0, help="Adam on alphas: learning rate")
     alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0, help="Adam on alphas: weight decay")
     grad_clip: float = _field(5.0, gt=0.0, help="gradient-norm clip of every weight step")
-    checkpoint_minutes: float = _field(5.0, ge=0.0, le=1440.0, help="inside the final stage, checkpoint after an epoch once the last checkpoint is this old (0 = every epoch); phases always end with one")
-    calibration_batches: int = _field(8, ge=0, le=10000, help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)")
-    final_genotype: str = _field("best", choices=FINAL_GENOTYPES, help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated")
+    checkpoint_minutes: float = _field(
+        5.0,
+        ge=0.0,
+        le=1440.0,
+        help="inside the final stage, checkpoint after an epoch once the last checkpoint is this old (0 = every epoch); phases always end with one",
+    )
+    calibration_batches: int = _field(
+        8,
+        ge=0,
+        le=10000,
+        help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)",
+    )
+    final_genotype: str = _field(
+        "best",
+        choices=FINAL_GENOTYPES,
+        help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated",
+    )
 
 
 @dataclass(frozen=True)
 class TemperatureConfig:
     """Gumbel-softmax temperature: a pure function of run progress."""
 
-    schedule: str = _field("exponential", choices=SCHEDULES, help="how the temperature falls from initial to min (docs/concepts.md)")
-    initial_temperature: float = _field(5.0, gt=0.0, le=100.0, help="Gumbel-softmax temperature at the start of the run")
-    min_temperature: float = _field(0.5, gt=0.0, le=100.0, help="the temperature's floor (<= initial_temperature)")
-    anneal_fraction: float = _field(0.8, gt=0.0, le=1.0, help="share of the run after which the temperature stays at min_temperature")
+    schedule: str = _field(
+        "exponential",
+        choices=SCHEDULES,
+        help="how the temperature falls from initial to min (docs/concepts.md)",
+    )
+    initial_temperature: float = _field(
+        5.0, gt=0.0, le=100.0, help="Gumbel-softmax temperature at the start of the run"
+    )
+    min_temperature: float = _field(
+        0.5, gt=0.0, le=100.0, help="the temperature's floor (<= initial_temperature)"
+    )
+    anneal_fraction: float = _field(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        help="share of the run after which the temperature stays at min_temperature",
+    )
 
 
 @dataclass(frozen=True)
 class MutationConfig:
     """Mutation phase: how many op edits, guided by the alphas."""
 
-    strength: float = _field(0.25, ge=0.0, le=1.0, help="s in k = max(1, round(s * E)) op edits over E genotype edges")
+    strength: float = _field(
+        0.25, ge=0.0, le=1.0, help="s in k = max(1, round(s * E)) op edits over E genotype edges"
+    )
 
 
 @dataclass(frozen=True)
 class GrowthConfig:
     """Function-preserving growth during the mutation phase."""
 
-    policy: str = _field("none", choices=GROWTH_POLICIES, help="growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, plateau = grow when val acc stalls (docs/growth.md)")
-    max_params: int = _field(0, ge=0, help="never grow past this many supernet parameters (0 = no cap)")
-    plateau_patience: int = _field(1, ge=1, le=100, help="cycles without validation gain before 'plateau' grows")
+    policy: str = _field(
+        "none",
+        choices=GROWTH_POLICIES,
+        help="growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, plateau = grow when val acc stalls (docs/growth.md)",
+    )
+    max_params: int = _field(
+        0, ge=0, help="never grow past this many supernet parameters (0 = no cap)"
+    )
+    plateau_patience: int = _field(
+        1, ge=1, le=100, help="cycles without validation gain before 'plateau' grows"
+    )
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
     """Where runs are recorded (used by the MLflow observer)."""
 
-    enabled: bool = _field(True, help="record the run in MLflow (asolab run --no-track turns it off)")
-    tracking_uri: str = _field("", help="MLflow tracking URI ('' = MLFLOW_TRACKING_URI or the local mlruns/ store)")
+    enabled: bool = _field(
+        True, help="record the run in MLflow (asolab run --no-track turns it off)"
+    )
+    tracking_uri: str = _field(
+        "", help="MLflow tracking URI ('' = MLFLOW_TRACKING_URI or the local mlruns/ store)"
+    )
     experiment: str = _field("", help="MLflow experiment name ('' = the experiment file's name)")
     log_models: bool = _field(True, help="log the final derived network as an MLflow model")
 
@@ -185,9 +275,21 @@ class ExperimentConfig:
     """One experiment: everything a run needs, validated."""
 
     name: str = _field("digits", help="experiment name (defaults to the file's stem)")
-    seed: int = _field(0, ge=0, le=SEED_MAX, help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU")
-    device: str = _field("auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps")
-    threads: int = _field(0, ge=0, le=1024, help="torch CPU threads (0 = auto: usable cores minus other asolab processes' threads)")
+    seed: int = _field(
+        0,
+        ge=0,
+        le=SEED_MAX,
+        help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU",
+    )
+    device: str = _field(
+        "auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps"
+    )
+    threads: int = _field(
+        0,
+        ge=0,
+        le=1024,
+        help="torch CPU threads (0 = auto: usable cores minus other asolab processes' threads)",
+    )
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -203,7 +305,7 @@ class ExperimentConfig:
         """Flattened ``section.key -> value`` view (for MLflow params)."""
         return flatten(self.to_dict())
 
-    def replace(self, **overrides: Any) -> "ExperimentConfig":
+    def replace(self, **overrides: Any) -> ExperimentConfig:
         """Return a validated copy with ``section.key`` overrides applied."""
         return apply_overrides(self, overrides, source="override")
 
@@ -236,7 +338,9 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _type_name(tp: Any) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, str(tp)
+    )
 
 
 def _allowed(meta: Mapping[str, Any]) -> str:
@@ -270,10 +374,14 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
         value = float(value)
     if tp is None or not isinstance(value, tp) or (tp is not bool and isinstance(value, bool)):
         allowed = _allowed(meta)
-        raise ConfigError(f"{where} must be {_type_name(tp)}{' ' + allowed if allowed else ''} (got {value!r})")
+        raise ConfigError(
+            f"{where} must be {_type_name(tp)}{' ' + allowed if allowed else ''} (got {value!r})"
+        )
     if tp is float and not math.isfinite(value):
         # nan compares false with every bound, so the range check below would let it through
-        raise ConfigError(f"{where} must be a finite number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})")
+        raise ConfigError(
+            f"{where} must be a finite number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})"
+        )
     out_of_range = (
         (meta.get("choices") and value not in choices_of(meta))
         or (meta.get("ge") is not None and value < meta["ge"])
@@ -322,10 +430,16 @@ def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
     if cfg.search.weight_lr_min > cfg.search.weight_lr:
         raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")
     if cfg.search.w_epochs + cfg.search.retrain_epochs + cfg.search.final_epochs == 0:
-        raise ConfigError(f"{source}: at least one of search.w_epochs, retrain_epochs, final_epochs must be > 0")
+        raise ConfigError(
+            f"{source}: at least one of search.w_epochs, retrain_epochs, final_epochs must be > 0"
+        )
     dev = cfg.device
-    if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ConfigError(f"{source}: device = {dev!r} is not valid; allowed: auto, cpu, cuda, cuda:N, mps")
+    if not (
+        dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())
+    ):
+        raise ConfigError(
+            f"{source}: device = {dev!r} is not valid; allowed: auto, cpu, cuda, cuda:N, mps"
+        )
 
 
 def from_dict(data: Mapping[str, Any], source: str = "config") -> ExperimentConfig:
@@ -367,7 +481,9 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set") -> ExperimentConfig:
+def apply_overrides(
+    cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set"
+) -> ExperimentConfig:
     merged = _merge(to_dict(cfg), _nest(overrides))
     return from_dict(merged, source)
 
@@ -408,7 +524,9 @@ def read_toml(file: Path, kind: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{file}: not a text file (it holds bytes that are not UTF-8); {kind} files are TOML text") from None
+        raise ConfigError(
+            f"{file}: not a text file (it holds bytes that are not UTF-8); {kind} files are TOML text"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{kind} file {file} cannot be read ({exc.strerror or exc})") from None
 
@@ -418,14 +536,20 @@ def resolve_experiment_path(path: str | Path | None) -> Path:
     return resolve_named_file(path, DEFAULT_EXPERIMENT, EXPERIMENTS_DIR, "experiment")
 
 
-def load(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> ExperimentConfig:
+def load(
+    path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()
+) -> ExperimentConfig:
     """Load an experiment file (default: digits) and apply ``--set`` overrides."""
     file = resolve_experiment_path(path)
     data = read_toml(file, "experiment")
     data.setdefault("name", file.stem)
     cfg = from_dict(data, str(file))
     if overrides:
-        pairs = dict(overrides) if isinstance(overrides, Mapping) else dict(parse_override(o) for o in overrides)
+        pairs = (
+            dict(overrides)
+            if isinstance(overrides, Mapping)
+            else dict(parse_override(o) for o in overrides)
+        )
         cfg = apply_overrides(cfg, pairs, f"{file} (--set)")
     return cfg
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .config import PROJECT_ROOT, ExperimentConfig, Registered, _allowed, _section_type
 
@@ -70,23 +71,25 @@ def markdown() -> str:
     """The generated part of the page: the experiment table, then the study table."""
     from .study.config import StudySettings
 
-    return "\n".join([
-        BEGIN,
-        "",
-        "### Experiment files (`experiments/*.toml`)",
-        "",
-        table(ExperimentConfig),
-        "",
-        "### Study files (`studies/*.toml`)",
-        "",
-        "Besides these keys, a study file has `[overrides]` (experiment keys fixed for every",
-        "trial), `[params.<experiment key>]` (the search space) and `[[enqueue]]` (points to try",
-        "first): see [Studies](studies.md).",
-        "",
-        table(StudySettings),
-        "",
-        END,
-    ])
+    return "\n".join(
+        [
+            BEGIN,
+            "",
+            "### Experiment files (`experiments/*.toml`)",
+            "",
+            table(ExperimentConfig),
+            "",
+            "### Study files (`studies/*.toml`)",
+            "",
+            "Besides these keys, a study file has `[overrides]` (experiment keys fixed for every",
+            "trial), `[params.<experiment key>]` (the search space) and `[[enqueue]]` (points to try",
+            "first): see [Studies](studies.md).",
+            "",
+            table(StudySettings),
+            "",
+            END,
+        ]
+    )
 
 
 def replace_generated(page: str, generated: str) -> str:

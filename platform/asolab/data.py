@@ -16,9 +16,9 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -48,7 +48,9 @@ class Augmentation:
             mask = torch.rand(n, generator=generator) < 0.5
             x = torch.where(mask.to(x.device).view(n, 1, 1, 1), x.flip(3), x)
         if self.shift:
-            x = _translate(x, torch.randint(-self.shift, self.shift + 1, (n, 2), generator=generator))
+            x = _translate(
+                x, torch.randint(-self.shift, self.shift + 1, (n, 2), generator=generator)
+            )
         return x
 
 
@@ -62,7 +64,11 @@ def _translate(x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     padded = F.pad(x, (s, s, s, s))
     dy = (s - shifts[:, 0]).to(x.device)
     dx = (s - shifts[:, 1]).to(x.device)
-    rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1).expand(n, c, h, w + 2 * s)
+    rows = (
+        (dy.view(n, 1) + torch.arange(h, device=x.device))
+        .view(n, 1, h, 1)
+        .expand(n, c, h, w + 2 * s)
+    )
     out = padded.gather(2, rows)
     cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w).expand(n, c, h, w)
     return out.gather(3, cols)
@@ -73,7 +79,9 @@ class DatasetSpec:
     """How to load one data set and what belongs to it."""
 
     name: str
-    loader: Callable[[DataConfig], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
+    loader: Callable[
+        [DataConfig], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
+    ]
     mean: tuple[float, ...]
     std: tuple[float, ...]
     num_classes: int
@@ -87,7 +95,11 @@ def _load_digits(cfg: DataConfig):
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
-    csv = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    csv = (
+        Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+        if spec
+        else None
+    )
     if csv is not None and csv.exists():
         table = np.loadtxt(csv, delimiter=",", dtype=np.float32)
         images, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
@@ -112,7 +124,9 @@ def _read_idx(path: Path) -> np.ndarray:
         dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
         return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
     except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"data file {path} is unreadable or truncated ({exc}); reinstall it or point data.data_dir at a good copy") from None
+        raise DataError(
+            f"data file {path} is unreadable or truncated ({exc}); reinstall it or point data.data_dir at a good copy"
+        ) from None
 
 
 def _find_idx(folder: Path, stem: str) -> Path:
@@ -127,12 +141,24 @@ def _load_fashion_mnist(cfg: DataConfig):
     try:
         arrays = [
             _read_idx(_find_idx(folder, stem))
-            for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+            for stem in (
+                "train-images-idx3-ubyte",
+                "train-labels-idx1-ubyte",
+                "t10k-images-idx3-ubyte",
+                "t10k-labels-idx1-ubyte",
+            )
         ]
     except FileNotFoundError as exc:
-        raise DataError(f"data set 'fashion_mnist': {exc} not found in {folder}; {REGISTRY['fashion_mnist'].how_to_get}") from None
+        raise DataError(
+            f"data set 'fashion_mnist': {exc} not found in {folder}; {REGISTRY['fashion_mnist'].how_to_get}"
+        ) from None
     xtr, ytr, xte, yte = arrays
-    return (xtr.astype(np.float32) / 255.0)[:, None], ytr.astype(np.int64), (xte.astype(np.float32) / 255.0)[:, None], yte.astype(np.int64)
+    return (
+        (xtr.astype(np.float32) / 255.0)[:, None],
+        ytr.astype(np.int64),
+        (xte.astype(np.float32) / 255.0)[:, None],
+        yte.astype(np.int64),
+    )
 
 
 def _torchvision_loader(cls_name: str) -> Callable:
@@ -146,8 +172,15 @@ def _torchvision_loader(cls_name: str) -> Callable:
             test = cls(root, train=False, download=cfg.download)
         except RuntimeError as exc:
             name = cls_name.lower()
-            raise DataError(f"data set '{name}' not found in {root!r} ({exc}); {REGISTRY[name].how_to_get}") from None
-        return _as_array(train), np.asarray(train.targets, dtype=np.int64), _as_array(test), np.asarray(test.targets, dtype=np.int64)
+            raise DataError(
+                f"data set '{name}' not found in {root!r} ({exc}); {REGISTRY[name].how_to_get}"
+            ) from None
+        return (
+            _as_array(train),
+            np.asarray(train.targets, dtype=np.int64),
+            _as_array(test),
+            np.asarray(test.targets, dtype=np.int64),
+        )
 
     return load
 
@@ -161,17 +194,50 @@ def _as_array(ds) -> np.ndarray:
 _TV_HINT = "set data.data_dir to a folder holding it, or data.download = true to let torchvision fetch it there"
 
 REGISTRY: dict[str, DatasetSpec] = {
-    "digits": DatasetSpec("digits", _load_digits, (0.3055,), (0.3796,), 10, Augmentation(shift=1), "it ships with scikit-learn: pip install scikit-learn"),
+    "digits": DatasetSpec(
+        "digits",
+        _load_digits,
+        (0.3055,),
+        (0.3796,),
+        10,
+        Augmentation(shift=1),
+        "it ships with scikit-learn: pip install scikit-learn",
+    ),
     "fashion_mnist": DatasetSpec(
-        "fashion_mnist", _load_fashion_mnist, (0.2860,), (0.3530,), 10, Augmentation(shift=2, flip=True),
+        "fashion_mnist",
+        _load_fashion_mnist,
+        (0.2860,),
+        (0.3530,),
+        10,
+        Augmentation(shift=2, flip=True),
         "install Debian's package (apt-get install dataset-fashion-mnist) or set data.data_dir to a folder with the four IDX files",
     ),
-    "mnist": DatasetSpec("mnist", _torchvision_loader("MNIST"), (0.1307,), (0.3081,), 10, Augmentation(shift=2), _TV_HINT),
+    "mnist": DatasetSpec(
+        "mnist",
+        _torchvision_loader("MNIST"),
+        (0.1307,),
+        (0.3081,),
+        10,
+        Augmentation(shift=2),
+        _TV_HINT,
+    ),
     "cifar10": DatasetSpec(
-        "cifar10", _torchvision_loader("CIFAR10"), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 10, Augmentation(shift=4, flip=True), _TV_HINT
+        "cifar10",
+        _torchvision_loader("CIFAR10"),
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
+        10,
+        Augmentation(shift=4, flip=True),
+        _TV_HINT,
     ),
     "cifar100": DatasetSpec(
-        "cifar100", _torchvision_loader("CIFAR100"), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 100, Augmentation(shift=4, flip=True), _TV_HINT
+        "cifar100",
+        _torchvision_loader("CIFAR100"),
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        100,
+        Augmentation(shift=4, flip=True),
+        _TV_HINT,
     ),
 }
 
@@ -186,7 +252,7 @@ class Split:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def head(self, n: int) -> "Split":
+    def head(self, n: int) -> Split:
         return Split(self.x[:n], self.y[:n])
 
 

@@ -6,13 +6,27 @@ This is an observer like any other; library code never prints.
 from __future__ import annotations
 
 import sys
-from typing import Optional, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
-from .runner.events import CycleEnd, EpochEnd, GrowthEvent, MutationEvent, Observer, RunEnd, RunInterrupted, RunStart
+from .runner.events import (
+    CycleEnd,
+    EpochEnd,
+    GrowthEvent,
+    MutationEvent,
+    Observer,
+    RunEnd,
+    RunInterrupted,
+    RunStart,
+)
 
-PHASE_TITLES = {"w_train": "W-training", "alpha": "alpha-training", "retrain": "W-retraining", "final": "final training"}
+PHASE_TITLES = {
+    "w_train": "W-training",
+    "alpha": "alpha-training",
+    "retrain": "W-retraining",
+    "final": "final training",
+}
 
 
 class ProgressObserver(Observer):
@@ -20,8 +34,8 @@ class ProgressObserver(Observer):
 
     def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
         self.stream, self.enabled = stream, enabled
-        self.bar: Optional[tqdm] = None
-        self.key: Optional[tuple[int, str]] = None
+        self.bar: tqdm | None = None
+        self.key: tuple[int, str] | None = None
         self.epochs: dict[str, int] = {}
 
     def _write(self, text: str) -> None:
@@ -30,7 +44,12 @@ class ProgressObserver(Observer):
 
     def on_run_start(self, event: RunStart) -> None:
         s = event.config.search
-        self.epochs = {"w_train": s.w_epochs, "alpha": s.alpha_epochs, "retrain": s.retrain_epochs, "final": s.final_epochs}
+        self.epochs = {
+            "w_train": s.w_epochs,
+            "alpha": s.alpha_epochs,
+            "retrain": s.retrain_epochs,
+            "final": s.final_epochs,
+        }
         self.warmup = s.warmup_epochs
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
@@ -50,17 +69,34 @@ class ProgressObserver(Observer):
         if key != self.key:
             self._close()
             self.key = key
-            label = PHASE_TITLES[event.phase] + ("" if event.phase == "final" else f" {event.cycle + 1}")
+            label = PHASE_TITLES[event.phase] + (
+                "" if event.phase == "final" else f" {event.cycle + 1}"
+            )
             total = self.epochs[event.phase] + (self.warmup if key == (0, "w_train") else 0)
             # A run resumed inside the final stage starts its bar at the epoch it resumed at.
-            self.bar = tqdm(total=total, initial=event.epoch, desc=label, unit="ep", file=self.stream, leave=False, disable=not self.enabled)
+            self.bar = tqdm(
+                total=total,
+                initial=event.epoch,
+                desc=label,
+                unit="ep",
+                file=self.stream,
+                leave=False,
+                disable=not self.enabled,
+            )
         assert self.bar is not None
-        self.bar.set_postfix(val_acc=f"{event.val_acc:.3f}", tau=f"{event.temperature:.2f}", img_s=f"{event.images_per_sec:.0f}")
+        self.bar.set_postfix(
+            val_acc=f"{event.val_acc:.3f}",
+            tau=f"{event.temperature:.2f}",
+            img_s=f"{event.images_per_sec:.0f}",
+        )
         self.bar.update(1)
 
     def on_mutation(self, event: MutationEvent) -> None:
         self._close()
-        self._write(f"cycle {event.cycle + 1}: mutation (s={event.strength}, tau={event.temperature:.2f}): " + "; ".join(map(str, event.edits)))
+        self._write(
+            f"cycle {event.cycle + 1}: mutation (s={event.strength}, tau={event.temperature:.2f}): "
+            + "; ".join(map(str, event.edits))
+        )
 
     def on_growth(self, event: GrowthEvent) -> None:
         self._write(

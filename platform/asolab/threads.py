@@ -75,7 +75,10 @@ def _cgroup_quota() -> int:
 
 
 def registry_dir() -> Path:
-    default = Path(tempfile.gettempdir()) / f"asolab-threads-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    default = (
+        Path(tempfile.gettempdir())
+        / f"asolab-threads-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    )
     return Path(os.environ.get(REGISTRY_ENV) or default)
 
 
@@ -95,7 +98,11 @@ def others(directory: Path | None = None) -> dict[int, int]:
     for path in directory.glob("*.json"):
         try:
             entry = json.loads(path.read_text())
-            pid, threads, started = int(entry["pid"]), int(entry["threads"]), float(entry["started"])
+            pid, threads, started = (
+                int(entry["pid"]),
+                int(entry["threads"]),
+                float(entry["started"]),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written (never: writes are atomic) or foreign; leave it alone
         if pid == os.getpid():
@@ -138,7 +145,9 @@ def claim(threads: int, directory: Path | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "threads": threads, "started": _start_time(os.getpid())}))
+    tmp.write_text(
+        json.dumps({"pid": os.getpid(), "threads": threads, "started": _start_time(os.getpid())})
+    )
     os.replace(tmp, path)
     _remove_at_exit(path)
 
@@ -163,7 +172,11 @@ def acquire(requested: int = 0, directory: Path | None = None) -> int:
             threads = requested or auto_threads(directory=directory)
             claim(threads, directory)
     except OSError as exc:  # an unwritable temp dir must not stop a run
-        log.warning("thread registry %s unusable (%s); other asolab processes will not see this one", directory, exc)
+        log.warning(
+            "thread registry %s unusable (%s); other asolab processes will not see this one",
+            directory,
+            exc,
+        )
         threads = requested or usable_cores()
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Optional
+from typing import Any
 
 from ..config import ExperimentConfig
 from ..runner import Runner
@@ -47,7 +47,9 @@ class FixedGenotypeRunner(Runner):
         **kwargs: Any,
     ) -> None:
         super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
-        self.state.genotype = self.state.derived = genotype if genotype is not None else self.net.derive()
+        self.state.genotype = self.state.derived = (
+            genotype if genotype is not None else self.net.derive()
+        )
 
     def _w_train(self) -> None:
         s = self.cfg.search
@@ -58,7 +60,7 @@ class FixedGenotypeRunner(Runner):
         pass
 
     @classmethod
-    def epochs_at(cls, position: Position, search: Any) -> Optional[tuple[int, int]]:
+    def epochs_at(cls, position: Position, search: Any) -> tuple[int, int] | None:
         # alpha-training trains nothing here, so its epochs never count
         return epochs_done(position, dataclasses.replace(search, alpha_epochs=0))
 

@@ -14,9 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "CompareError": "select", "RunRecord": "select", "Selection": "select", "Skipped": "select",
-    "load_selection": "select", "resolve_tracking_uri": "select",
-    "analyse": "analysis", "Comparison": "analysis", "write_report": "report",
+    "CompareError": "select",
+    "RunRecord": "select",
+    "Selection": "select",
+    "Skipped": "select",
+    "load_selection": "select",
+    "resolve_tracking_uri": "select",
+    "analyse": "analysis",
+    "Comparison": "analysis",
+    "write_report": "report",
 }
 __all__ = sorted(_LAZY)
 

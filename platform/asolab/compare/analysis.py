@@ -16,8 +16,8 @@ import bisect
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 from mlflow.entities import Metric
@@ -41,14 +41,22 @@ def diff_lines(a: Genotype, b: Genotype) -> list[str]:
     return lines
 
 
-def _concat_text(concat: Optional[tuple[int, ...]]) -> str:
-    return "-" if concat is None else ",".join(map(str, concat))  # "-": no such cell, as for a missing edge
+def _concat_text(concat: tuple[int, ...] | None) -> str:
+    return (
+        "-" if concat is None else ",".join(map(str, concat))
+    )  # "-": no such cell, as for a missing edge
 
 
 def diff_frame(a: Genotype, b: Genotype) -> pd.DataFrame:
     """The edge changes from ``a`` to ``b`` as a frame (``-`` = no edge at that position)."""
     rows = [
-        {"cell": c.cell, "node": c.node, "input": c.input, "before": "+".join(c.before) or "-", "after": "+".join(c.after) or "-"}
+        {
+            "cell": c.cell,
+            "node": c.node,
+            "input": c.input,
+            "before": "+".join(c.before) or "-",
+            "after": "+".join(c.after) or "-",
+        }
         for c in diff(a, b)
     ]
     return pd.DataFrame(rows, columns=list(DIFF_COLUMNS))
@@ -57,7 +65,12 @@ def diff_frame(a: Genotype, b: Genotype) -> pd.DataFrame:
 def labels(records: Sequence[RunRecord]) -> list[str]:
     """Short, unique labels for runs: the run name, with the id prefix when names repeat."""
     counts = Counter(r.run_name for r in records)
-    return [r.run_name if r.run_name and counts[r.run_name] == 1 else f"{r.run_name or 'run'}:{r.run_id[:8]}" for r in records]
+    return [
+        r.run_name
+        if r.run_name and counts[r.run_name] == 1
+        else f"{r.run_name or 'run'}:{r.run_id[:8]}"
+        for r in records
+    ]
 
 
 def distance_matrix(records: Sequence[RunRecord]) -> pd.DataFrame:
@@ -83,7 +96,9 @@ def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
     seen = set().union(*counts.values())
     ops = [p for p in PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(PRIMITIVES))
     shown = columns if counts[OWN_COLUMN] else CELL_TYPES
-    df = pd.DataFrame({kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op"))
+    df = pd.DataFrame(
+        {kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op")
+    )
     df["total"] = df.sum(axis=1)
     return df
 
@@ -102,16 +117,23 @@ def clusters(records: Sequence[RunRecord]) -> pd.DataFrame:
     for canonical, members in groups.items():
         val = [records[k].metric(*VAL_ACC_METRICS) for k in members]
         test = [records[k].metric(layout.TEST_ACC) for k in members]
-        rows.append({
-            "runs": len(members),
-            "genotype": canonical,
-            "run_names": ", ".join(names[k] for k in members),
-            "experiments": ", ".join(sorted({records[k].experiment for k in members})),
-            "mean_val_acc": _mean(val),
-            "best_test_acc": max((t for t in test if not math.isnan(t)), default=math.nan),
-        })
-    df = pd.DataFrame(rows, columns=["runs", "genotype", "run_names", "experiments", "mean_val_acc", "best_test_acc"])
-    df = df.sort_values(["runs", "mean_val_acc"], ascending=[False, False], na_position="last", kind="stable").reset_index(drop=True)
+        rows.append(
+            {
+                "runs": len(members),
+                "genotype": canonical,
+                "run_names": ", ".join(names[k] for k in members),
+                "experiments": ", ".join(sorted({records[k].experiment for k in members})),
+                "mean_val_acc": _mean(val),
+                "best_test_acc": max((t for t in test if not math.isnan(t)), default=math.nan),
+            }
+        )
+    df = pd.DataFrame(
+        rows,
+        columns=["runs", "genotype", "run_names", "experiments", "mean_val_acc", "best_test_acc"],
+    )
+    df = df.sort_values(
+        ["runs", "mean_val_acc"], ascending=[False, False], na_position="last", kind="stable"
+    ).reset_index(drop=True)
     df.insert(0, "cluster", range(1, len(df) + 1))
     return df
 
@@ -121,7 +143,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-def best(records: Sequence[RunRecord]) -> Optional[RunRecord]:
+def best(records: Sequence[RunRecord]) -> RunRecord | None:
     """The run with the highest validation accuracy (the first run when none has one)."""
     if not records:
         return None
@@ -150,11 +172,20 @@ def diffs_to_best(records: Sequence[RunRecord]) -> list[GenotypeDiff]:
         if r.genotype.canonical in seen:
             continue
         seen.add(r.genotype.canonical)
-        out.append(GenotypeDiff(ref, r, tuple(diff_lines(ref.genotype, r.genotype)), distance(ref.genotype, r.genotype)))
+        out.append(
+            GenotypeDiff(
+                ref,
+                r,
+                tuple(diff_lines(ref.genotype, r.genotype)),
+                distance(ref.genotype, r.genotype),
+            )
+        )
     return out
 
 
-def evolution(cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Mapping[int, float] | None = None) -> pd.DataFrame:
+def evolution(
+    cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Mapping[int, float] | None = None
+) -> pd.DataFrame:
     """The genotype at each cycle and its edit distance from the previous cycle's.
 
     Columns: ``cycle``, ``distance_prev`` (NaN-free integer; 0 for the first
@@ -164,15 +195,17 @@ def evolution(cycles: Sequence[tuple[int, Genotype]], cycle_val_acc: Mapping[int
     """
     accs = cycle_val_acc or {}
     rows = []
-    prev: Optional[Genotype] = None
+    prev: Genotype | None = None
     for cycle, g in cycles:
-        rows.append({
-            "cycle": cycle,
-            "distance_prev": distance(prev, g) if prev is not None else 0,
-            "changes": "; ".join(diff_lines(prev, g)) if prev is not None else "",
-            "val_acc": accs.get(cycle, math.nan),
-            "genotype": g.canonical,
-        })
+        rows.append(
+            {
+                "cycle": cycle,
+                "distance_prev": distance(prev, g) if prev is not None else 0,
+                "changes": "; ".join(diff_lines(prev, g)) if prev is not None else "",
+                "val_acc": accs.get(cycle, math.nan),
+                "genotype": g.canonical,
+            }
+        )
         prev = g
     return pd.DataFrame(rows, columns=["cycle", "distance_prev", "changes", "val_acc", "genotype"])
 
@@ -188,7 +221,9 @@ def val_acc_by_cycle(values: Sequence[Metric], epoch_cycles: Sequence[Metric]) -
     missing or does not parse. Without a ``cycle`` history (a store written by
     other means) the k-th value by step is cycle k.
     """
-    values = sorted(values, key=lambda m: (m.step, m.timestamp))  # a re-logged step: the latest wins
+    values = sorted(
+        values, key=lambda m: (m.step, m.timestamp)
+    )  # a re-logged step: the latest wins
     if not epoch_cycles:
         ordinal = {step: k for k, step in enumerate(sorted({m.step for m in values}))}
         return {ordinal[m.step]: m.value for m in values}
@@ -204,7 +239,10 @@ def val_acc_by_cycle(values: Sequence[Metric], epoch_cycles: Sequence[Metric]) -
 
 def load_evolution(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc`` history."""
-    accs = val_acc_by_cycle(client.get_metric_history(run_id, layout.CYCLE_VAL_ACC), client.get_metric_history(run_id, layout.CYCLE))
+    accs = val_acc_by_cycle(
+        client.get_metric_history(run_id, layout.CYCLE_VAL_ACC),
+        client.get_metric_history(run_id, layout.CYCLE),
+    )
     return evolution(cycle_genotypes(client, run_id), accs)
 
 
@@ -219,8 +257,8 @@ class Comparison:
     distances: pd.DataFrame
     diffs: list[GenotypeDiff]
     evolutions: dict[str, pd.DataFrame] = field(default_factory=dict)  # run_id -> evolution frame
-    arms: Optional[pd.DataFrame] = None  # arm view (compare/arms.py), when runs carry arm tags
-    rankings: Optional[pd.DataFrame] = None  # ranking diagnostic figures of the runs that have them
+    arms: pd.DataFrame | None = None  # arm view (compare/arms.py), when runs carry arm tags
+    rankings: pd.DataFrame | None = None  # ranking diagnostic figures of the runs that have them
     ranking_pairs: dict[str, list] = field(default_factory=dict)  # run_id -> pairs (report scatter)
 
     @property
@@ -228,7 +266,9 @@ class Comparison:
         return self.selection.records
 
 
-def analyse(selection: Selection, *, with_evolution: bool = True, client: Optional[MlflowClient] = None) -> Comparison:
+def analyse(
+    selection: Selection, *, with_evolution: bool = True, client: MlflowClient | None = None
+) -> Comparison:
     """Derive every table of a comparison; ``with_evolution`` reads each run's cycle genotypes."""
     records = selection.records
     evolutions: dict[str, pd.DataFrame] = {}
@@ -259,11 +299,16 @@ def analyse(selection: Selection, *, with_evolution: bool = True, client: Option
     )
 
 
-def ranking_table(records: Sequence[RunRecord]) -> Optional[pd.DataFrame]:
+def ranking_table(records: Sequence[RunRecord]) -> pd.DataFrame | None:
     """The ranking diagnostic figures (``asolab rank``) of the runs that have them, or None."""
     rows = [
-        {"run_name": r.run_name, "run_id": r.run_id, **{m: r.metric(m) for m in layout.RANKING_METRICS}}
-        for r in records if any(m in r.metrics for m in layout.RANKING_METRICS)
+        {
+            "run_name": r.run_name,
+            "run_id": r.run_id,
+            **{m: r.metric(m) for m in layout.RANKING_METRICS},
+        }
+        for r in records
+        if any(m in r.metrics for m in layout.RANKING_METRICS)
     ]
     return pd.DataFrame(rows) if rows else None
 

@@ -15,13 +15,30 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
 
 TERMINAL_COLUMNS = (
-    "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature", "min_temperature",
-    "mutation_strength", "cycles", "params", "peak_rss_mb", "val_acc", "test_acc", "cluster",
+    "run_name",
+    "run_id",
+    "experiment",
+    "dataset",
+    "seed",
+    "schedule",
+    "initial_temperature",
+    "min_temperature",
+    "mutation_strength",
+    "cycles",
+    "params",
+    "peak_rss_mb",
+    "val_acc",
+    "test_acc",
+    "cluster",
 )
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
 _SHORT = {
-    "run_id": "id", "schedule": "sched", "initial_temperature": "tau0", "min_temperature": "tau_min",
-    "mutation_strength": "strength", "peak_rss_mb": "peak_mb",
+    "run_id": "id",
+    "schedule": "sched",
+    "initial_temperature": "tau0",
+    "min_temperature": "tau_min",
+    "mutation_strength": "strength",
+    "peak_rss_mb": "peak_mb",
 }
 RUN_ID_PREFIX = 8  # enough to tell runs apart, and accepted by --diff
 
@@ -33,30 +50,94 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Select runs from the MLflow store and compare their final genotypes. "
         "With no selection, every run of every experiment is compared.",
     )
-    p.add_argument("--experiment", "-e", action="append", default=[], metavar="NAME", help="an MLflow experiment (repeatable)")
-    p.add_argument("--run", "-r", dest="runs", action="append", default=[], metavar="RUN_ID", help="a run id (repeatable)")
-    p.add_argument("--filter", default="", metavar="EXPR", help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"")
+    p.add_argument(
+        "--experiment",
+        "-e",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an MLflow experiment (repeatable)",
+    )
+    p.add_argument(
+        "--run",
+        "-r",
+        dest="runs",
+        action="append",
+        default=[],
+        metavar="RUN_ID",
+        help="a run id (repeatable)",
+    )
+    p.add_argument(
+        "--filter",
+        default="",
+        metavar="EXPR",
+        help="MLflow search expression, e.g. \"params.seed = '1' and metrics.test_acc > 0.5\"",
+    )
     p.add_argument("--study", default="", metavar="NAME", help="the trial runs of an Optuna study")
-    p.add_argument("--baseline", action="append", default=[], metavar="RUN_ID", help="an ASO-SE run and its control arms (made by 'asolab baseline RUN_ID'); repeatable")
-    p.add_argument("--top", type=int, default=0, metavar="K", help="compare the K best runs by --by (runs without a genotype take no place)")
-    p.add_argument("--by", default=FINAL_VAL_ACC, metavar="METRIC", help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)")
-    p.add_argument("--ascending", action="store_true", help="for --top: lowest first (losses, parameters)")
-    p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="print the edge-by-edge diff of two selected runs (id, id prefix or run name)")
-    p.add_argument("--evolution", action="store_true", help="print each run's genotype per cycle and the distance between cycles")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="RUN_ID",
+        help="an ASO-SE run and its control arms (made by 'asolab baseline RUN_ID'); repeatable",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        metavar="K",
+        help="compare the K best runs by --by (runs without a genotype take no place)",
+    )
+    p.add_argument(
+        "--by",
+        default=FINAL_VAL_ACC,
+        metavar="METRIC",
+        help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)",
+    )
+    p.add_argument(
+        "--ascending", action="store_true", help="for --top: lowest first (losses, parameters)"
+    )
+    p.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="print the edge-by-edge diff of two selected runs (id, id prefix or run name)",
+    )
+    p.add_argument(
+        "--evolution",
+        action="store_true",
+        help="print each run's genotype per cycle and the distance between cycles",
+    )
     p.add_argument("--csv", metavar="PATH", help="write the runs table as CSV")
-    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report (DIR/index.html)")
-    p.add_argument("--log-to-mlflow", action="store_true", help="attach the report to a comparison run in --comparison-experiment")
-    p.add_argument("--comparison-experiment", default="asolab-comparisons", metavar="NAME", help="experiment for --log-to-mlflow (default asolab-comparisons)")
-    p.add_argument("--tracking-uri", default="", metavar="URI", help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)")
+    p.add_argument(
+        "--report", metavar="DIR", help="write a self-contained HTML report (DIR/index.html)"
+    )
+    p.add_argument(
+        "--log-to-mlflow",
+        action="store_true",
+        help="attach the report to a comparison run in --comparison-experiment",
+    )
+    p.add_argument(
+        "--comparison-experiment",
+        default="asolab-comparisons",
+        metavar="NAME",
+        help="experiment for --log-to-mlflow (default asolab-comparisons)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default="",
+        metavar="URI",
+        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
+    )
     p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from ..space.genotype import distance
     from .analysis import analyse, diff_lines
     from .arms import arm_lines
     from .report import log_to_mlflow, write_report
     from .select import CompareError, load_selection
-    from ..space.genotype import distance
 
     out = out or sys.stdout
     # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
@@ -71,27 +152,44 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.log_to_mlflow and not args.comparison_experiment.strip():
         raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
     selection = load_selection(
-        args.tracking_uri or None, experiments=args.experiment, run_ids=args.runs, filter_string=args.filter,
-        study=args.study, top=args.top, by=args.by, ascending=args.ascending, baseline=args.baseline,
+        args.tracking_uri or None,
+        experiments=args.experiment,
+        run_ids=args.runs,
+        filter_string=args.filter,
+        study=args.study,
+        top=args.top,
+        by=args.by,
+        ascending=args.ascending,
+        baseline=args.baseline,
     )
     if not selection.records and not selection.skipped:
-        raise CompareError(f"no runs match the selection ({selection.description}) in {selection.tracking_uri}")
+        raise CompareError(
+            f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
+        )
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
     want_evolution = bool(args.evolution or args.report or args.log_to_mlflow)
     comparison = analyse(selection, with_evolution=want_evolution)
 
-    print(f"{len(selection.records)} runs compared ({selection.description}); store {selection.tracking_uri}", file=out)
+    print(
+        f"{len(selection.records)} runs compared ({selection.description}); store {selection.tracking_uri}",
+        file=out,
+    )
     if selection.records:
         print(terminal_table(comparison.table, comparison.clusters), file=out)
         print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
         for _, c in comparison.clusters.iterrows():
-            print(f"  [{c['cluster']}] {c['runs']} run(s): {c['run_names']}\n      {c['genotype']}", file=out)
+            print(
+                f"  [{c['cluster']}] {c['runs']} run(s): {c['run_names']}\n      {c['genotype']}",
+                file=out,
+            )
         if comparison.diffs:
             ref = comparison.diffs[0].reference
             print(f"\ndifferences from the best run {ref.run_name} ({ref.experiment}):", file=out)
             for d in comparison.diffs:
-                print(f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out)
+                print(
+                    f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out
+                )
                 for line in d.lines:
                     print(f"    {line}", file=out)
         print("\noperation frequencies (edges):", file=out)
@@ -99,7 +197,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if diff_pair:
         a, b = diff_pair
         lines = diff_lines(a.genotype, b.genotype)
-        print(f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}", file=out)
+        print(
+            f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}",
+            file=out,
+        )
         for line in lines or ["(identical genotypes)"]:
             print(f"  {line}", file=out)
     if args.evolution:
@@ -111,7 +212,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 continue
             for _, row in df.iterrows():
                 acc = "" if math.isnan(row["val_acc"]) else f" val_acc {row['val_acc']:.4f}"
-                print(f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}", file=out)
+                print(
+                    f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}",
+                    file=out,
+                )
                 if row["changes"]:
                     print(f"      {row['changes']}", file=out)
     if comparison.arms is not None:
@@ -119,11 +223,17 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for line in arm_lines(comparison.arms):
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
-        print("\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs stand-alone val acc", file=out)
+        print(
+            "\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs stand-alone val acc",
+            file=out,
+        )
         for _, r in comparison.rankings.iterrows():
-            print(f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / {r['ranking_spearman_rho']:+.3f}, "
-                  f"random {r['ranking_kendall_tau_random']:+.3f} / {r['ranking_spearman_rho_random']:+.3f}, "
-                  f"all {r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}", file=out)
+            print(
+                f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / {r['ranking_spearman_rho']:+.3f}, "
+                f"random {r['ranking_kendall_tau_random']:+.3f} / {r['ranking_spearman_rho_random']:+.3f}, "
+                f"all {r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}",
+                file=out,
+            )
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:
@@ -133,7 +243,9 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         try:
             comparison.table.to_csv(args.csv, index=False)
         except OSError as exc:
-            raise CompareError(f"--csv {args.csv}: cannot write it ({exc.strerror or exc})") from None
+            raise CompareError(
+                f"--csv {args.csv}: cannot write it ({exc.strerror or exc})"
+            ) from None
         print(f"\ntable written to {args.csv}", file=out)
         if comparison.arms is not None:
             arms_csv = arms_csv_path(args.csv)
@@ -143,9 +255,13 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
             directory = args.report or tmp
             try:
-                page = write_report(comparison, directory, title=f"asolab compare: {selection.description}")
+                page = write_report(
+                    comparison, directory, title=f"asolab compare: {selection.description}"
+                )
             except OSError as exc:
-                raise CompareError(f"--report {directory}: cannot write the report ({exc.strerror or exc})") from None
+                raise CompareError(
+                    f"--report {directory}: cannot write the report ({exc.strerror or exc})"
+                ) from None
             if args.report:
                 print(f"report written to {page}", file=out)
             if args.log_to_mlflow:
@@ -158,7 +274,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     raise CompareError(
                         f"--log-to-mlflow: the store refused the comparison run ({first})"
                     ) from None
-                print(f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)", file=out)
+                print(
+                    f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)",
+                    file=out,
+                )
     return 0
 
 
@@ -167,13 +286,19 @@ def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -
     exists and is writable, or (``folder``) a folder that exists or can be made."""
     p = os.path.abspath(path)
     if not folder and os.path.isdir(p):
-        raise error(f"{flag} {path}: is a directory; give a file name such as {os.path.join(path, 'runs.csv')}")
+        raise error(
+            f"{flag} {path}: is a directory; give a file name such as {os.path.join(path, 'runs.csv')}"
+        )
     if folder and os.path.exists(p) and not os.path.isdir(p):
         raise error(f"{flag} {path}: is a file; give a folder for the report")
     target = p if folder and os.path.isdir(p) else os.path.dirname(p)
     if not folder and not os.path.isdir(target):
-        raise error(f"{flag} {path}: folder {target} does not exist; create it or choose another path")
-    while folder and not os.path.exists(target):  # the report makes missing folders: check the first that exists
+        raise error(
+            f"{flag} {path}: folder {target} does not exist; create it or choose another path"
+        )
+    while folder and not os.path.exists(
+        target
+    ):  # the report makes missing folders: check the first that exists
         target = os.path.dirname(target)
     if not os.path.isdir(target) or not os.access(target, os.W_OK):
         raise error(f"{flag} {path}: {target} is not a writable folder; choose another path")
@@ -185,9 +310,11 @@ def arms_csv_path(csv: str) -> str:
     return f"{root}_arms{ext or '.csv'}"
 
 
-def terminal_table(table: "pd.DataFrame", clusters: "pd.DataFrame") -> str:
+def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:
     """The runs table for a terminal: short headers, an id prefix, a cluster number instead of the genotype."""
     cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
-    t = table.assign(cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX])
+    t = table.assign(
+        cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX]
+    )
     t = t[[c for c in TERMINAL_COLUMNS if c in t.columns]].rename(columns=_SHORT)
     return t.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")

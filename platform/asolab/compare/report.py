@@ -12,8 +12,8 @@ import html
 import io
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 import matplotlib
 import numpy as np
@@ -57,12 +57,24 @@ figcaption { font-size: 0.8em; }
 
 # the runs table's columns on the page: (table column, header)
 _PAGE_COLUMNS = (
-    ("run_name", "run"), ("experiment", "experiment"), ("dataset", "data"), ("seed", "seed"),
-    ("schedule", "schedule"), ("initial_temperature", "τ start"), ("min_temperature", "τ min"),
-    ("anneal_fraction", "anneal"), ("mutation_strength", "mutation"), ("cycles", "cycles"),
-    ("epochs", "epochs W/α/re"), ("final_epochs", "final ep."), ("cluster", "genotype"),
-    ("params", "params"), ("peak_rss_mb", "peak MB"), ("val_acc", "val acc"),
-    ("test_acc", "test acc"), ("status", "status"),
+    ("run_name", "run"),
+    ("experiment", "experiment"),
+    ("dataset", "data"),
+    ("seed", "seed"),
+    ("schedule", "schedule"),
+    ("initial_temperature", "τ start"),
+    ("min_temperature", "τ min"),
+    ("anneal_fraction", "anneal"),
+    ("mutation_strength", "mutation"),
+    ("cycles", "cycles"),
+    ("epochs", "epochs W/α/re"),
+    ("final_epochs", "final ep."),
+    ("cluster", "genotype"),
+    ("params", "params"),
+    ("peak_rss_mb", "peak MB"),
+    ("val_acc", "val acc"),
+    ("test_acc", "test acc"),
+    ("status", "status"),
 )
 
 
@@ -127,7 +139,9 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
                 link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
                 cells.append(f"<td>{link}</td>")
             elif col == "epochs":
-                epochs = "/".join(_fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs"))
+                epochs = "/".join(
+                    _fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs")
+                )
                 cells.append(f'<td class="num">{epochs}</td>')
             elif col == "cluster":
                 c = cluster_of.get(r["genotype"])
@@ -167,7 +181,9 @@ def _frame_html(df: pd.DataFrame, index: bool = False) -> str:
         return df.to_html(
             index=index, escape=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0
         )
-    return df.to_html(index=index, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
+    return df.to_html(
+        index=index, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0
+    )
 
 
 # ---------------------------------------------------------------------- plots
@@ -175,10 +191,12 @@ def _frame_html(df: pd.DataFrame, index: bool = False) -> str:
 
 def _experiment_colours(experiments: Iterable[str]) -> dict[str, str]:
     cmap = plt.get_cmap("tab10")
-    return {e: matplotlib.colors.to_hex(cmap(k % 10)) for k, e in enumerate(sorted(set(experiments)))}
+    return {
+        e: matplotlib.colors.to_hex(cmap(k % 10)) for k, e in enumerate(sorted(set(experiments)))
+    }
 
 
-def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> Optional[bytes]:
+def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> bytes | None:
     """Validation (o) and test (x) accuracy against column ``x``, coloured by experiment."""
     data = table.dropna(subset=[x])
     if data.empty:
@@ -187,8 +205,16 @@ def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> Optiona
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for exp, group in data.groupby("experiment", sort=True):
         xs = group[x].astype(float)
-        ax.scatter(xs, group["val_acc"].astype(float), color=colours[exp], marker="o", label=f"{exp} (val)")
-        ax.scatter(xs, group["test_acc"].astype(float), color=colours[exp], marker="x", label=f"{exp} (test)")
+        ax.scatter(
+            xs, group["val_acc"].astype(float), color=colours[exp], marker="o", label=f"{exp} (val)"
+        )
+        ax.scatter(
+            xs,
+            group["test_acc"].astype(float),
+            color=colours[exp],
+            marker="x",
+            label=f"{exp} (test)",
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy")
     ax.set_title(title, fontsize=10)
@@ -197,7 +223,7 @@ def scatter_png(table: pd.DataFrame, x: str, xlabel: str, title: str) -> Optiona
     return _fig_png(fig)
 
 
-def op_frequency_png(freq: pd.DataFrame) -> Optional[bytes]:
+def op_frequency_png(freq: pd.DataFrame) -> bytes | None:
     """Grouped bars: how often each op appears in normal and reduction cells
     (and in the cells with their own alphas, when there are any)."""
     if freq.empty or freq["total"].sum() == 0:
@@ -214,9 +240,12 @@ def op_frequency_png(freq: pd.DataFrame) -> Optional[bytes]:
     return _fig_png(fig)
 
 
-def evolution_png(comparison: Comparison) -> Optional[bytes]:
+def evolution_png(comparison: Comparison) -> bytes | None:
     """Edit distance from the previous cycle's genotype, per run."""
-    frames = [(lab, comparison.evolutions.get(r.run_id)) for lab, r in zip(labels(comparison.records), comparison.records)]
+    frames = [
+        (lab, comparison.evolutions.get(r.run_id))
+        for lab, r in zip(labels(comparison.records), comparison.records)
+    ]
     frames = [(lab, df) for lab, df in frames if df is not None and len(df) > 1]
     if not frames:
         return None
@@ -254,11 +283,13 @@ def render_html(
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f'<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); '
-        f'store <code>{html.escape(sel.tracking_uri)}</code>.</p>',
+        f"<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); "
+        f"store <code>{html.escape(sel.tracking_uri)}</code>.</p>",
     ]
     if sel.skipped:
-        parts.append(f'<p class="skipped">Skipped {len(sel.skipped)} run(s):</p><ul class="skipped">')
+        parts.append(
+            f'<p class="skipped">Skipped {len(sel.skipped)} run(s):</p><ul class="skipped">'
+        )
         parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
         parts.append("</ul>")
 
@@ -288,16 +319,25 @@ def render_html(
     ):
         png = scatter_png(t, x, xlabel, name) if not t.empty else None
         if png:
-            parts.append(f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x test</figcaption></figure>")
+            parts.append(
+                f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x test</figcaption></figure>"
+            )
 
-    parts += ["<h2>Genotype clusters</h2>", "<p>Runs whose final genotypes have the same canonical form.</p>"]
+    parts += [
+        "<h2>Genotype clusters</h2>",
+        "<p>Runs whose final genotypes have the same canonical form.</p>",
+    ]
     parts.append(_clusters_html(comparison.clusters))
     for _, row in comparison.clusters.head(MAX_CELL_PICTURES).iterrows():
         caption = f"cluster {row['cluster']}: {row['runs']} run(s) — {row['run_names']}"
         png = genotype_png(Genotype.parse(row["genotype"]), f"cluster {row['cluster']}")
-        parts.append(f"<figure>{_img(png, caption)}<figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.append(
+            f"<figure>{_img(png, caption)}<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
     if len(comparison.clusters) > MAX_CELL_PICTURES:
-        parts.append(f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes not drawn.</p>')
+        parts.append(
+            f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes not drawn.</p>'
+        )
 
     parts.append("<h2>Differences from the best run</h2>")
     if comparison.diffs:
@@ -313,13 +353,18 @@ def render_html(
                 "(see above).</p>"
             )
         for d in comparison.diffs:
-            parts.append(f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>")
+            parts.append(
+                f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>"
+            )
             parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
             parts.append("</ul>")
     else:
         parts.append('<p class="muted">All compared runs share one genotype.</p>')
 
-    parts += ["<h2>Distances</h2>", "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell whose concat list differs.</p>"]
+    parts += [
+        "<h2>Distances</h2>",
+        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell whose concat list differs.</p>",
+    ]
     parts.append(_frame_html(comparison.distances, index=True))
 
     parts += ["<h2>Operation frequencies</h2>"]
@@ -376,12 +421,16 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         name = next((r.run_name for r in comparison.records if r.run_id == rid), rid[:8])
         png = scatter_png(pairs, f"{name}: one-shot vs stand-alone")
         if png:
-            parts.append(f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: one point per genotype"
-                         "</figcaption></figure>")
+            parts.append(
+                f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: one point per genotype"
+                "</figcaption></figure>"
+            )
     return parts
 
 
-def write_report(comparison: Comparison, directory: str | Path, title: str = "asolab genotype comparison") -> Path:
+def write_report(
+    comparison: Comparison, directory: str | Path, title: str = "asolab genotype comparison"
+) -> Path:
     """Write ``index.html`` and ``runs.csv`` into ``directory``; returns the page's path."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -394,20 +443,26 @@ def write_report(comparison: Comparison, directory: str | Path, title: str = "as
     return page
 
 
-def log_to_mlflow(comparison: Comparison, directory: str | Path, experiment: str = "asolab-comparisons") -> str:
+def log_to_mlflow(
+    comparison: Comparison, directory: str | Path, experiment: str = "asolab-comparisons"
+) -> str:
     """Attach a written report to a new comparison run in ``experiment``; returns its run id.
 
     The run is tagged so that later comparisons never select it.
     """
     from mlflow.tracking import MlflowClient
 
-    from ..tracking.store import ensure_experiment
     from ..tracking import layout as L
+    from ..tracking.store import ensure_experiment
 
     uri = comparison.selection.tracking_uri
     client = MlflowClient(tracking_uri=uri)
     exp_id = ensure_experiment(client, uri, experiment)
-    run = client.create_run(exp_id, run_name=f"compare {len(comparison.records)} runs", tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.MLFLOW_NOTE: comparison.selection.description})
+    run = client.create_run(
+        exp_id,
+        run_name=f"compare {len(comparison.records)} runs",
+        tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.MLFLOW_NOTE: comparison.selection.description},
+    )
     rid = run.info.run_id
     try:
         selection, run_ids = L.COMPARISON_PARAMS

@@ -16,9 +16,10 @@ import logging
 import math
 import re
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import pandas as pd
 from mlflow.entities import Run, ViewType
@@ -39,10 +40,28 @@ _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 
 # Table columns, in order: (column, where it comes from).
 COLUMNS = (
-    "run_name", "run_id", "experiment", "dataset", "seed", "schedule", "initial_temperature",
-    "min_temperature", "anneal_fraction", "mutation_strength", "cycles", "w_epochs", "alpha_epochs",
-    "retrain_epochs", "final_epochs", "genotype", "params", "peak_rss_mb", "val_acc", "test_acc",
-    "status", "experiment_id",
+    "run_name",
+    "run_id",
+    "experiment",
+    "dataset",
+    "seed",
+    "schedule",
+    "initial_temperature",
+    "min_temperature",
+    "anneal_fraction",
+    "mutation_strength",
+    "cycles",
+    "w_epochs",
+    "alpha_epochs",
+    "retrain_epochs",
+    "final_epochs",
+    "genotype",
+    "params",
+    "peak_rss_mb",
+    "val_acc",
+    "test_acc",
+    "status",
+    "experiment_id",
 )
 # The training budget: runs that differ here are not compared like for like.
 BUDGET_COLUMNS = ("cycles", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")
@@ -65,9 +84,11 @@ def open_store(tracking_uri: str) -> MlflowClient:
     from ..tracking.store import check_reachable, check_sqlite_store
 
     if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+        db = Path(tracking_uri[len("sqlite:///") :])
         if not db.is_file():
-            raise CompareError(f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri")
+            raise CompareError(
+                f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri"
+            )
         check_sqlite_store(tracking_uri)
     else:
         check_reachable(tracking_uri)
@@ -123,7 +144,9 @@ class RunRecord:
             "final_epochs": self.param("search.final_epochs", int),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),
-            "peak_rss_mb": self.metric(layout.FINAL_PREFIX + layout.PEAK_RSS_MB, layout.PEAK_RSS_MB, layout.RSS_MB),
+            "peak_rss_mb": self.metric(
+                layout.FINAL_PREFIX + layout.PEAK_RSS_MB, layout.PEAK_RSS_MB, layout.RSS_MB
+            ),
             "val_acc": self.metric(*VAL_ACC_METRICS),
             "test_acc": self.metric(layout.TEST_ACC),
             "status": self.status,
@@ -167,13 +190,19 @@ class Selection:
         ``--diff`` never silently compares a run the user did not mean.
         """
         exact = [r for r in self.records if r.run_id == ref]
-        matches = exact or [r for r in self.records if r.run_id.startswith(ref) or r.run_name == ref]
+        matches = exact or [
+            r for r in self.records if r.run_id.startswith(ref) or r.run_name == ref
+        ]
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise CompareError(f"run {ref!r} is not among the selected runs ({len(self.records)} selected)")
+            raise CompareError(
+                f"run {ref!r} is not among the selected runs ({len(self.records)} selected)"
+            )
         listed = ", ".join(f"{r.run_id} ({r.run_name}, {r.experiment})" for r in matches)
-        raise CompareError(f"run {ref!r} is ambiguous: it matches {len(matches)} selected runs: {listed}; give more of the run id")
+        raise CompareError(
+            f"run {ref!r} is ambiguous: it matches {len(matches)} selected runs: {listed}; give more of the run id"
+        )
 
 
 # ---------------------------------------------------------------------- selection
@@ -181,11 +210,15 @@ class Selection:
 
 def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> dict[str, str]:
     """Experiment name -> id; an unknown name is a one-line error listing the known ones."""
-    known = {e.name: e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
+    known = {
+        e.name: e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+    }
     missing = [n for n in names if n not in known]
     if missing:
         listed = ", ".join(sorted(n for n in known if n != COMPARISON_EXPERIMENT)) or "(none)"
-        raise CompareError(f"experiment {missing[0]!r} not found in {_store_name(client)}; known experiments: {listed}")
+        raise CompareError(
+            f"experiment {missing[0]!r} not found in {_store_name(client)}; known experiments: {listed}"
+        )
     if names:
         return {n: known[n] for n in names}
     return {n: i for n, i in known.items() if n != COMPARISON_EXPERIMENT}
@@ -203,10 +236,18 @@ def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: 
     token = None
     while True:
         try:
-            page = client.search_runs(ids, filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+            page = client.search_runs(
+                ids,
+                filter_string=filter_string,
+                run_view_type=ViewType.ACTIVE_ONLY,
+                max_results=1000,
+                page_token=token,
+            )
         except MlflowException as exc:
             first = str(exc.message if hasattr(exc, "message") else exc).splitlines()[0]
-            raise CompareError(f"--filter {filter_string!r} is not a valid MLflow search expression: {first}") from None
+            raise CompareError(
+                f"--filter {filter_string!r} is not a valid MLflow search expression: {first}"
+            ) from None
         runs.extend(page)
         token = page.token
         if not token:
@@ -228,7 +269,10 @@ def is_bookkeeping(run: Run) -> bool:
     """A run that only groups others (a comparison run, a study's parent run): no genotype of its own."""
     tags = run.data.tags
     kind = tags.get(layout.TAG_RUN_KIND)
-    return kind in (layout.KIND_COMPARISON, layout.KIND_STUDY) or tags.get(layout.TAG_STUDY_PARENT) == "true"
+    return (
+        kind in (layout.KIND_COMPARISON, layout.KIND_STUDY)
+        or tags.get(layout.TAG_STUDY_PARENT) == "true"
+    )
 
 
 def find_runs(
@@ -249,28 +293,40 @@ def find_runs(
     runs: list[Run] = [_get_run(client, rid) for rid in run_ids]
     for source in baseline:  # a baseline set: the ASO-SE run and its control arms (asolab baseline)
         exp_ids = _experiment_ids(client, experiments)
-        found = _search(client, exp_ids.values(), _and(filter_string, f"tags.`{layout.TAG_BASELINE_OF}` = '{source}'"))
+        found = _search(
+            client,
+            exp_ids.values(),
+            _and(filter_string, f"tags.`{layout.TAG_BASELINE_OF}` = '{source}'"),
+        )
         if not found:
-            raise CompareError(f"--baseline {source}: no runs tagged {layout.TAG_BASELINE_OF}={source!r} in "
-                               f"{_store_name(client)}; make them with: asolab baseline {source}")
+            raise CompareError(
+                f"--baseline {source}: no runs tagged {layout.TAG_BASELINE_OF}={source!r} in "
+                f"{_store_name(client)}; make them with: asolab baseline {source}"
+            )
         runs.extend(found)
     if (experiments or filter_string or study or not run_ids) and not baseline:
         exp_ids = _experiment_ids(client, experiments)
         study_filter = f"tags.`{layout.TAG_STUDY}` = '{study}'" if study else ""
-        found = [r for r in _search(client, exp_ids.values(), _and(filter_string, study_filter)) if not is_bookkeeping(r)]
+        found = [
+            r
+            for r in _search(client, exp_ids.values(), _and(filter_string, study_filter))
+            if not is_bookkeeping(r)
+        ]
         if study:
             # A parent run without the parent tag (made by hand or by an older version)
             # carries the study tag too: prefer the runs that are trials.
             found = [r for r in found if layout.TAG_TRIAL in r.data.tags] or found
         if study and not found:
-            raise CompareError(f"no runs tagged {layout.TAG_STUDY}={study!r} in {_store_name(client)}")
+            raise CompareError(
+                f"no runs tagged {layout.TAG_STUDY}={study!r} in {_store_name(client)}"
+            )
         runs.extend(found)
     unique = list({r.info.run_id: r for r in runs}.values())  # a run named and also found: once
     unique.sort(key=lambda r: (r.info.experiment_id, r.info.start_time or 0, r.info.run_id))
     return unique
 
 
-def _metric_value(run: Run, name: str) -> Optional[float]:
+def _metric_value(run: Run, name: str) -> float | None:
     """The run's latest value of metric ``name``; None when it was never logged or is NaN."""
     v = run.data.metrics.get(name)
     return None if v is None or math.isnan(v) else float(v)
@@ -302,7 +358,7 @@ def rank_by_metric(runs: Sequence[Run], by: str, ascending: bool = False) -> lis
 # ---------------------------------------------------------------------- artifacts
 
 
-def _read_artifact(client: MlflowClient, run_id: str, path: str) -> Optional[str]:
+def _read_artifact(client: MlflowClient, run_id: str, path: str) -> str | None:
     """Text of one artifact, or None when the run has no such artifact."""
     folder, _, name = path.rpartition("/")
     try:
@@ -387,12 +443,20 @@ def load_selection(
     """
     uri = resolve_tracking_uri(tracking_uri)
     client = open_store(uri)
-    runs = find_runs(client, experiments=experiments, run_ids=run_ids, filter_string=filter_string, study=study,
-                     baseline=baseline)
+    runs = find_runs(
+        client,
+        experiments=experiments,
+        run_ids=run_ids,
+        filter_string=filter_string,
+        study=study,
+        baseline=baseline,
+    )
     if top:
         runs = rank_by_metric(runs, by, ascending)
     names = experiment_names(client, runs)
-    selection = Selection(uri, description=describe(experiments, run_ids, filter_string, study, top, by, baseline))
+    selection = Selection(
+        uri, description=describe(experiments, run_ids, filter_string, study, top, by, baseline)
+    )
     for run in runs:
         # --top counts compared runs: a run without a genotype does not take a place,
         # and runs ranked below the K-th compared one are never read.
@@ -407,14 +471,30 @@ def load_selection(
             log.info("skipping run %s: %s", run.info.run_id, exc)
             continue
         selection.records.append(
-            RunRecord(run.info.run_id, name, exp, run.info.status, dict(run.data.params), dict(run.data.tags), dict(run.data.metrics), genotype,
-                      run.info.experiment_id)
+            RunRecord(
+                run.info.run_id,
+                name,
+                exp,
+                run.info.status,
+                dict(run.data.params),
+                dict(run.data.tags),
+                dict(run.data.metrics),
+                genotype,
+                run.info.experiment_id,
+            )
         )
     return selection
 
 
-def describe(experiments: Sequence[str], run_ids: Sequence[str], filter_string: str, study: str, top: int, by: str,
-             baseline: Sequence[str] = ()) -> str:
+def describe(
+    experiments: Sequence[str],
+    run_ids: Sequence[str],
+    filter_string: str,
+    study: str,
+    top: int,
+    by: str,
+    baseline: Sequence[str] = (),
+) -> str:
     """The selection in words (report title, comparison-run param)."""
     parts = [f"control arms of {b[:8]}" for b in baseline]
     if experiments:

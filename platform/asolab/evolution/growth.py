@@ -21,7 +21,7 @@ checkpointed), so runs and resumes are reproducible.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -32,7 +32,7 @@ from . import morphism
 from .morphism import Morph
 
 KINDS = ("widen", "deepen", "branch")
-Policy = Callable[[GrowthConfig, int, Sequence[float]], Optional[str]]
+Policy = Callable[[GrowthConfig, int, Sequence[float]], str | None]
 
 
 def stalled(val_history: Sequence[float], patience: int) -> bool:
@@ -46,11 +46,11 @@ def _always(kind: str) -> Policy:
     return lambda cfg, cycle, val_history: kind
 
 
-def _rotate(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
+def _rotate(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> str | None:
     return KINDS[cycle % len(KINDS)]
 
 
-def _plateau(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
+def _plateau(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> str | None:
     return _rotate(cfg, cycle, val_history) if stalled(val_history, cfg.plateau_patience) else None
 
 
@@ -64,7 +64,7 @@ POLICIES: dict[str, Policy] = {
 }
 
 
-def growth_kind(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> Optional[str]:
+def growth_kind(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> str | None:
     """The growth kind of this cycle's mutation phase, or None."""
     if cfg.policy not in POLICIES:
         raise ValueError(f"unknown growth policy {cfg.policy!r}")
@@ -100,7 +100,9 @@ def propose(net: SearchNetwork, kind: str, strength: float) -> Morph:
     if kind == "deepen":
         positions = morphism.deepen_positions(spec)
         if not positions:
-            raise ValueError("no position admits an identity cell (stem or cell widths not divisible by steps)")
+            raise ValueError(
+                "no position admits an identity cell (stem or cell widths not divisible by steps)"
+            )
         return morphism.deepen(net, positions[_randint(len(positions))])
     if kind == "branch":
         return _propose_branch(net)
@@ -112,7 +114,9 @@ def _propose_branch(net: SearchNetwork) -> Morph:
     its alphas that this edge has no branch of yet."""
     spec = net.spec
     ops = [i for i, p in enumerate(spec.primitives) if p != "none"]
-    edges = [(c, k, j) for c in range(len(spec.cells)) for k in range(spec.steps) for j in range(k + 2)]
+    edges = [
+        (c, k, j) for c in range(len(spec.cells)) for k in range(spec.steps) for j in range(k + 2)
+    ]
     for n in torch.randperm(len(edges)).tolist():
         c, k, j = edges[n]
         cs = spec.cells[c]
@@ -129,7 +133,9 @@ def within_cap(morph: Morph, max_params: int) -> bool:
     return max_params <= 0 or morph.net.num_weights() <= max_params
 
 
-def plan_steps(cfg: GrowthConfig, strength: float, cycle: int, val_history: Sequence[float]) -> list[str]:
+def plan_steps(
+    cfg: GrowthConfig, strength: float, cycle: int, val_history: Sequence[float]
+) -> list[str]:
     """The growth kinds this mutation phase tries, in order (empty: no growth)."""
     kind = growth_kind(cfg, cycle, val_history)
     return [] if kind is None else [kind] * growth_steps(strength)

@@ -35,8 +35,9 @@ halves come from different convolutions, so the mapping is built per half
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -55,7 +56,9 @@ SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
 # ---------------------------------------------------------------------------- tensor level
 
 
-def wider_mapping(old: int, new: int, *, blocks: int = 1, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def wider_mapping(
+    old: int, new: int, *, blocks: int = 1, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Net2WiderNet mapping from ``new`` channels to ``old`` ones.
 
     Channels are split into ``blocks`` equal blocks widened independently (a
@@ -73,7 +76,7 @@ def wider_mapping(old: int, new: int, *, blocks: int = 1, generator: Optional[to
     return torch.cat(parts)
 
 
-def take(t: torch.Tensor, mapping: Optional[torch.Tensor], power: int = 1) -> torch.Tensor:
+def take(t: torch.Tensor, mapping: torch.Tensor | None, power: int = 1) -> torch.Tensor:
     """Rows of ``t`` along dim 0 by ``mapping`` (None: unchanged); replication needs no rescale."""
     return t.clone() if mapping is None else t[mapping.to(t.device)].clone()
 
@@ -86,8 +89,8 @@ def widen_conv_weight(
     w: torch.Tensor,
     *,
     groups: int = 1,
-    out_map: Optional[torch.Tensor] = None,
-    in_map: Optional[torch.Tensor] = None,
+    out_map: torch.Tensor | None = None,
+    in_map: torch.Tensor | None = None,
     power: int = 1,
 ) -> torch.Tensor:
     """Widen a conv (or linear, 2-D) weight: rows by ``out_map``, columns by
@@ -107,7 +110,9 @@ def widen_conv_weight(
         if om is None and im is None:
             return w.clone()
         if om is None or im is None or not torch.equal(om, im):
-            raise ValueError("a depthwise convolution needs the same mapping on its input and output")
+            raise ValueError(
+                "a depthwise convolution needs the same mapping on its input and output"
+            )
         return w[om].clone()
     om = om if om is not None else torch.arange(c_out, device=dev)
     im = im if im is not None else torch.arange(c_in, device=dev)
@@ -121,7 +126,9 @@ def widen_conv_weight(
     for b in range(groups):
         o_idx, i_idx = om[b * nog : (b + 1) * nog], im[b * nig : (b + 1) * nig]
         if bool((o_idx // og != b).any()) or bool((i_idx // ig != b).any()):
-            raise ValueError("a grouped convolution needs a block-structured mapping (replicas stay in their group)")
+            raise ValueError(
+                "a grouped convolution needs a block-structured mapping (replicas stay in their group)"
+            )
         blocks.append(w[o_idx][:, i_idx - b * ig] / scale[i_idx].view(1, -1, *extra))
     return torch.cat(blocks)
 
@@ -129,7 +136,12 @@ def widen_conv_weight(
 # ---------------------------------------------------------------------------- module level
 
 
-def widen_conv(conv: nn.Conv2d, *, out_map: Optional[torch.Tensor] = None, in_map: Optional[torch.Tensor] = None) -> nn.Conv2d:
+def widen_conv(
+    conv: nn.Conv2d,
+    *,
+    out_map: torch.Tensor | None = None,
+    in_map: torch.Tensor | None = None,
+) -> nn.Conv2d:
     """A new Conv2d at the widened size with every hyperparameter of ``conv``."""
     depthwise = conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
     c_out = len(out_map) if out_map is not None else conv.out_channels
@@ -148,17 +160,30 @@ def widen_conv(conv: nn.Conv2d, *, out_map: Optional[torch.Tensor] = None, in_ma
         dtype=conv.weight.dtype,
     )
     with torch.no_grad():
-        new.weight.copy_(widen_conv_weight(conv.weight, groups=conv.groups, out_map=out_map, in_map=in_map))
+        new.weight.copy_(
+            widen_conv_weight(conv.weight, groups=conv.groups, out_map=out_map, in_map=in_map)
+        )
         if conv.bias is not None:
             new.bias.copy_(take(conv.bias, out_map))
     new.train(conv.training)
     return new
 
 
-def widen_linear(linear: nn.Linear, *, in_map: Optional[torch.Tensor] = None, out_map: Optional[torch.Tensor] = None) -> nn.Linear:
+def widen_linear(
+    linear: nn.Linear,
+    *,
+    in_map: torch.Tensor | None = None,
+    out_map: torch.Tensor | None = None,
+) -> nn.Linear:
     c_in = len(in_map) if in_map is not None else linear.in_features
     c_out = len(out_map) if out_map is not None else linear.out_features
-    new = nn.Linear(c_in, c_out, bias=linear.bias is not None, device=linear.weight.device, dtype=linear.weight.dtype)
+    new = nn.Linear(
+        c_in,
+        c_out,
+        bias=linear.bias is not None,
+        device=linear.weight.device,
+        dtype=linear.weight.dtype,
+    )
     with torch.no_grad():
         new.weight.copy_(widen_conv_weight(linear.weight, out_map=out_map, in_map=in_map))
         if linear.bias is not None:
@@ -233,7 +258,12 @@ def _same_name(name: str) -> str:
     return name
 
 
-def _build(old: SearchNetwork, spec: ArchSpec, rename: Callable[[str], str], transforms: dict[str, Transform]) -> tuple[SearchNetwork, dict[str, str]]:
+def _build(
+    old: SearchNetwork,
+    spec: ArchSpec,
+    rename: Callable[[str], str],
+    transforms: dict[str, Transform],
+) -> tuple[SearchNetwork, dict[str, str]]:
     """Build ``SearchNetwork(spec)`` and fill it from ``old`` (``rename``: old name -> new name)."""
     param = next(old.parameters())
     new = SearchNetwork(spec).to(device=param.device, dtype=param.dtype)
@@ -248,7 +278,9 @@ def _build(old: SearchNetwork, spec: ArchSpec, rename: Callable[[str], str], tra
             fn = transforms.get(old_name)
             value = fn(tensor, 1) if fn is not None else tensor
             if value.shape != target[new_name].shape:
-                raise RuntimeError(f"growth produced {tuple(value.shape)} for {new_name!r}, network expects {tuple(target[new_name].shape)}")
+                raise RuntimeError(
+                    f"growth produced {tuple(value.shape)} for {new_name!r}, network expects {tuple(target[new_name].shape)}"
+                )
             target[new_name].copy_(value)
             names[new_name] = old_name
     return new, names
@@ -271,13 +303,17 @@ def _bn_rule(rules: dict[str, Transform], prefix: str, bn: nn.BatchNorm2d, mappi
             rules[prefix + name] = lambda t, power: take(t, mapping)
 
 
-def _half(mapping: Optional[torch.Tensor], old: int) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+def _half(
+    mapping: torch.Tensor | None, old: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     if mapping is None:
         return None, None
     n = len(mapping) // 2
     a, b = mapping[:n], mapping[n:] - old // 2
     if len(mapping) % 2 or bool((a >= old // 2).any()) or bool((b < 0).any()):
-        raise ValueError("a FactorizedReduce output needs an even, half-structured mapping (wider_mapping(blocks=2))")
+        raise ValueError(
+            "a FactorizedReduce output needs an even, half-structured mapping (wider_mapping(blocks=2))"
+        )
     return a, b
 
 
@@ -342,7 +378,9 @@ def needs_even(spec: ArchSpec, index: int) -> bool:
 # ---------------------------------------------------------------------------- supernet: widen
 
 
-def widen_cell(net: SearchNetwork, index: int, new_channels: int, generator: Optional[torch.Generator] = None) -> Morph:
+def widen_cell(
+    net: SearchNetwork, index: int, new_channels: int, generator: torch.Generator | None = None
+) -> Morph:
     """Widen non-residual cell ``index`` (and the residual cells that add into
     its output, which must match its width) to ``new_channels`` per node."""
     spec = net.spec
@@ -351,14 +389,22 @@ def widen_cell(net: SearchNetwork, index: int, new_channels: int, generator: Opt
         raise ValueError(f"cell {index} is residual; widen the cell whose output it adds to")
     old_c = cs.channels
     if new_channels <= old_c:
-        raise ValueError(f"widening cell {index} needs more than {old_c} channels, got {new_channels}")
+        raise ValueError(
+            f"widening cell {index} needs more than {old_c} channels, got {new_channels}"
+        )
     sources, final = signals(spec)
-    producers = [index] + [r for r, c in enumerate(spec.cells) if c.residual and sources[r][1] == index]
+    producers = [index] + [
+        r for r, c in enumerate(spec.cells) if c.residual and sources[r][1] == index
+    ]
     blocks = 2 if old_c % 2 == 0 and new_channels % 2 == 0 else 1
     if blocks == 1 and any(needs_even(spec, p) for p in producers):
-        raise ValueError(f"cell {index} has a FactorizedReduce: widen it from and to even channel counts")
+        raise ValueError(
+            f"cell {index} has a FactorizedReduce: widen it from and to even channel counts"
+        )
     m = wider_mapping(old_c, new_channels, blocks=blocks, generator=generator)
-    out_map = torch.cat([n * old_c + m for n in range(spec.steps)])  # the cell's concatenated output
+    out_map = torch.cat(
+        [n * old_c + m for n in range(spec.steps)]
+    )  # the cell's concatenated output
 
     rules: dict[str, Transform] = {}
     for c, cell in enumerate(net.cells):
@@ -367,7 +413,13 @@ def widen_cell(net: SearchNetwork, index: int, new_channels: int, generator: Opt
         for slot in (0, 1):
             in_map = out_map if sources[c][slot] == index else None
             if in_map is not None or produce:
-                _op_rules(rules, f"cells.{c}.preprocess{slot}.", getattr(cell, f"preprocess{slot}"), in_map, m if produce else None)
+                _op_rules(
+                    rules,
+                    f"cells.{c}.preprocess{slot}.",
+                    getattr(cell, f"preprocess{slot}"),
+                    in_map,
+                    m if produce else None,
+                )
         if produce:
             for e, mixed in enumerate(cell.edges):
                 for o, op in enumerate(mixed.ops):
@@ -375,11 +427,22 @@ def widen_cell(net: SearchNetwork, index: int, new_channels: int, generator: Opt
             for b, op in enumerate(cell.branches):
                 _op_rules(rules, f"cells.{c}.branches.{b}.", op, m, m)
     if final == index:
-        rules["classifier.weight"] = lambda t, power: widen_conv_weight(t, in_map=out_map, power=power)
+        rules["classifier.weight"] = lambda t, power: widen_conv_weight(
+            t, in_map=out_map, power=power
+        )
 
-    cells = [replace_channels(c, new_channels) if i in producers else c for i, c in enumerate(spec.cells)]
+    cells = [
+        replace_channels(c, new_channels) if i in producers else c for i, c in enumerate(spec.cells)
+    ]
     new, names = _build(net, spec.with_cells(cells), _same_name, rules)
-    return Morph(new, "widen", f"cell {index}", names, rules, {"cells": producers, "channels": [old_c, new_channels]})
+    return Morph(
+        new,
+        "widen",
+        f"cell {index}",
+        names,
+        rules,
+        {"cells": producers, "channels": [old_c, new_channels]},
+    )
 
 
 def replace_channels(cs: CellSpec, channels: int) -> CellSpec:
@@ -423,7 +486,9 @@ def deepen(net: SearchNetwork, position: int) -> Morph:
     """
     spec = net.spec
     if position not in deepen_positions(spec):
-        raise ValueError(f"no identity cell fits at position {position}; allowed: {deepen_positions(spec)}")
+        raise ValueError(
+            f"no identity cell fits at position {position}; allowed: {deepen_positions(spec)}"
+        )
     c_p = spec.stem_channels
     for cs in spec.cells[:position]:
         if not cs.residual:
@@ -450,7 +515,14 @@ def deepen(net: SearchNetwork, position: int) -> Morph:
     # loss gives these alphas no gradient -- and pull the copy away from what
     # alpha-training learned.
     names[f"alphas.{key}"] = "alphas.normal"
-    return Morph(new, "deepen", f"position {position}", names, {}, {"position": position, "channels": c_p // spec.steps})
+    return Morph(
+        new,
+        "deepen",
+        f"position {position}",
+        names,
+        {},
+        {"position": position, "channels": c_p // spec.steps},
+    )
 
 
 # ---------------------------------------------------------------------------- supernet: branch
@@ -465,14 +537,23 @@ def add_branch(net: SearchNetwork, index: int, node: int, input_: int, op: str) 
     """
     spec = net.spec
     if op == "none" or op not in spec.primitives:
-        raise ValueError(f"branch op must be one of the space's primitives other than none, got {op!r}")
+        raise ValueError(
+            f"branch op must be one of the space's primitives other than none, got {op!r}"
+        )
     cs = spec.cells[index]
     if not 0 <= node < spec.steps or not 0 <= input_ < node + 2:
         raise ValueError(f"cell {index} has no edge (node {node}, input {input_})")
     grown = replace(cs, branches=cs.branches + ((node, input_, op),))
     cells = [grown if i == index else c for i, c in enumerate(spec.cells)]
     new, names = _build(net, spec.with_cells(cells), _same_name, {})
-    return Morph(new, "branch", f"cell {index} node {node} input {input_} {op}", names, {}, {"cell": index, "node": node, "input": input_, "op": op})
+    return Morph(
+        new,
+        "branch",
+        f"cell {index} node {node} input {input_} {op}",
+        names,
+        {},
+        {"cell": index, "node": node, "input": input_, "op": op},
+    )
 
 
 # ---------------------------------------------------------------------------- optimizers
@@ -508,7 +589,11 @@ def remap_optimizer(
         state = {}
         for key, value in old_opt.state[old_p].items():
             if torch.is_tensor(value) and value.shape == old_p.shape and value.dim() > 0:
-                value = fn(value, 2 if key in SECOND_MOMENTS else 1) if fn is not None else value.clone()
+                value = (
+                    fn(value, 2 if key in SECOND_MOMENTS else 1)
+                    if fn is not None
+                    else value.clone()
+                )
             elif torch.is_tensor(value):
                 value = value.clone()
             state[key] = value

@@ -8,14 +8,16 @@ Schedules are pure functions of run progress ``p`` in [0, 1]: they start at
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..config import TemperatureConfig
 
 
-def gumbel_softmax_st(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_softmax_st(
+    logits: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Straight-through hard Gumbel-softmax over the last dimension.
 
     Returns ``(hard, index)``: ``hard`` is exactly one-hot in value (so callers
@@ -41,7 +43,9 @@ def exponential(progress: float, cfg: TemperatureConfig) -> float:
 
 def cosine(progress: float, cfg: TemperatureConfig) -> float:
     q = _annealed(progress, cfg)
-    return cfg.min_temperature + 0.5 * (cfg.initial_temperature - cfg.min_temperature) * (1 + math.cos(math.pi * q))
+    return cfg.min_temperature + 0.5 * (cfg.initial_temperature - cfg.min_temperature) * (
+        1 + math.cos(math.pi * q)
+    )
 
 
 def linear(progress: float, cfg: TemperatureConfig) -> float:

@@ -26,15 +26,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
 import torch.nn.functional as F
 
 from .. import threads as cpu_threads
-from ..config import ConfigError, ExperimentConfig, from_dict
+from ..config import ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
@@ -43,6 +44,7 @@ from ..space.genotype import Genotype
 from ..space.network import Plans, SearchNetwork
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
+from .device import resolve_device
 from .events import (
     CheckpointSaved,
     CycleEnd,
@@ -54,7 +56,6 @@ from .events import (
     RunInterrupted,
     RunStart,
 )
-from .device import resolve_device
 from .memory import check_fits, memory_stats, out_of_memory
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,15 @@ class Position:
     """Where the loop is: the next phase to run and the epoch counters."""
 
     cycle: int = 0
-    phase: int = 0  # index into PHASES; cycle == cycles means the final stage (phase 0 or FINAL_DONE)
+    phase: int = (
+        0  # index into PHASES; cycle == cycles means the final stage (phase 0 or FINAL_DONE)
+    )
     global_epoch: int = 0  # every training epoch so far (the MLflow step)
     weight_epoch: int = 0  # epochs that trained weights (drives the LR schedule)
     stage_epoch: int = 0  # final-stage epochs done (a checkpoint inside the final stage)
 
 
-def epochs_done(position: Position, search: Any) -> Optional[tuple[int, int]]:
+def epochs_done(position: Position, search: Any) -> tuple[int, int] | None:
     """``(global_epoch, weight_epoch)`` that a run with ``search`` settings has done
     when it is at ``position``; None if it never is there (a phase or cycle out of
     range, a final-stage epoch outside the final stage)."""
@@ -114,10 +117,12 @@ class RunState:
     """
 
     position: Position = field(default_factory=Position)
-    genotype: Optional[Genotype] = None  # the genotype retrained in the current cycle
-    derived: Optional[Genotype] = None  # what the alphas said before mutation
+    genotype: Genotype | None = None  # the genotype retrained in the current cycle
+    derived: Genotype | None = None  # what the alphas said before mutation
     cycle_val_acc: list[float] = field(default_factory=list)
-    cycle_genotypes: list[Genotype] = field(default_factory=list)  # each cycle's, as evaluated at its end
+    cycle_genotypes: list[Genotype] = field(
+        default_factory=list
+    )  # each cycle's, as evaluated at its end
     # What the current cycle's mutation did; kept (and checkpointed) until the
     # cycle ends, where CycleEnd carries it to observers.
     cycle_edits: int = 0
@@ -128,7 +133,7 @@ class RunState:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> "RunState":
+    def from_dict(cls, state: dict[str, Any]) -> RunState:
         hints = get_type_hints(cls)
         return cls(**{f.name: _typed(hints[f.name], state[f.name]) for f in fields(cls)})
 
@@ -179,8 +184,8 @@ class Runner:
         observers: Iterable[Observer] = (),
         *,
         checkpoint_dir: str | Path | None = None,
-        data: Optional[DataBundle] = None,
-        spec: Optional[ArchSpec] = None,
+        data: DataBundle | None = None,
+        spec: ArchSpec | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
         # The thread count changes the numbers (sums split across threads), so it is
@@ -193,7 +198,9 @@ class Runner:
         self.observers = list(observers)
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
-        self.spec = spec or ArchSpec.from_config(cfg.space, self.data.in_channels, self.data.num_classes)
+        self.spec = spec or ArchSpec.from_config(
+            cfg.space, self.data.in_channels, self.data.num_classes
+        )
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:
@@ -202,15 +209,21 @@ class Runner:
             raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
         s = cfg.search
         self.weight_opt = torch.optim.SGD(
-            self.net.weight_parameters(), lr=s.weight_lr, momentum=s.weight_momentum, weight_decay=s.weight_decay
+            self.net.weight_parameters(),
+            lr=s.weight_lr,
+            momentum=s.weight_momentum,
+            weight_decay=s.weight_decay,
         )
         self.alpha_opt = torch.optim.Adam(
-            self.net.alpha_parameters(), lr=s.alpha_lr, betas=(0.5, 0.999), weight_decay=s.alpha_weight_decay
+            self.net.alpha_parameters(),
+            lr=s.alpha_lr,
+            betas=(0.5, 0.999),
+            weight_decay=s.alpha_weight_decay,
         )
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self._resumed_from: Optional[dict[str, Any]] = None
+        self._resumed_from: dict[str, Any] | None = None
         self._elapsed = 0.0  # seconds of the run before this process (restored on resume)
         self._started = time.perf_counter()
         self._last_checkpoint = time.perf_counter()
@@ -248,7 +261,9 @@ class Runner:
 
     # ------------------------------------------------------------------ steps
 
-    def _weight_step(self, x: torch.Tensor, y: torch.Tensor, plans: Plans) -> tuple[torch.Tensor, torch.Tensor]:
+    def _weight_step(
+        self, x: torch.Tensor, y: torch.Tensor, plans: Plans
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.net(x, plans)
         loss = F.cross_entropy(logits, y)
         self.weight_opt.zero_grad(set_to_none=True)
@@ -257,7 +272,9 @@ class Runner:
         self.weight_opt.step()
         return loss.detach(), (logits.argmax(1) == y).sum()
 
-    def _alpha_step(self, x: torch.Tensor, y: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _alpha_step(
+        self, x: torch.Tensor, y: torch.Tensor, tau: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.net(x, self.net.sample_plans(tau, differentiable=True))
         loss = F.cross_entropy(logits, y)
         self.alpha_opt.zero_grad(set_to_none=True)
@@ -281,7 +298,12 @@ class Runner:
     # ------------------------------------------------------------------ epochs and phases
 
     def _epoch(
-        self, phase: str, epoch: int, split: Split, step: Callable, eval_genotype: Callable[[], Genotype],
+        self,
+        phase: str,
+        epoch: int,
+        split: Split,
+        step: Callable,
+        eval_genotype: Callable[[], Genotype],
         trains_weights: bool = True,
     ) -> None:
         tau = self.temperature()
@@ -290,7 +312,11 @@ class Runner:
                 group["lr"] = self.weight_lr()
         self.net.train()
         start = time.perf_counter()
-        loss_sum, correct, seen = torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0
+        loss_sum, correct, seen = (
+            torch.zeros((), device=self.device),
+            torch.zeros((), device=self.device),
+            0,
+        )
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
@@ -316,7 +342,10 @@ class Runner:
                 val_loss=val_loss,
                 val_acc=val_acc,
                 temperature=tau,
-                lrs={"weight_lr": self.weight_opt.param_groups[0]["lr"], "alpha_lr": self.alpha_opt.param_groups[0]["lr"]},
+                lrs={
+                    "weight_lr": self.weight_opt.param_groups[0]["lr"],
+                    "alpha_lr": self.alpha_opt.param_groups[0]["lr"],
+                },
                 seconds=seconds,
                 images_per_sec=seen / max(seconds, 1e-9),
             ),
@@ -328,7 +357,9 @@ class Runner:
         """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches."""
         n = self.cfg.search.calibration_batches
         if n:
-            batches = Batches(self.data.train.head(n * self.cfg.data.batch_size), self.cfg.data.batch_size)
+            batches = Batches(
+                self.data.train.head(n * self.cfg.data.batch_size), self.cfg.data.batch_size
+            )
             self.net.recalibrate_batchnorm(genotype, (x for x, _ in batches))
         return genotype
 
@@ -339,7 +370,9 @@ class Runner:
         def step(x, y, tau):
             return self._weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
 
-        epochs = self.cfg.search.w_epochs + (self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0)
+        epochs = self.cfg.search.w_epochs + (
+            self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0
+        )
         for e in range(epochs):
             self._epoch("w_train", e, self.data.train, step, self._derive_calibrated)
 
@@ -349,7 +382,14 @@ class Runner:
             p.requires_grad_(False)
         try:
             for e in range(self.cfg.search.alpha_epochs):
-                self._epoch("alpha", e, self.data.val, self._alpha_step, self._derive_calibrated, trains_weights=False)
+                self._epoch(
+                    "alpha",
+                    e,
+                    self.data.val,
+                    self._alpha_step,
+                    self._derive_calibrated,
+                    trains_weights=False,
+                )
         finally:
             for p in weights:
                 p.requires_grad_(True)
@@ -358,12 +398,21 @@ class Runner:
         tau = self.temperature()
         self.state.derived = self.net.derive()
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
-        self.state.genotype, edits = mutate(self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau)
+        self.state.genotype, edits = mutate(
+            self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau
+        )
         self.state.cycle_edits, self.state.cycle_growth = len(edits), []
         self._calibrate(self.state.genotype)
         self.emit(
             "on_mutation",
-            MutationEvent(self.state.position.cycle, self.state.derived, self.state.genotype, tuple(edits), tau, self.cfg.mutation.strength),
+            MutationEvent(
+                self.state.position.cycle,
+                self.state.derived,
+                self.state.genotype,
+                tuple(edits),
+                tau,
+                self.cfg.mutation.strength,
+            ),
         )
         self._grow()
 
@@ -377,7 +426,9 @@ class Runner:
         """The growth steps of this mutation phase (evolution/growth.py decides
         which); each is function-preserving and reported as a GrowthEvent."""
         strength = self.cfg.mutation.strength
-        kinds = growth.plan_steps(self.cfg.growth, strength, self.state.position.cycle, self.state.cycle_val_acc)
+        kinds = growth.plan_steps(
+            self.cfg.growth, strength, self.state.position.cycle, self.state.cycle_val_acc
+        )
         if not kinds:
             return
         assert self.state.genotype is not None
@@ -394,7 +445,10 @@ class Runner:
             if not growth.within_cap(morph, self.cfg.growth.max_params):
                 log.warning(
                     "cycle %d: growth %s at %s skipped: it would exceed growth.max_params = %d",
-                    self.state.position.cycle, kind, morph.where, self.cfg.growth.max_params,
+                    self.state.position.cycle,
+                    kind,
+                    morph.where,
+                    self.cfg.growth.max_params,
                 )
                 break
             params_before = self.net.num_weights()
@@ -423,10 +477,18 @@ class Runner:
         expressed on the grown network (deepen renumbers own-alpha cells)."""
         old = self.net
         self.net, self.spec = morph.net, morph.spec
-        self.weight_opt = morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
-        self.alpha_opt = morphism.remap_optimizer(self.alpha_opt, old, self.net.alpha_parameters(), morph)
-        self.state.genotype = morph.carry(self.state.genotype) if self.state.genotype is not None else None
-        self.state.derived = morph.carry(self.state.derived) if self.state.derived is not None else None
+        self.weight_opt = morphism.remap_optimizer(
+            self.weight_opt, old, self.net.weight_parameters(), morph
+        )
+        self.alpha_opt = morphism.remap_optimizer(
+            self.alpha_opt, old, self.net.alpha_parameters(), morph
+        )
+        self.state.genotype = (
+            morph.carry(self.state.genotype) if self.state.genotype is not None else None
+        )
+        self.state.derived = (
+            morph.carry(self.state.derived) if self.state.derived is not None else None
+        )
         # Earlier cycles' genotypes are candidates for the final network, run on this one.
         self.state.cycle_genotypes = [morph.carry(g) for g in self.state.cycle_genotypes]
 
@@ -490,7 +552,9 @@ class Runner:
             while self.state.position.cycle < self.cfg.search.cycles:
                 self._next_phase()
             result = self._finish()
-        except torch.cuda.OutOfMemoryError as exc:  # CUDA (or another accelerator) ran out: a user error
+        except (
+            torch.cuda.OutOfMemoryError
+        ) as exc:  # CUDA (or another accelerator) ran out: a user error
             error = out_of_memory(exc, self.device, self.cfg.data.batch_size)
             self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
             raise error from None
@@ -518,7 +582,9 @@ class Runner:
         if choice == "best" and self.state.cycle_genotypes:
             # Mutation explores: the last cycle's edits may have made things worse, and
             # its new ops have had only one retraining. Ties go to the later cycle.
-            best = max(range(len(self.state.cycle_val_acc)), key=lambda i: (self.state.cycle_val_acc[i], i))
+            best = max(
+                range(len(self.state.cycle_val_acc)), key=lambda i: (self.state.cycle_val_acc[i], i)
+            )
             if self.state.cycle_genotypes[best] != self.state.genotype:
                 log.info("final network: cycle %d's genotype (best validation accuracy)", best)
                 return self._calibrate(self.state.cycle_genotypes[best])
@@ -540,7 +606,9 @@ class Runner:
     def _finish(self) -> RunResult:
         """The final stage (choose the final network, train it), its checkpoint, the evaluation."""
         if self.state.position.phase != FINAL_DONE:
-            if self.state.position.stage_epoch == 0:  # else resumed inside the stage: the network is chosen
+            if (
+                self.state.position.stage_epoch == 0
+            ):  # else resumed inside the stage: the network is chosen
                 self.state.genotype = self._final_genotype()
             self._train_final()
             self.state.position.phase = FINAL_DONE
@@ -565,7 +633,15 @@ class Runner:
             supernet=self.net,
         )
         self.emit("on_run_end", end)
-        return RunResult(self.state.genotype, val_acc, test_acc, end.derived_params, end.supernet_params, seconds, list(self.state.cycle_val_acc))
+        return RunResult(
+            self.state.genotype,
+            val_acc,
+            test_acc,
+            end.derived_params,
+            end.supernet_params,
+            seconds,
+            list(self.state.cycle_val_acc),
+        )
 
     def _seconds(self) -> float:
         """Wall time of the run so far, the processes before a resume included."""
@@ -587,17 +663,26 @@ class Runner:
             "shuffle_rng": self.shuffle.get_state(),
         }
 
-    def save_checkpoint(self, phase: str, cycle: int) -> Optional[Path]:
+    def save_checkpoint(self, phase: str, cycle: int) -> Path | None:
         """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers."""
         if self.checkpoint_dir is None:
             return None
         path = ckpt.save(self.checkpoint_state(), self.checkpoint_dir / CHECKPOINT_NAME)
         self._last_checkpoint = time.perf_counter()
-        self.emit("on_checkpoint", CheckpointSaved(str(path), cycle, phase, self.state.position.global_epoch, self.state.position.stage_epoch))
+        self.emit(
+            "on_checkpoint",
+            CheckpointSaved(
+                str(path),
+                cycle,
+                phase,
+                self.state.position.global_epoch,
+                self.state.position.stage_epoch,
+            ),
+        )
         return path
 
     @classmethod
-    def epochs_at(cls, position: Position, search: Any) -> Optional[tuple[int, int]]:
+    def epochs_at(cls, position: Position, search: Any) -> tuple[int, int] | None:
         """``(global_epoch, weight_epoch)`` this kind of run has done at ``position``
         (None where it never is): what a checkpoint's position is checked against."""
         return epochs_done(position, search)
@@ -609,10 +694,10 @@ class Runner:
         observers: Iterable[Observer] = (),
         *,
         checkpoint_dir: str | Path | None = None,
-        data: Optional[DataBundle] = None,
+        data: DataBundle | None = None,
         threads: int = 0,
-        label: Optional[str] = None,
-    ) -> "Runner":
+        label: str | None = None,
+    ) -> Runner:
         """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
 
         The run continues with the thread count it started with (its config holds
@@ -631,8 +716,11 @@ class Runner:
         ckpt.check_position(position, cls.epochs_at(position, cfg.search), label)
         source = "resumed" if cfg.threads else "auto"
         if threads and threads != cfg.threads:
-            log.warning("resuming with %d threads instead of the run's %d: the run will not repeat exactly",
-                        threads, cfg.threads)
+            log.warning(
+                "resuming with %d threads instead of the run's %d: the run will not repeat exactly",
+                threads,
+                cfg.threads,
+            )
             cfg, source = cfg.replace(threads=threads), "set"
         runner = cls(cfg, observers, checkpoint_dir=checkpoint_dir, data=data, spec=spec)
         runner.threads_source = source

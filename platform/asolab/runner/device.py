@@ -21,10 +21,16 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'")
+            raise ConfigError(
+                f"device = {name!r} but CUDA is not available here; use device = 'cpu' or 'auto'"
+            )
         check_cuda_index(name, torch.cuda.device_count())
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'")
+    if name == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
+        raise ConfigError(
+            "device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'"
+        )
     return torch.device(name)
 
 

@@ -10,7 +10,7 @@ after ``on_run_interrupted`` has been sent to every observer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..config import ExperimentConfig
 from ..space.genotype import Genotype
@@ -24,7 +24,7 @@ class RunStart:
     arch: dict[str, Any]
     # when resuming: the checkpoint's position (cycle, phase, global_epoch, weight_epoch)
     # and "next", the name of what runs first (a phase, "final" or "evaluation")
-    resumed_from: Optional[dict[str, Any]] = None
+    resumed_from: dict[str, Any] | None = None
     total_epochs: int = 0
     # how config.threads was chosen: "auto" (the rule of asolab/threads.py), "set"
     # (the config asked for it) or "resumed" (the count the run started with)

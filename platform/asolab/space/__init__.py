@@ -5,4 +5,14 @@ from .network import DerivedNetwork, SearchNetwork
 from .ops import OPS, PRIMITIVES
 from .spec import ArchSpec, CellSpec
 
-__all__ = ["OPS", "PRIMITIVES", "ArchSpec", "CellSpec", "DerivedNetwork", "Genotype", "SearchNetwork", "diff", "distance"]
+__all__ = [
+    "OPS",
+    "PRIMITIVES",
+    "ArchSpec",
+    "CellSpec",
+    "DerivedNetwork",
+    "Genotype",
+    "SearchNetwork",
+    "diff",
+    "distance",
+]

@@ -12,15 +12,15 @@ relaxation (every op, softmax-weighted).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 
 from .ops import OPS, FactorizedReduce, ReLUConvBN
 
-Choice = tuple[int, Optional[torch.Tensor]]
-Plan = Sequence[Optional[Sequence[Choice]]]
+Choice = tuple[int, torch.Tensor | None]
+Plan = Sequence[Sequence[Choice] | None]
 
 
 def edge_index(node: int, input_: int) -> int:
@@ -78,11 +78,16 @@ class SearchCell(nn.Module):
         self.branch_specs = tuple((int(k), int(j), str(op)) for k, j, op in branches)
         for k, j, op in self.branch_specs:
             if not (0 <= k < steps and 0 <= j < k + 2) or op not in OPS:
-                raise ValueError(f"branch ({k}, {j}, {op!r}) does not fit a cell with {steps} nodes")
+                raise ValueError(
+                    f"branch ({k}, {j}, {op!r}) does not fit a cell with {steps} nodes"
+                )
         self.branches = nn.ModuleList(
-            OPS[op](channels, 2 if reduction and j < 2 else 1, False) for _, j, op in self.branch_specs
+            OPS[op](channels, 2 if reduction and j < 2 else 1, False)
+            for _, j, op in self.branch_specs
         )
-        self.branch_gates = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in self.branch_specs)
+        self.branch_gates = nn.ParameterList(
+            nn.Parameter(torch.zeros(1)) for _ in self.branch_specs
+        )
 
     @property
     def out_channels(self) -> int:

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any
 
 Edge = tuple[str, int]
 Node = tuple[Edge, ...]
@@ -52,7 +53,7 @@ def own_cell_name(index: int) -> str:
     return f"cell{index}"
 
 
-def own_cell_index(name: str) -> Optional[int]:
+def own_cell_index(name: str) -> int | None:
     """The index in an own-cell name (``cell4`` -> 4); None for a cell type."""
     m = _OWN_NAME.fullmatch(name)
     return int(m.group(1)) if m else None
@@ -65,7 +66,10 @@ def cell_order(name: str) -> tuple[int, int]:
 
 
 def _canonical_nodes(nodes: Iterable[Iterable[Sequence[Any]]]) -> tuple[Node, ...]:
-    return tuple(tuple(sorted(((str(op), int(i)) for op, i in node), key=lambda e: (e[1], e[0]))) for node in nodes)
+    return tuple(
+        tuple(sorted(((str(op), int(i)) for op, i in node), key=lambda e: (e[1], e[0])))
+        for node in nodes
+    )
 
 
 def _nodes_from(nodes: Sequence[Any]) -> tuple[Node, ...]:
@@ -89,19 +93,30 @@ class Genotype:
     def __post_init__(self) -> None:
         for cell in CELL_TYPES:
             object.__setattr__(self, cell, _canonical_nodes(getattr(self, cell)))
-            object.__setattr__(self, f"{cell}_concat", tuple(int(c) for c in getattr(self, f"{cell}_concat")))
-        own = tuple(sorted((int(i), _canonical_nodes(nodes), tuple(int(c) for c in concat)) for i, nodes, concat in self.own_cells))
+            object.__setattr__(
+                self, f"{cell}_concat", tuple(int(c) for c in getattr(self, f"{cell}_concat"))
+            )
+        own = tuple(
+            sorted(
+                (int(i), _canonical_nodes(nodes), tuple(int(c) for c in concat))
+                for i, nodes, concat in self.own_cells
+            )
+        )
         indices = [i for i, _, _ in own]
         if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-            raise ValueError(f"genotype own cells need distinct non-negative indices, got {indices}")
+            raise ValueError(
+                f"genotype own cells need distinct non-negative indices, got {indices}"
+            )
         object.__setattr__(self, "own_cells", own)
         for cell in self.cell_names:
             for k, node in enumerate(self.cell(cell)):
                 if not node:
                     raise ValueError(f"genotype {cell} node {k} has no edges")
-                for op, i in node:
+                for _op, i in node:
                     if not 0 <= i < k + 2:
-                        raise ValueError(f"genotype {cell} node {k} reads input {i}; allowed 0..{k + 1}")
+                        raise ValueError(
+                            f"genotype {cell} node {k} reads input {i}; allowed 0..{k + 1}"
+                        )
 
     # ------------------------------------------------------------------ views
 
@@ -135,7 +150,7 @@ class Genotype:
     def num_edges(self) -> int:
         return sum(1 for _ in self.edges())
 
-    def replace_op(self, kind: str, node: int, input_: int, new_op: str) -> "Genotype":
+    def replace_op(self, kind: str, node: int, input_: int, new_op: str) -> Genotype:
         """A copy with the op of edge ``(kind, node, input_)`` swapped for ``new_op``
         (``kind``: a cell type or an own cell's name)."""
         nodes = [list(n) for n in self.cell(kind)]
@@ -148,7 +163,10 @@ class Genotype:
         return Genotype(**{**self._fields(), "own_cells": own})
 
     def _fields(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in ("normal", "normal_concat", "reduce", "reduce_concat", "own_cells")}
+        return {
+            f: getattr(self, f)
+            for f in ("normal", "normal_concat", "reduce", "reduce_concat", "own_cells")
+        }
 
     # ------------------------------------------------------------------ serialisation
 
@@ -163,7 +181,11 @@ class Genotype:
         }
         if self.own_cells:
             d["own_cells"] = [
-                {"cell": i, "nodes": [[list(e) for e in node] for node in nodes], "concat": list(concat)}
+                {
+                    "cell": i,
+                    "nodes": [[list(e) for e in node] for node in nodes],
+                    "concat": list(concat),
+                }
                 for i, nodes, concat in self.own_cells
             ]
         return d
@@ -172,16 +194,19 @@ class Genotype:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Genotype":
+    def from_dict(cls, data: dict[str, Any]) -> Genotype:
         fields: dict[str, Any] = {}
         for kind in CELL_TYPES:
             fields[kind] = _nodes_from(data[kind])
             fields[f"{kind}_concat"] = tuple(data[f"{kind}_concat"])
-        fields["own_cells"] = tuple((c["cell"], _nodes_from(c["nodes"]), tuple(c["concat"])) for c in data.get("own_cells", ()))
+        fields["own_cells"] = tuple(
+            (c["cell"], _nodes_from(c["nodes"]), tuple(c["concat"]))
+            for c in data.get("own_cells", ())
+        )
         return cls(**fields)
 
     @classmethod
-    def from_json(cls, text: str) -> "Genotype":
+    def from_json(cls, text: str) -> Genotype:
         return cls.from_dict(json.loads(text))
 
     def __str__(self) -> str:
@@ -194,7 +219,7 @@ class Genotype:
     canonical = property(__str__)
 
     @classmethod
-    def parse(cls, text: str) -> "Genotype":
+    def parse(cls, text: str) -> Genotype:
         """Parse the canonical string (inverse of ``str``)."""
         cells: dict[str, tuple[list, list[int]]] = {}
         for part in text.split(";"):
@@ -208,12 +233,18 @@ class Genotype:
             for node in body.split("|"):
                 edges = re.findall(r"([a-z0-9_]+)\((\d+)\)", node)
                 if not edges:
-                    raise ValueError(f"genotype {kind} node {node.strip()!r} has no op(input) edges")
+                    raise ValueError(
+                        f"genotype {kind} node {node.strip()!r} has no op(input) edges"
+                    )
                 nodes.append([(op, int(i)) for op, i in edges])
             cells[kind] = (nodes, [int(c) for c in concat.split(",")])
         if not set(CELL_TYPES) <= set(cells):
             raise ValueError("a genotype string needs a 'normal:' and a 'reduce:' part")
-        own = tuple((own_cell_index(k), nodes, concat) for k, (nodes, concat) in cells.items() if k not in CELL_TYPES)
+        own = tuple(
+            (own_cell_index(k), nodes, concat)
+            for k, (nodes, concat) in cells.items()
+            if k not in CELL_TYPES
+        )
         return cls(
             normal=cells["normal"][0],
             normal_concat=cells["normal"][1],
@@ -264,8 +295,13 @@ def distance(a: Genotype, b: Genotype) -> int:
     return len(diff(a, b)) + len(concat_changes(a, b))
 
 
-def concat_changes(a: Genotype, b: Genotype) -> list[tuple[str, Optional[tuple[int, ...]], Optional[tuple[int, ...]]]]:
+def concat_changes(
+    a: Genotype, b: Genotype
+) -> list[tuple[str, tuple[int, ...] | None, tuple[int, ...] | None]]:
     """``(cell, before, after)`` for each cell whose concat list differs (None: the genotype has no such cell)."""
     names = sorted(set(a.cell_names) | set(b.cell_names), key=cell_order)
-    lists = [(k, a.concat(k) if k in a.cell_names else None, b.concat(k) if k in b.cell_names else None) for k in names]
+    lists = [
+        (k, a.concat(k) if k in a.cell_names else None, b.concat(k) if k in b.cell_names else None)
+        for k in names
+    ]
     return [(k, before, after) for k, before, after in lists if before != after]

@@ -18,7 +18,8 @@ copy only for export.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -45,11 +46,22 @@ class SearchNetwork(nn.Module):
         self.gates = nn.ParameterDict()
         c_pp, c_p, reduction_prev = spec.stem_channels, spec.stem_channels, False
         for i, cs in enumerate(spec.cells):
-            cell = SearchCell(spec.steps, c_pp, c_p, cs.channels, cs.reduction, reduction_prev, spec.primitives, cs.branches)
+            cell = SearchCell(
+                spec.steps,
+                c_pp,
+                c_p,
+                cs.channels,
+                cs.reduction,
+                reduction_prev,
+                spec.primitives,
+                cs.branches,
+            )
             self.cells.append(cell)
             if cs.residual:
                 if cs.reduction or cell.out_channels != c_p:
-                    raise ValueError(f"residual cell {i} must be a normal cell with {c_p} output channels")
+                    raise ValueError(
+                        f"residual cell {i} must be a normal cell with {c_p} output channels"
+                    )
                 # The gate starts at zero so that an inserted cell is the identity.
                 self.gates[str(i)] = nn.Parameter(torch.zeros(1))
                 continue  # a residual cell passes its input pair on, updated in place
@@ -59,7 +71,9 @@ class SearchNetwork(nn.Module):
         n_edges, n_ops = spec.num_edges, len(spec.primitives)
         # Insertion order (cell types, then own cells by index) is the order of
         # alpha_parameters(), hence of the alpha optimizer's saved state.
-        self.alphas = nn.ParameterDict({key: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for key in spec.alpha_keys})
+        self.alphas = nn.ParameterDict(
+            {key: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for key in spec.alpha_keys}
+        )
         self._plan_keys = [spec.alpha_key(i) for i in range(len(spec.cells))]
         none_mask = torch.tensor([float("-inf") if p == "none" else 0.0 for p in spec.primitives])
         self.register_buffer("_none_mask", none_mask, persistent=False)
@@ -172,8 +186,18 @@ class SearchNetwork(nn.Module):
                 nodes.append(tuple((op, j) for _, j, op in top))
             cells[kind] = tuple(nodes)
         concat = tuple(range(2, self.spec.steps + 2))
-        own = tuple((i, cells[key], concat) for i, key in enumerate(self._plan_keys) if key not in CELL_TYPES)
-        return Genotype(normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat, own_cells=own)
+        own = tuple(
+            (i, cells[key], concat)
+            for i, key in enumerate(self._plan_keys)
+            if key not in CELL_TYPES
+        )
+        return Genotype(
+            normal=cells["normal"],
+            normal_concat=concat,
+            reduce=cells["reduce"],
+            reduce_concat=concat,
+            own_cells=own,
+        )
 
     def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
         """The modules the derived network runs: stem, preprocessing, kept ops,
@@ -205,7 +229,12 @@ class SearchNetwork(nn.Module):
         batches makes the derived network's eval-mode accuracy reflect the
         weights it inherited (standard practice in one-shot NAS).
         """
-        norms = [m for mod in self.derived_modules(genotype) for m in mod.modules() if isinstance(m, nn.BatchNorm2d)]
+        norms = [
+            m
+            for mod in self.derived_modules(genotype)
+            for m in mod.modules()
+            if isinstance(m, nn.BatchNorm2d)
+        ]
         momenta = [bn.momentum for bn in norms]
         for bn in norms:
             bn.reset_running_stats()
@@ -243,7 +272,15 @@ def extract(supernet: SearchNetwork, genotype: Genotype) -> DerivedNetwork:
     the whole supernet's (a fraction of the size, and of the time to copy and save).
     """
     kept = {id(m) for m in supernet.derived_modules(genotype)}
-    unused = (op for cell in supernet.cells for edge in cell.edges for op in edge.ops if id(op) not in kept)
-    memo: dict[int, Any] = {id(op): nn.Identity() for op in unused}  # deepcopy takes these as the copies
+    unused = (
+        op
+        for cell in supernet.cells
+        for edge in cell.edges
+        for op in edge.ops
+        if id(op) not in kept
+    )
+    memo: dict[int, Any] = {
+        id(op): nn.Identity() for op in unused
+    }  # deepcopy takes these as the copies
     clone = copy.deepcopy(supernet, memo).cpu()
     return DerivedNetwork(clone, genotype).eval()

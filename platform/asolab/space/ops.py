@@ -9,7 +9,7 @@ and its order is ``PRIMITIVES``, the default search space.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -18,7 +18,9 @@ import torch.nn as nn
 class ReLUConvBN(nn.Sequential):
     """ReLU -> Conv -> BN, the building block of preprocessing and stems."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, affine: bool = True) -> None:
+    def __init__(
+        self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, affine: bool = True
+    ) -> None:
         super().__init__(
             nn.ReLU(inplace=False),
             nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding, bias=False),
@@ -29,10 +31,28 @@ class ReLUConvBN(nn.Sequential):
 class DilConv(nn.Sequential):
     """ReLU -> depthwise dilated conv -> pointwise conv -> BN."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, dilation: int, affine: bool = True) -> None:
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        stride: int,
+        padding: int,
+        dilation: int,
+        affine: bool = True,
+    ) -> None:
         super().__init__(
             nn.ReLU(inplace=False),
-            nn.Conv2d(c_in, c_in, kernel, stride=stride, padding=padding, dilation=dilation, groups=c_in, bias=False),
+            nn.Conv2d(
+                c_in,
+                c_in,
+                kernel,
+                stride=stride,
+                padding=padding,
+                dilation=dilation,
+                groups=c_in,
+                bias=False,
+            ),
             nn.Conv2d(c_in, c_out, 1, bias=False),
             nn.BatchNorm2d(c_out, affine=affine),
         )
@@ -41,7 +61,9 @@ class DilConv(nn.Sequential):
 class SepConv(nn.Sequential):
     """Two stacked dilation-1 ``DilConv`` blocks, the first one strided (as in DARTS)."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, affine: bool = True) -> None:
+    def __init__(
+        self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, affine: bool = True
+    ) -> None:
         super().__init__(
             DilConv(c_in, c_in, kernel, stride, padding, 1, affine),
             DilConv(c_in, c_out, kernel, 1, padding, 1, affine),
@@ -107,7 +129,9 @@ OPS: dict[str, OpFactory] = {
     "none": lambda c, stride, affine: Zero(stride),
     "max_pool_3x3": lambda c, stride, affine: Pool("max", c, stride, affine),
     "avg_pool_3x3": lambda c, stride, affine: Pool("avg", c, stride, affine),
-    "skip_connect": lambda c, stride, affine: Identity() if stride == 1 else FactorizedReduce(c, c, affine),
+    "skip_connect": lambda c, stride, affine: (
+        Identity() if stride == 1 else FactorizedReduce(c, c, affine)
+    ),
     "sep_conv_3x3": lambda c, stride, affine: SepConv(c, c, 3, stride, 1, affine),
     "sep_conv_5x5": lambda c, stride, affine: SepConv(c, c, 5, stride, 2, affine),
     "dil_conv_3x3": lambda c, stride, affine: DilConv(c, c, 3, stride, 2, 2, affine),

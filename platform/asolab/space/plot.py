@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import textwrap
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -32,14 +32,24 @@ from .genotype import Genotype
 
 # Okabe-Ito hues, darkened to at least 4.5:1 contrast on white (labels are drawn in them).
 _COLOURS = {
-    "sep_conv_3x3": "#0072B2", "sep_conv_5x5": "#004F7C", "dil_conv_3x3": "#00785A", "dil_conv_5x5": "#00513C",
-    "max_pool_3x3": "#B24A00", "avg_pool_3x3": "#A0327A", "skip_connect": "#505050", "none": "#767676",
+    "sep_conv_3x3": "#0072B2",
+    "sep_conv_5x5": "#004F7C",
+    "dil_conv_3x3": "#00785A",
+    "dil_conv_5x5": "#00513C",
+    "max_pool_3x3": "#B24A00",
+    "avg_pool_3x3": "#A0327A",
+    "skip_connect": "#505050",
+    "none": "#767676",
 }
 _INPUT, _NODE, _OUTPUT = "#F6D9A0", "#CDE6F7", "#C9EBDD"  # pale fills behind black text
 # state labels: c_{k-2} and c_{k-1} (the two previous cells' outputs), 0..n-1, c_{k} (the output)
 _IN2, _IN1, _OUT = ("c", "k-2"), ("c", "k-1"), ("c", "k")
 _SCALE = 2  # drawn at twice the size, then halved: Pillow's lines are not antialiased
-_PANEL_W, _HEIGHT, _TITLE_H = 121, 330, 34  # pixels per column of a panel, picture height, title band
+_PANEL_W, _HEIGHT, _TITLE_H = (
+    121,
+    330,
+    34,
+)  # pixels per column of a panel, picture height, title band
 
 
 @dataclass(frozen=True)
@@ -79,16 +89,25 @@ def cell_layout(genotype: Genotype) -> list[Panel]:
     panels = []
     for kind in genotype.cell_names:
         nodes, concat = genotype.cell(kind), genotype.concat(kind)
-        boxes = [NodeBox("0", "c[k-2]", 0.0, 1.0, _INPUT), NodeBox("1", "c[k-1]", 0.0, -1.0, _INPUT)]
-        boxes += [NodeBox(str(k + 2), str(k), 1.0 + k, 0.6 * (-1) ** k, _NODE) for k in range(len(nodes))]
+        boxes = [
+            NodeBox("0", "c[k-2]", 0.0, 1.0, _INPUT),
+            NodeBox("1", "c[k-1]", 0.0, -1.0, _INPUT),
+        ]
+        boxes += [
+            NodeBox(str(k + 2), str(k), 1.0 + k, 0.6 * (-1) ** k, _NODE) for k in range(len(nodes))
+        ]
         boxes.append(NodeBox("out", "c[k]", len(nodes) + 1.0, 0.0, _OUTPUT))
-        edges = [EdgeLine(str(j), str(k + 2), op, _COLOURS.get(op, "#000000")) for k, node in enumerate(nodes) for op, j in node]
+        edges = [
+            EdgeLine(str(j), str(k + 2), op, _COLOURS.get(op, "#000000"))
+            for k, node in enumerate(nodes)
+            for op, j in node
+        ]
         edges += [EdgeLine(str(c), "out", "", "#444444", dashed=True) for c in concat]
         panels.append(Panel(f"{kind} cell", tuple(boxes), tuple(edges), len(nodes) + 2))
     return panels
 
 
-@lru_cache(maxsize=None)
+@cache
 def _font(pixels: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=pixels)
 
@@ -119,7 +138,14 @@ def _arrow(draw: ImageDraw.ImageDraw, pts, colour: str, width: int, dashed: bool
         length = math.dist(pts[0], pts[-1]) or 1.0
         for s in range(0, int(length), dash + gap):
             e = min(s + dash, length)
-            draw.line([(x0 + (x1 - x0) * s / length, y0 + (y1 - y0) * s / length), (x0 + (x1 - x0) * e / length, y0 + (y1 - y0) * e / length)], fill=colour, width=width)
+            draw.line(
+                [
+                    (x0 + (x1 - x0) * s / length, y0 + (y1 - y0) * s / length),
+                    (x0 + (x1 - x0) * e / length, y0 + (y1 - y0) * e / length),
+                ],
+                fill=colour,
+                width=width,
+            )
     else:
         draw.line(pts, fill=colour, width=width, joint="curve")
     (xa, ya), (xb, yb) = pts[-2], pts[-1]
@@ -129,7 +155,9 @@ def _arrow(draw: ImageDraw.ImageDraw, pts, colour: str, width: int, dashed: bool
     draw.polygon([(xb, yb), left, right], fill=colour)
 
 
-def _draw_panel(draw: ImageDraw.ImageDraw, panel: Panel, box: tuple[float, float, float, float]) -> None:
+def _draw_panel(
+    draw: ImageDraw.ImageDraw, panel: Panel, box: tuple[float, float, float, float]
+) -> None:
     left, top, width, height = box
     lo, hi = -0.6, panel.columns - 0.4  # the x range of the cell, in node columns
 
@@ -153,9 +181,21 @@ def _draw_panel(draw: ImageDraw.ImageDraw, panel: Panel, box: tuple[float, float
         x, y = where[n.key]
         x0, y0, x1, y1 = draw.textbbox((x, y), n.label, font=label_font, anchor="mm")
         pad = 4 * _SCALE
-        draw.rounded_rectangle((x0 - pad, y0 - pad, x1 + pad, y1 + pad), radius=5 * _SCALE, fill=n.colour, outline="#555555", width=_SCALE)
+        draw.rounded_rectangle(
+            (x0 - pad, y0 - pad, x1 + pad, y1 + pad),
+            radius=5 * _SCALE,
+            fill=n.colour,
+            outline="#555555",
+            width=_SCALE,
+        )
         draw.text((x, y), n.label, font=label_font, fill="#000000", anchor="mm")
-    draw.text((left + width / 2, top - 14 * _SCALE), panel.title, font=_font(15 * _SCALE), fill="#000000", anchor="mm")
+    draw.text(
+        (left + width / 2, top - 14 * _SCALE),
+        panel.title,
+        font=_font(15 * _SCALE),
+        fill="#000000",
+        anchor="mm",
+    )
 
 
 def _pillow_png(genotype: Genotype, title: str = "") -> bytes:
@@ -170,12 +210,22 @@ def _pillow_png(genotype: Genotype, title: str = "") -> bytes:
     draw = ImageDraw.Draw(image)
     top = (title_h + 30) * _SCALE if lines else 30 * _SCALE
     for i, line in enumerate(lines):  # wrapped, so a long title is never cut at the right
-        draw.text((width / 2, (_TITLE_H / 2 + 18 * i) * _SCALE), line, font=_font(14 * _SCALE), fill="#000000", anchor="mm")
+        draw.text(
+            (width / 2, (_TITLE_H / 2 + 18 * i) * _SCALE),
+            line,
+            font=_font(14 * _SCALE),
+            fill="#000000",
+            anchor="mm",
+        )
     panel_w = width * 0.96 / len(panels)
     for i, panel in enumerate(panels):
-        _draw_panel(draw, panel, (width * 0.02 + i * panel_w, top, panel_w, height - top - 8 * _SCALE))
+        _draw_panel(
+            draw, panel, (width * 0.02 + i * panel_w, top, panel_w, height - top - 8 * _SCALE)
+        )
     buf = io.BytesIO()
-    image.reduce(_SCALE).save(buf, format="PNG", compress_level=1)  # fast zlib: these pictures are small anyway
+    image.reduce(_SCALE).save(
+        buf, format="PNG", compress_level=1
+    )  # fast zlib: these pictures are small anyway
     return buf.getvalue()
 
 
@@ -202,7 +252,7 @@ def genotype_dot(genotype: Genotype, title: str = "") -> str:
     each cell drawn left to right from its two inputs to its output."""
     out = [
         "digraph genotype {",
-        f'  graph [rankdir=LR, newrank=true, fontname={_quote(_FONT)}, fontsize=16, nodesep=0.25, ranksep=0.45,'
+        f"  graph [rankdir=LR, newrank=true, fontname={_quote(_FONT)}, fontsize=16, nodesep=0.25, ranksep=0.45,"
         ' pad=0.2, bgcolor="white", labelloc=t, labeljust=c];',
         f'  node [shape=box, style="rounded,filled", fontname={_quote(_FONT)}, fontsize=14, penwidth=1.2, height=0.4];',
         f"  edge [fontname={_quote(_FONT)}, fontsize=12, penwidth=1.6, arrowsize=0.8];",
@@ -211,9 +261,14 @@ def genotype_dot(genotype: Genotype, title: str = "") -> str:
         out.append(f"  label={_quote(chr(10).join(textwrap.wrap(title, 90)))};")
     # rankdir=LR stacks unconnected clusters bottom-up: emit them last-first, normal ends on top
     for i, panel in reversed(list(enumerate(cell_layout(genotype)))):
-        out += [f"  subgraph cluster_{i} {{", f"    label={_quote(panel.title)}; style=rounded; color=\"#888888\";"]
+        out += [
+            f"  subgraph cluster_{i} {{",
+            f'    label={_quote(panel.title)}; style=rounded; color="#888888";',
+        ]
         for n in panel.nodes:
-            out.append(f'    "{i}_{n.key}" [label={_state_label(n.label)}, fillcolor="{n.colour}"];')
+            out.append(
+                f'    "{i}_{n.key}" [label={_state_label(n.label)}, fillcolor="{n.colour}"];'
+            )
         for e in panel.edges:
             attrs = f'color="{e.colour}"'
             if e.dashed:
@@ -229,7 +284,11 @@ def genotype_dot(genotype: Genotype, title: str = "") -> str:
 def run_dot(source: str, fmt: str, dpi: int = 96) -> bytes:
     """``dot -T<fmt>`` on ``source``; CalledProcessError if dot fails, OSError if absent."""
     done = subprocess.run(
-        ["dot", f"-T{fmt}", f"-Gdpi={dpi}"], input=source.encode(), capture_output=True, timeout=30, check=True
+        ["dot", f"-T{fmt}", f"-Gdpi={dpi}"],
+        input=source.encode(),
+        capture_output=True,
+        timeout=30,
+        check=True,
     )
     return done.stdout
 

@@ -31,7 +31,7 @@ class CellSpec:
     own_alphas: bool = False
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CellSpec":
+    def from_dict(cls, d: dict[str, Any]) -> CellSpec:
         # Specs saved before a field existed lack it and take its default.
         branches = tuple((int(k), int(j), str(op)) for k, j, op in d.get("branches", ()))
         return cls(**{**d, "branches": branches})
@@ -49,7 +49,7 @@ class ArchSpec:
     cells: tuple[CellSpec, ...]
 
     @classmethod
-    def from_config(cls, space: SpaceConfig, in_channels: int, num_classes: int) -> "ArchSpec":
+    def from_config(cls, space: SpaceConfig, in_channels: int, num_classes: int) -> ArchSpec:
         """DARTS layout: reduction cells at 1/3 and 2/3 depth, channels doubling at each."""
         cells, c = [], space.init_channels
         reductions = {space.layers // 3, 2 * space.layers // 3} if space.layers >= 2 else set()
@@ -72,10 +72,16 @@ class ArchSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ArchSpec":
-        return cls(**{**d, "primitives": tuple(d["primitives"]), "cells": tuple(CellSpec.from_dict(c) for c in d["cells"])})
+    def from_dict(cls, d: dict[str, Any]) -> ArchSpec:
+        return cls(
+            **{
+                **d,
+                "primitives": tuple(d["primitives"]),
+                "cells": tuple(CellSpec.from_dict(c) for c in d["cells"]),
+            }
+        )
 
-    def with_cells(self, cells: list[CellSpec] | tuple[CellSpec, ...]) -> "ArchSpec":
+    def with_cells(self, cells: list[CellSpec] | tuple[CellSpec, ...]) -> ArchSpec:
         return replace(self, cells=tuple(cells))
 
     def alpha_key(self, index: int) -> str:
@@ -89,7 +95,9 @@ class ArchSpec:
     @property
     def alpha_keys(self) -> tuple[str, ...]:
         """Every alpha matrix's key: the two cell types, then the own-alpha cells by index."""
-        return CELL_TYPES + tuple(own_cell_name(i) for i, c in enumerate(self.cells) if c.own_alphas)
+        return CELL_TYPES + tuple(
+            own_cell_name(i) for i, c in enumerate(self.cells) if c.own_alphas
+        )
 
     @property
     def num_edges(self) -> int:

@@ -20,18 +20,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run an Optuna study over experiment keys (Gumbel temperature, mutation strength, ...). "
         "Re-running the same command resumes the study and adds trials until --n-trials are reached.",
     )
-    p.add_argument("file", nargs="?", help="study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/")
-    p.add_argument("--n-trials", type=int, default=None, metavar="N",
-                   help="total trials the study should hold (default: the file's n_trials; 0 = no limit, needs a timeout)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="stop starting trials after S seconds (default: the file's timeout; 0 = none)")
-    p.add_argument("--workers", type=int, default=1, metavar="K", help="K worker processes on this machine, each with cores // K torch threads")
-    p.add_argument("--storage", default="", metavar="URL",
-                   help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines")
-    p.add_argument("--study-name", default="", metavar="NAME", help="study name (default: the file's name)")
-    p.add_argument("--seed", type=int, default=None, metavar="N", help="sampler seed (default: the file's seed); give each machine its own")
-    p.add_argument("--summary", action="store_true", help="print the best trials and where to find them; run nothing")
-    p.add_argument("--tracking-uri", default="", metavar="URI", help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        help="study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/",
+    )
+    p.add_argument(
+        "--n-trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="total trials the study should hold (default: the file's n_trials; 0 = no limit, needs a timeout)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop starting trials after S seconds (default: the file's timeout; 0 = none)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K worker processes on this machine, each with cores // K torch threads",
+    )
+    p.add_argument(
+        "--storage",
+        default="",
+        metavar="URL",
+        help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines",
+    )
+    p.add_argument(
+        "--study-name", default="", metavar="NAME", help="study name (default: the file's name)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sampler seed (default: the file's seed); give each machine its own",
+    )
+    p.add_argument(
+        "--summary",
+        action="store_true",
+        help="print the best trials and where to find them; run nothing",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default="",
+        metavar="URI",
+        help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)",
+    )
     # internal: one worker process started by --workers
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
@@ -41,7 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
     values = ", ".join(f"{m}={v:.4g}" for m, v in zip(metrics, t.values)) if t.values else ""
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+    params = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items()
+    )
     error = t.user_attrs.get(TAG_ERROR, "")  # storage.ATTR_ERROR, without importing optuna
     extra = f"  ({error})" if error else ""
     return f"trial {t.number:4d} {t.state.name:8s} {values}  [{params}]{extra}"
@@ -70,19 +113,44 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.worker is not None:
         from .run import run_worker
 
-        run_worker(cfg, args.worker, args.storage, args.study_name or cfg.name, args.tracking_uri, args.parent_run_id,
-                   args.n_trials, args.timeout, args.threads, show)
+        run_worker(
+            cfg,
+            args.worker,
+            args.storage,
+            args.study_name or cfg.name,
+            args.tracking_uri,
+            args.parent_run_id,
+            args.n_trials,
+            args.timeout,
+            args.threads,
+            show,
+        )
         return 0
     from .run import WorkersFailed, run_study
 
     try:
-        outcome = run_study(cfg, n_trials=args.n_trials, timeout=args.timeout, workers=args.workers,
-                            storage_url=args.storage, study_name=args.study_name, tracking_uri=args.tracking_uri,
-                            on_trial=show if args.workers == 1 else None)
+        outcome = run_study(
+            cfg,
+            n_trials=args.n_trials,
+            timeout=args.timeout,
+            workers=args.workers,
+            storage_url=args.storage,
+            study_name=args.study_name,
+            tracking_uri=args.tracking_uri,
+            on_trial=show if args.workers == 1 else None,
+        )
     except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error
-        _print_summary(cfg, exc.outcome.study(cfg), exc.outcome.storage_url, exc.outcome.tracking_uri, exc.outcome.parent_run_id)
+        _print_summary(
+            cfg,
+            exc.outcome.study(cfg),
+            exc.outcome.storage_url,
+            exc.outcome.tracking_uri,
+            exc.outcome.parent_run_id,
+        )
         raise
-    _print_summary(cfg, outcome.study(cfg), outcome.storage_url, outcome.tracking_uri, outcome.parent_run_id)
+    _print_summary(
+        cfg, outcome.study(cfg), outcome.storage_url, outcome.tracking_uri, outcome.parent_run_id
+    )
     return 0
 
 
@@ -99,8 +167,12 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
         study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
     except KeyError:
         command = " ".join(["asolab study"] + ([args.file] if args.file else []))
-        raise ConfigError(f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass --storage/--study-name") from None
-    uri = resolve_tracking_uri(args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
+        raise ConfigError(
+            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass --storage/--study-name"
+        ) from None
+    uri = resolve_tracking_uri(
+        args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
+    )
     try:
         check_reachable(uri)
         parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
@@ -120,14 +192,20 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     counts = pd.Series([t.state.name for t in trials]).value_counts().to_dict() if trials else {}
     frame = report.summary_frame(study, cfg)
     title = "Pareto front" if len(study.directions) > 1 else "best trials"
-    print(f"study {study.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage {report.mask_password(url)}")
+    print(
+        f"study {study.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage {report.mask_password(url)}"
+    )
     if frame.empty:
         print("no complete trial yet")
     else:
-        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        with pd.option_context(
+            "display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format
+        ):
             print(f"{title}:\n{frame.to_string(index=False)}")
-    print(f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent} "
-          f"holds the plots (plots/) and one child run per trial.")
+    print(
+        f"MLflow: experiment {cfg.mlflow_experiment!r} in {uri}; parent run {parent} "
+        f"holds the plots (plots/) and one child run per trial."
+    )
     print(f"Browse: asolab ui   (or: mlflow ui --backend-store-uri {uri})")
     if parent and not parent.startswith("("):  # "(none yet)", "(unknown: ...)"
         from ..tracking.browse import DEFAULT_UI, runs_url
@@ -136,4 +214,6 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
             exp_id = report.client(uri).get_run(parent).info.experiment_id
         except Exception:  # the store is unreachable: the lines above said so
             return
-        print(f"  the study's trials: {runs_url(DEFAULT_UI, exp_id)}   (expand {study.study_name!r})")
+        print(
+            f"  the study's trials: {runs_url(DEFAULT_UI, exp_id)}   (expand {study.study_name!r})"
+        )

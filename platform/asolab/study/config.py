@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..config import (
     ConfigError,
@@ -89,13 +89,16 @@ class ObjectiveConfig:
     """What a trial returns: one metric (a best value) or two (a Pareto front)."""
 
     metrics: tuple[str, ...] = _field(
-        ("val_acc",), choices=tuple(OBJECTIVES),
+        ("val_acc",),
+        choices=tuple(OBJECTIVES),
         help="one metric (the best value) or two (a Pareto front), all on the validation split",
     )
     # Seed noise of one digits run is about as large as the knobs' effect (bench/README.md,
     # study_signal.py): averaging a trial over seeds divides it by sqrt(seeds).
     seeds: int = _field(
-        1, ge=1, le=100,
+        1,
+        ge=1,
+        le=100,
         help="runs per trial, seeds base.seed .. base.seed + seeds - 1; the trial's values are their means",
     )
 
@@ -140,13 +143,18 @@ class PrunerConfig:
 class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
-    url: str = _field("", help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); "
-                      "--storage overrides it")
+    url: str = _field(
+        "",
+        help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); "
+        "--storage overrides it",
+    )
     heartbeat_interval: int = _field(
         60, ge=1, help="seconds between a running trial's heartbeats (< grace_period)"
     )
     grace_period: int = _field(
-        180, ge=1, help="a RUNNING trial silent this long is stale: failed and retried (one "
+        180,
+        ge=1,
+        help="a RUNNING trial silent this long is stale: failed and retried (one "
         "whose owner process is alive on this host never is, on a journal)",
     )
     max_retry: int = _field(1, ge=0, help="how often a stale trial's parameters are retried")
@@ -170,9 +178,14 @@ class StudySettings:
     are free-form tables, checked against the base experiment in :func:`from_dict`.
     """
 
-    name: str = _field("study", help="study name (default: the file's stem); no quotes or backslashes")
-    experiment: str = _field("digits", help="base experiment file: a bare name looks in "
-                             "experiments/, a relative path next to the study file")
+    name: str = _field(
+        "study", help="study name (default: the file's stem); no quotes or backslashes"
+    )
+    experiment: str = _field(
+        "digits",
+        help="base experiment file: a bare name looks in "
+        "experiments/, a relative path next to the study file",
+    )
     n_trials: int = _field(
         10, ge=0, help="trials the study should hold in total (0 = no limit, needs a timeout)"
     )
@@ -207,7 +220,7 @@ class StudyConfig(StudySettings):
     def mlflow_experiment(self) -> str:
         return self.tracking.experiment or f"study-{self.name}"
 
-    def replace(self, **changes: Any) -> "StudyConfig":
+    def replace(self, **changes: Any) -> StudyConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -236,17 +249,29 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
     where = f"{source}: params.{key}"
     for k in data:
         if k not in _PARAM_KEYS:
-            raise ConfigError(f"{source}: unknown key 'params.{key}.{k}'; allowed: {', '.join(_PARAM_KEYS)}")
+            raise ConfigError(
+                f"{source}: unknown key 'params.{key}.{k}'; allowed: {', '.join(_PARAM_KEYS)}"
+            )
     if key not in known:
-        raise ConfigError(f"{where}: '{key}' is not an experiment key; allowed: any of {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{where}: '{key}' is not an experiment key; allowed: any of {', '.join(sorted(known))}"
+        )
     current = known[key]
-    default_type = "categorical" if "choices" in data else ("int" if isinstance(current, int) and not isinstance(current, bool) else "float")
+    default_type = (
+        "categorical"
+        if "choices" in data
+        else ("int" if isinstance(current, int) and not isinstance(current, bool) else "float")
+    )
     kind = data.get("type", default_type)
     if kind not in PARAM_TYPES:
-        raise ConfigError(f"{where}.type = {kind!r} is not known; allowed: {', '.join(PARAM_TYPES)}")
+        raise ConfigError(
+            f"{where}.type = {kind!r} is not known; allowed: {', '.join(PARAM_TYPES)}"
+        )
     fraction_of = data.get("fraction_of", "")
     if fraction_of and (fraction_of not in known or kind != "float"):
-        raise ConfigError(f"{where}.fraction_of = {fraction_of!r} must name another float experiment key and needs type = 'float'")
+        raise ConfigError(
+            f"{where}.fraction_of = {fraction_of!r} must name another float experiment key and needs type = 'float'"
+        )
     if kind == "categorical":
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -256,7 +281,9 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
     num = (int,) if kind == "int" else (int, float)
     for name, v in (("low", low), ("high", high)):
         if not isinstance(v, num) or isinstance(v, bool):
-            raise ConfigError(f"{where}.{name} must be {'an integer' if kind == 'int' else 'a number'} (got {v!r})")
+            raise ConfigError(
+                f"{where}.{name} must be {'an integer' if kind == 'int' else 'a number'} (got {v!r})"
+            )
     if not low <= high:
         raise ConfigError(f"{where}: low ({low}) must not exceed high ({high})")
     log = data.get("log", False)
@@ -265,13 +292,19 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
     if log and low <= 0:
         raise ConfigError(f"{where}: log = true needs low > 0 (got {low})")
     if fraction_of and not (0 < low and high <= 1):
-        raise ConfigError(f"{where}: with fraction_of, low and high are fractions in (0, 1] (got [{low}, {high}])")
+        raise ConfigError(
+            f"{where}: with fraction_of, low and high are fractions in (0, 1] (got [{low}, {high}])"
+        )
     step = data.get("step")
     if step is not None and (not isinstance(step, (int, float)) or step <= 0 or log):
-        raise ConfigError(f"{where}.step must be a positive number and cannot be combined with log = true")
+        raise ConfigError(
+            f"{where}.step must be a positive number and cannot be combined with log = true"
+        )
     if kind == "float":
         low, high = float(low), float(high)
-    return ParamSpec(key=key, type=kind, low=low, high=high, log=log, step=step, fraction_of=fraction_of)
+    return ParamSpec(
+        key=key, type=kind, low=low, high=high, log=log, step=step, fraction_of=fraction_of
+    )
 
 
 def _check_space(params: tuple[ParamSpec, ...], base: ExperimentConfig, source: str) -> None:
@@ -279,13 +312,19 @@ def _check_space(params: tuple[ParamSpec, ...], base: ExperimentConfig, source: 
     by_key = {p.key: p for p in params}
     for p in params:
         if p.fraction_of and p.fraction_of in by_key and by_key[p.fraction_of].fraction_of:
-            raise ConfigError(f"{source}: params.{p.key}.fraction_of cannot point at another fraction parameter")
+            raise ConfigError(
+                f"{source}: params.{p.key}.fraction_of cannot point at another fraction parameter"
+            )
     for corner in ("low", "high"):
         values: dict[str, Any] = {}
         for p in params:
             if p.fraction_of:
                 continue
-            values[p.key] = p.choices[0 if corner == "low" else -1] if p.type == "categorical" else getattr(p, corner)
+            values[p.key] = (
+                p.choices[0 if corner == "low" else -1]
+                if p.type == "categorical"
+                else getattr(p, corner)
+            )
         for p in params:
             if p.fraction_of:
                 ref = values.get(p.fraction_of, base.flat()[p.fraction_of])
@@ -293,7 +332,9 @@ def _check_space(params: tuple[ParamSpec, ...], base: ExperimentConfig, source: 
         try:
             base.replace(**values)
         except ConfigError as exc:
-            raise ConfigError(f"{source}: the search space's {corner} corner gives an invalid experiment ({exc})") from None
+            raise ConfigError(
+                f"{source}: the search space's {corner} corner gives an invalid experiment ({exc})"
+            ) from None
 
 
 def _pairs(data: Any, source: str, section: str) -> tuple[tuple[str, Any], ...]:
@@ -308,8 +349,10 @@ def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
     objective = data.get("objective")
     metrics = objective.get("metrics") if isinstance(objective, Mapping) else None
     if metrics == "test_acc" or (isinstance(metrics, list) and "test_acc" in metrics):
-        raise ConfigError(f"{source}: objective.metrics: test_acc is the test split, "
-                          "which is reported, never optimised; use val_acc")
+        raise ConfigError(
+            f"{source}: objective.metrics: test_acc is the test split, "
+            "which is reported, never optimised; use val_acc"
+        )
     plain = {k: v for k, v in data.items() if k not in _FREE_TABLES}
     allowed = [f.name for f in fields(StudySettings)] + list(_FREE_TABLES)
     for key in plain:
@@ -318,26 +361,35 @@ def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
     s = _build(StudySettings, plain, source)
     check_study_name(s.name, f"{source}: name")
     if s.n_trials == 0 and s.timeout == 0:
-        raise ConfigError(f"{source}: n_trials = 0 means no trial limit and needs a time budget: "
-                          "set timeout > 0 (seconds) or n_trials >= 1")
+        raise ConfigError(
+            f"{source}: n_trials = 0 means no trial limit and needs a time budget: "
+            "set timeout > 0 (seconds) or n_trials >= 1"
+        )
     if len(s.objective.metrics) > 2:
-        raise ConfigError(f"{source}: objective.metrics must list one or two distinct metrics; "
-                          f"allowed: {', '.join(OBJECTIVES)}")
+        raise ConfigError(
+            f"{source}: objective.metrics must list one or two distinct metrics; "
+            f"allowed: {', '.join(OBJECTIVES)}"
+        )
     beat, grace = s.storage.heartbeat_interval, s.storage.grace_period
     if beat >= grace:
         raise ConfigError(
             f"{source}: storage.heartbeat_interval ({beat}) must be less than storage.grace_period "
-            f"({grace}), or live trials would be failed as stale between two heartbeats")
+            f"({grace}), or live trials would be failed as stale between two heartbeats"
+        )
     if len(s.objective.metrics) > 1 and s.pruner.name != "none":
-        raise ConfigError(f"{source}: pruner.name = {s.pruner.name!r}: Optuna cannot prune "
-                          "multi-objective trials; use pruner.name = 'none'")
+        raise ConfigError(
+            f"{source}: pruner.name = {s.pruner.name!r}: Optuna cannot prune "
+            "multi-objective trials; use pruner.name = 'none'"
+        )
     return s
 
 
 def _params(data: Mapping[str, Any], base: ExperimentConfig, source: str) -> tuple[ParamSpec, ...]:
     raw_params = data.get("params", {})
     if not isinstance(raw_params, Mapping) or not raw_params:
-        raise ConfigError(f"{source}: [params] must declare at least one parameter, e.g. [params.mutation.strength] low = 0.0, high = 1.0")
+        raise ConfigError(
+            f"{source}: [params] must declare at least one parameter, e.g. [params.mutation.strength] low = 0.0, high = 1.0"
+        )
     try:
         tables = _spec_tables(raw_params)
     except ConfigError as exc:
@@ -350,17 +402,23 @@ def _params(data: Mapping[str, Any], base: ExperimentConfig, source: str) -> tup
 Point = tuple[tuple[str, Any], ...]  # an enqueued point: (parameter, value) pairs
 
 
-def _enqueue(data: Mapping[str, Any], params: tuple[ParamSpec, ...], source: str) -> tuple[Point, ...]:
+def _enqueue(
+    data: Mapping[str, Any], params: tuple[ParamSpec, ...], source: str
+) -> tuple[Point, ...]:
     enqueue_raw = data.get("enqueue", [])
     if not isinstance(enqueue_raw, list) or not all(isinstance(e, Mapping) for e in enqueue_raw):
-        raise ConfigError(f"{source}: enqueue must be a list of tables ([[enqueue]]) of parameter values")
+        raise ConfigError(
+            f"{source}: enqueue must be a list of tables ([[enqueue]]) of parameter values"
+        )
     names = {p.optuna_name for p in params}
     enqueue = []
     for i, entry in enumerate(enqueue_raw):
         flat = flatten(entry)
         unknown = [k for k in flat if k not in names]
         if unknown:
-            raise ConfigError(f"{source}: enqueue[{i}] names '{unknown[0]}', which is not a parameter; allowed: {', '.join(sorted(names))}")
+            raise ConfigError(
+                f"{source}: enqueue[{i}] names '{unknown[0]}', which is not a parameter; allowed: {', '.join(sorted(names))}"
+            )
         enqueue.append(tuple(sorted(flat.items())))
     return tuple(enqueue)
 
@@ -377,7 +435,10 @@ def from_dict(data: Mapping[str, Any], source: str = "study") -> StudyConfig:
     params = _params(data, base, source)
     return StudyConfig(
         **{f.name: getattr(settings, f.name) for f in fields(StudySettings)},
-        source=source, base=base, params=params, overrides=overrides,
+        source=source,
+        base=base,
+        params=params,
+        overrides=overrides,
         enqueue=_enqueue(data, params, source),
     ).replace(experiment=str(base_path))
 
@@ -389,8 +450,10 @@ def check_study_name(name: Any, where: str = "--study-name") -> str:
         raise ConfigError(f"{where} must be a non-empty string (got {name!r})")
     bad = sorted({c for c in name if c in "'\"\\`" or not c.isprintable()})
     if bad:
-        raise ConfigError(f"{where} {name!r} contains {' '.join(repr(c) for c in bad)}; "
-                          "use letters, digits and - _ . (no quotes, backslashes or control characters)")
+        raise ConfigError(
+            f"{where} {name!r} contains {' '.join(repr(c) for c in bad)}; "
+            "use letters, digits and - _ . (no quotes, backslashes or control characters)"
+        )
     return name
 
 
@@ -436,4 +499,6 @@ def in_range(p: ParamSpec, value: Any) -> bool:
     """Whether a sampled value lies in the declared distribution (used by tests and checks)."""
     if p.type == "categorical":
         return value in p.choices
-    return p.low - 1e-12 <= value <= p.high + 1e-12 and not (isinstance(value, float) and math.isnan(value))
+    return p.low - 1e-12 <= value <= p.high + 1e-12 and not (
+        isinstance(value, float) and math.isnan(value)
+    )

@@ -37,7 +37,9 @@ def suggest(trial: optuna.Trial, p: ParamSpec) -> Any:
     if p.type == "categorical":
         return trial.suggest_categorical(p.optuna_name, list(p.choices))
     if p.type == "int":
-        return trial.suggest_int(p.optuna_name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        return trial.suggest_int(
+            p.optuna_name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log
+        )
     return trial.suggest_float(p.optuna_name, p.low, p.high, step=p.step, log=p.log)
 
 
@@ -69,8 +71,16 @@ class TrialReporter(Observer):
         value = float(getattr(event, EVENT_FIELD[self.metric]))
         self.trial.report(value, self.offset + event.cycle)
         if self.trial.should_prune():
-            log.info("trial %d pruned after cycle %d (%s = %.4f)", self.trial.number, event.cycle, self.metric, value)
-            raise optuna.TrialPruned(f"pruned after cycle {event.cycle} with {self.metric} = {value:.4f}")
+            log.info(
+                "trial %d pruned after cycle %d (%s = %.4f)",
+                self.trial.number,
+                event.cycle,
+                self.metric,
+                value,
+            )
+            raise optuna.TrialPruned(
+                f"pruned after cycle {event.cycle} with {self.metric} = {value:.4f}"
+            )
 
 
 class RunLink(Observer):
@@ -147,7 +157,9 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     for i in range(seeds):
         run_exp = exp.replace(seed=exp.seed + i) if i else exp
         suffix = f" seed{run_exp.seed}" if seeds > 1 else ""
-        name = trial_run_name(trial.number, exp.temperature.initial_temperature, exp.mutation.strength)
+        name = trial_run_name(
+            trial.number, exp.temperature.initial_temperature, exp.mutation.strength
+        )
         tracker = MlflowTracker(
             tracking_uri=ctx.tracking_uri,
             experiment=cfg.mlflow_experiment,
@@ -165,5 +177,3 @@ def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
     if seeds > 1:
         trial.set_user_attr("objective_per_seed", per_seed)
     return [sum(v) / seeds for v in zip(*per_seed)]
-
-

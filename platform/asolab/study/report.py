@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 CONTOUR_PARAMS = ("temperature.initial_temperature", "mutation.strength")
 
 
-def trial_run_name(number: int, temperature: float | None = None, strength: float | None = None) -> str:
+def trial_run_name(
+    number: int, temperature: float | None = None, strength: float | None = None
+) -> str:
     """A trial run's name that tells trials apart in the UI's narrow name column:
     ``t007 τ2.1 s0.30`` (trial number, initial temperature, mutation strength)."""
     name = f"t{number:03d}"
@@ -101,8 +103,14 @@ def ensure_parent_run(uri: str, cfg: StudyConfig, study_name: str, storage_url: 
     run_id = run.info.run_id
     from mlflow.entities import Param
 
-    values = (study_name, Path(cfg.experiment).name, ",".join(cfg.objective.metrics),
-              cfg.sampler.name, cfg.pruner.name, str(cfg.seed))
+    values = (
+        study_name,
+        Path(cfg.experiment).name,
+        ",".join(cfg.objective.metrics),
+        cfg.sampler.name,
+        cfg.pruner.name,
+        str(cfg.seed),
+    )
     params = [Param(k, v) for k, v in zip(L.STUDY_PARAMS, values, strict=True)]
     params += [Param(L.SPACE_PREFIX + p.optuna_name, _describe(p)) for p in cfg.params]
     c.log_batch(run_id, params=params)
@@ -119,7 +127,9 @@ def _describe(p: Any) -> str:
     return f"{p.type}[{p.low}, {p.high}]{scale}{frac}"[:500]
 
 
-def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str, trial: FrozenTrial) -> str:
+def record_trial(
+    uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str, trial: FrozenTrial
+) -> str:
     """Write a finished trial's state, parameters and values to its MLflow child run.
 
     A trial that failed before its run existed (e.g. while loading data) gets a
@@ -135,13 +145,27 @@ def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str
         from ..tracking.store import ensure_experiment
 
         exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
-        name = trial_run_name(trial.number, trial.params.get("temperature.initial_temperature"),
-                              trial.params.get("mutation.strength"))
-        run = c.create_run(exp_id, run_name=name,
-                           tags={L.MLFLOW_PARENT_RUN: parent_run_id, TAG_STUDY: study_name, TAG_TRIAL: str(trial.number)})
+        name = trial_run_name(
+            trial.number,
+            trial.params.get("temperature.initial_temperature"),
+            trial.params.get("mutation.strength"),
+        )
+        run = c.create_run(
+            exp_id,
+            run_name=name,
+            tags={
+                L.MLFLOW_PARENT_RUN: parent_run_id,
+                TAG_STUDY: study_name,
+                TAG_TRIAL: str(trial.number),
+            },
+        )
         run_id = run.info.run_id
         c.set_terminated(run_id, status="FAILED" if trial.state == TrialState.FAIL else "FINISHED")
-    tags = [RunTag(TAG_TRIAL_STATE, trial.state.name), RunTag(TAG_STUDY, study_name), RunTag(TAG_TRIAL, str(trial.number))]
+    tags = [
+        RunTag(TAG_TRIAL_STATE, trial.state.name),
+        RunTag(TAG_STUDY, study_name),
+        RunTag(TAG_TRIAL, str(trial.number)),
+    ]
     error = trial.user_attrs.get(ATTR_ERROR)
     if error:
         tags.append(RunTag(TAG_ERROR, str(error)[:5000]))
@@ -149,7 +173,10 @@ def record_trial(uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str
     now = int(trial.datetime_complete.timestamp() * 1000) if trial.datetime_complete else 0
     metrics = []
     if trial.values is not None:
-        metrics = [Metric(L.OBJECTIVE_PREFIX + m, float(v), now, 0) for m, v in zip(cfg.objective.metrics, trial.values)]
+        metrics = [
+            Metric(L.OBJECTIVE_PREFIX + m, float(v), now, 0)
+            for m, v in zip(cfg.objective.metrics, trial.values)
+        ]
     c.log_batch(run_id, metrics=metrics, params=params, tags=tags)
     return run_id
 
@@ -179,7 +206,9 @@ def best_trials(study: optuna.Study) -> list[FrozenTrial]:
     return [study.best_trial]
 
 
-def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_run_id: str) -> list[str]:
+def finish_parent_run(
+    uri: str, cfg: StudyConfig, study: optuna.Study, parent_run_id: str
+) -> list[str]:
     """Best value and parameters, trial counts and plots onto the parent; returns the plot names."""
     from mlflow.entities import Metric, RunTag
 
@@ -187,16 +216,25 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.is_finished()]
     step = len(finished)
-    now = int(max((t.datetime_complete.timestamp() for t in finished if t.datetime_complete), default=0) * 1000)
+    now = int(
+        max((t.datetime_complete.timestamp() for t in finished if t.datetime_complete), default=0)
+        * 1000
+    )
     states = {s.name.lower(): s for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    metrics = [Metric(L.TRIALS_PREFIX + name, float(sum(t.state == states[name] for t in trials)), now, step)
-               for name in L.TRIAL_STATES_COUNTED]
+    metrics = [
+        Metric(
+            L.TRIALS_PREFIX + name, float(sum(t.state == states[name] for t in trials)), now, step
+        )
+        for name in L.TRIAL_STATES_COUNTED
+    ]
     tags: list[RunTag] = []
     best = best_trials(study)
     if len(study.directions) == 1 and best:
         b = best[0]
         metrics.append(Metric(L.BEST_VALUE, float(b.value), now, step))
-        metrics.append(Metric(f"{BEST_PREFIX}{cfg.objective.metrics[0]}", float(b.value), now, step))
+        metrics.append(
+            Metric(f"{BEST_PREFIX}{cfg.objective.metrics[0]}", float(b.value), now, step)
+        )
         tags.append(RunTag(TAG_BEST_TRIAL, str(b.number)))
         for k, v in b.params.items():
             tags.append(RunTag(f"{BEST_PREFIX}{k}", str(v)))
@@ -210,7 +248,9 @@ def finish_parent_run(uri: str, cfg: StudyConfig, study: optuna.Study, parent_ru
     c.set_tag(parent_run_id, TAG_NOTE, study_description(c, cfg, study, parent_run_id, best))
     from ..tracking.browse import refresh_view
 
-    refresh_view(c, c.get_run(parent_run_id).info.experiment_id)  # the UI opens the study on its trials
+    refresh_view(
+        c, c.get_run(parent_run_id).info.experiment_id
+    )  # the UI opens the study on its trials
     plots = log_plots(c, parent_run_id, cfg, study)
     c.set_terminated(parent_run_id, status="FINISHED")
     return plots
@@ -224,7 +264,10 @@ def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[Fro
     keep = {t.user_attrs.get(ATTR_MLFLOW_RUN) for t in best} - {None}
     exp = c.get_experiment_by_name(cfg.mlflow_experiment)
     if exp is not None:
-        marked = c.search_runs([exp.experiment_id], f"tags.`{TAG_BEST}` = 'true' and tags.`{TAG_STUDY}` = '{study.study_name}'")
+        marked = c.search_runs(
+            [exp.experiment_id],
+            f"tags.`{TAG_BEST}` = 'true' and tags.`{TAG_STUDY}` = '{study.study_name}'",
+        )
         for run in marked:
             if run.info.run_id not in keep:
                 c.delete_tag(run.info.run_id, TAG_BEST)
@@ -232,20 +275,27 @@ def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[Fro
         c.set_tag(run_id, TAG_BEST, "true")
 
 
-def study_description(c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str,
-                      best: list[FrozenTrial]) -> str:
+def study_description(
+    c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str, best: list[FrozenTrial]
+) -> str:
     """The parent run's Markdown description: objective, best trial (linked), top trials."""
     from .storage import ATTR_MLFLOW_RUN
 
     exp_id = c.get_run(parent_run_id).info.experiment_id
     trials = study.get_trials(deepcopy=False)
-    counts = ", ".join(f"{sum(t.state == s for t in trials)} {s.name.lower()}"
-                       for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    counts = ", ".join(
+        f"{sum(t.state == s for t in trials)} {s.name.lower()}"
+        for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    )
     goal = ", ".join(f"{d} `{m}`" for m, d in zip(cfg.objective.metrics, cfg.objective.directions))
-    lines = [f"### Study {study.study_name}", "",
-             f"**Objective**: {goal} (validation split; the test split is never optimised). "
-             f"**Trials**: {len(trials)} ({counts}). **Sampler**: {cfg.sampler.name}, **pruner**: {cfg.pruner.name}.",
-             f"Tuned: {', '.join(f'`{p.optuna_name}`' for p in cfg.params)}.", ""]
+    lines = [
+        f"### Study {study.study_name}",
+        "",
+        f"**Objective**: {goal} (validation split; the test split is never optimised). "
+        f"**Trials**: {len(trials)} ({counts}). **Sampler**: {cfg.sampler.name}, **pruner**: {cfg.pruner.name}.",
+        f"Tuned: {', '.join(f'`{p.optuna_name}`' for p in cfg.params)}.",
+        "",
+    ]
 
     def link(t: FrozenTrial) -> str:
         run_id = t.user_attrs.get(ATTR_MLFLOW_RUN)
@@ -260,11 +310,16 @@ def study_description(c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_
         lines += ["| trial | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         by_number = {t.number: t for t in trials}
         for _, row in frame.iterrows():
-            cells = [f"{row[n]:.4g}" if isinstance(row.get(n), float) else str(row.get(n, "")) for n in names]
+            cells = [
+                f"{row[n]:.4g}" if isinstance(row.get(n), float) else str(row.get(n, ""))
+                for n in names
+            ]
             lines.append(f"| {link(by_number[int(row['trial'])])} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append("Plots: `plots/` (optimization history, importances, contour). "
-                 "Live view: `optuna-dashboard` on the study's storage (see docs/studies.md).")
+    lines.append(
+        "Plots: `plots/` (optimization history, importances, contour). "
+        "Live view: `optuna-dashboard` on the study's storage (see docs/studies.md)."
+    )
     return "\n".join(lines)
 
 
@@ -293,25 +348,53 @@ def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[
     written: list[str] = []
     notes: list[str] = []
     params = [p.optuna_name for p in cfg.params]
-    contour = [c for c in CONTOUR_PARAMS if c in params]  # temperature x mutation strength when both are tuned
+    contour = [
+        c for c in CONTOUR_PARAMS if c in params
+    ]  # temperature x mutation strength when both are tuned
     if len(contour) < 2:
         contour = params[:2]
 
     jobs: list[tuple[str, Any, int]] = [
-        ("optimization_history", lambda: vis.plot_optimization_history(study, target=target, target_name=target_name), 1),
-        ("param_importances", lambda: vis.plot_param_importances(
-            study, evaluator=FanovaImportanceEvaluator(seed=cfg.seed), target=target, target_name=target_name), 2),
-        ("slice", lambda: vis.plot_slice(study, params=params, target=target, target_name=target_name), 1),
+        (
+            "optimization_history",
+            lambda: vis.plot_optimization_history(study, target=target, target_name=target_name),
+            1,
+        ),
+        (
+            "param_importances",
+            lambda: vis.plot_param_importances(
+                study,
+                evaluator=FanovaImportanceEvaluator(seed=cfg.seed),
+                target=target,
+                target_name=target_name,
+            ),
+            2,
+        ),
+        (
+            "slice",
+            lambda: vis.plot_slice(study, params=params, target=target, target_name=target_name),
+            1,
+        ),
     ]
     if len(contour) >= 2:
-        jobs.append(("contour", lambda: vis.plot_contour(study, params=contour, target=target, target_name=target_name), 2))
+        jobs.append(
+            (
+                "contour",
+                lambda: vis.plot_contour(
+                    study, params=contour, target=target, target_name=target_name
+                ),
+                2,
+            )
+        )
     if multi:
         jobs.append(("pareto_front", lambda: vis.plot_pareto_front(study, target_names=names), 1))
     elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         jobs.append(("intermediate_values", lambda: vis.plot_intermediate_values(study), 0))
     for name, make, needs in jobs:
         if len(complete) < needs:
-            notes.append(f"{name}: skipped, needs at least {needs} complete trial(s), the study has {len(complete)}")
+            notes.append(
+                f"{name}: skipped, needs at least {needs} complete trial(s), the study has {len(complete)}"
+            )
             continue
         try:
             with warnings.catch_warnings():
@@ -348,9 +431,14 @@ def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(study.directions) > 1:
         trials = best_trials(study)
-        trials.sort(key=lambda t: t.values[0], reverse=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
+        trials.sort(
+            key=lambda t: t.values[0],
+            reverse=study.directions[0] == optuna.study.StudyDirection.MAXIMIZE,
+        )
     else:
-        trials.sort(key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE)
+        trials.sort(
+            key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE
+        )
     rows = []
     for t in trials[:top]:
         row: dict[str, Any] = {"trial": t.number}

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 import optuna
@@ -58,7 +58,7 @@ class WorkersFailed(ConfigError):
     A ConfigError, so the CLI ends with its one-line error and exit status 2.
     """
 
-    def __init__(self, outcome: "StudyOutcome", failed: list[tuple[int, int]]) -> None:
+    def __init__(self, outcome: StudyOutcome, failed: list[tuple[int, int]]) -> None:
         self.outcome, self.failed = outcome, failed
         super().__init__(
             f"{len(failed)} of the study's worker processes failed ({', '.join(_exit_text(k, c) for k, c in failed)}); "
@@ -88,7 +88,9 @@ class StudyOutcome:
     plots: list[str] = field(default_factory=list)
 
     def study(self, cfg: StudyConfig) -> optuna.Study:
-        return optuna.load_study(study_name=self.study_name, storage=make_storage(self.storage_url, cfg.storage))
+        return optuna.load_study(
+            study_name=self.study_name, storage=make_storage(self.storage_url, cfg.storage)
+        )
 
 
 def threads_per_worker(workers: int) -> int:
@@ -99,10 +101,14 @@ def threads_per_worker(workers: int) -> int:
 
 def sampler_seed(seed: int, worker: int = 0, trials_so_far: int = 0) -> int:
     """Distinct, reproducible seeds per (study seed, worker, trials already in the study)."""
-    return int(np.random.SeedSequence([seed, worker, trials_so_far]).generate_state(1)[0] & 0x7FFFFFFF)
+    return int(
+        np.random.SeedSequence([seed, worker, trials_so_far]).generate_state(1)[0] & 0x7FFFFFFF
+    )
 
 
-def make_sampler(cfg: StudyConfig, worker: int = 0, trials_so_far: int = 0) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    cfg: StudyConfig, worker: int = 0, trials_so_far: int = 0
+) -> optuna.samplers.BaseSampler:
     """The configured sampler with every setting explicit (Optuna 5 changed defaults)."""
     s, seed = cfg.sampler, sampler_seed(cfg.seed, worker, trials_so_far)
     if s.name == "random":
@@ -110,7 +116,9 @@ def make_sampler(cfg: StudyConfig, worker: int = 0, trials_so_far: int = 0) -> o
     if s.name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=s.population_size)
     return optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=s.n_startup_trials, multivariate=s.multivariate,
+        seed=seed,
+        n_startup_trials=s.n_startup_trials,
+        multivariate=s.multivariate,
         constant_liar=s.constant_liar,
     )
 
@@ -118,31 +126,53 @@ def make_sampler(cfg: StudyConfig, worker: int = 0, trials_so_far: int = 0) -> o
 def make_pruner(cfg: StudyConfig) -> optuna.pruners.BasePruner:
     p = cfg.pruner
     if p.name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps)
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps
+        )
     if p.name == "percentile":
-        return optuna.pruners.PercentilePruner(p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps)
+        return optuna.pruners.PercentilePruner(
+            p.percentile, n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps
+        )
     if p.name == "hyperband":
         return optuna.pruners.HyperbandPruner(
-            min_resource=p.min_resource, max_resource=cfg.base.search.cycles, reduction_factor=p.reduction_factor)
+            min_resource=p.min_resource,
+            max_resource=cfg.base.search.cycles,
+            reduction_factor=p.reduction_factor,
+        )
     if p.name == "threshold":
         lower = p.lower if cfg.objective.directions[0] == "maximize" else None
         upper = None if lower is not None else p.lower
-        return optuna.pruners.ThresholdPruner(lower=lower, upper=upper, n_warmup_steps=p.n_warmup_steps)
+        return optuna.pruners.ThresholdPruner(
+            lower=lower, upper=upper, n_warmup_steps=p.n_warmup_steps
+        )
     return optuna.pruners.NopPruner()
 
 
-def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int = 0) -> optuna.Study:
+def open_study(
+    cfg: StudyConfig, storage_url: str, study_name: str, worker: int = 0
+) -> optuna.Study:
     """Create the study or load it (``load_if_exists``); enqueue ``[[enqueue]]`` points once."""
     storage = make_storage(storage_url, cfg.storage)
     try:
-        existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+        existing = {
+            s.study_name: s.n_trials
+            for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+        }
         study = optuna.create_study(
-            storage=storage, study_name=study_name, directions=list(cfg.objective.directions),
-            sampler=make_sampler(cfg, worker, existing.get(study_name, 0)), pruner=make_pruner(cfg), load_if_exists=True,
+            storage=storage,
+            study_name=study_name,
+            directions=list(cfg.objective.directions),
+            sampler=make_sampler(cfg, worker, existing.get(study_name, 0)),
+            pruner=make_pruner(cfg),
+            load_if_exists=True,
         )
     except ValueError as exc:
-        raise ConfigError(f"study {study_name!r} in {report.mask_password(storage_url)}: {exc}") from None
-    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions]:
+        raise ConfigError(
+            f"study {study_name!r} in {report.mask_password(storage_url)}: {exc}"
+        ) from None
+    if list(study.directions) != [
+        optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions
+    ]:
         raise ConfigError(
             f"study {study_name!r} in {report.mask_password(storage_url)} exists with other objectives ({[d.name for d in study.directions]}); "
             f"use another --study-name or storage"
@@ -157,16 +187,22 @@ def open_study(cfg: StudyConfig, storage_url: str, study_name: str, worker: int 
     return study
 
 
-def resolve_budget(cfg: StudyConfig, n_trials: int | None, timeout: float | None) -> tuple[int, float]:
+def resolve_budget(
+    cfg: StudyConfig, n_trials: int | None, timeout: float | None
+) -> tuple[int, float]:
     """``--n-trials`` / ``--timeout`` over the file's values, checked: (trials, seconds)."""
     budget = cfg.n_trials if n_trials is None else n_trials
     seconds = cfg.timeout if timeout is None else timeout
     if budget < 0:
-        raise ConfigError(f"--n-trials must be >= 0 (got {budget}; 0 = no trial limit, with a --timeout)")
+        raise ConfigError(
+            f"--n-trials must be >= 0 (got {budget}; 0 = no trial limit, with a --timeout)"
+        )
     if seconds < 0:
         raise ConfigError(f"--timeout must be >= 0 seconds (got {seconds:g}; 0 = no time limit)")
     if budget == 0 and seconds == 0:
-        raise ConfigError(f"--n-trials 0 means no trial limit and needs a time budget: give --timeout S or set timeout in {cfg.source}")
+        raise ConfigError(
+            f"--n-trials 0 means no trial limit and needs a time budget: give --timeout S or set timeout in {cfg.source}"
+        )
     return budget, float(seconds)
 
 
@@ -174,8 +210,12 @@ def _trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None = None,
-          state: TrialState | None = None) -> FrozenTrial:
+def _tell(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    values: list[float] | None = None,
+    state: TrialState | None = None,
+) -> FrozenTrial:
     """Tell Optuna how a trial ended.
 
     If another worker failed the trial as stale meanwhile (its heartbeats did
@@ -188,9 +228,13 @@ def _tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None =
         frozen = _trial_by_number(study, trial.number)
         if not frozen.state.is_finished():
             raise
-        log.error("trial %d ended here as %s, but the storage already holds it as %s (%s); its result here is dropped",
-                  trial.number, state.name if state else "COMPLETE", frozen.state.name,
-                  frozen.user_attrs.get(ATTR_ERROR, "finished by another worker"))
+        log.error(
+            "trial %d ended here as %s, but the storage already holds it as %s (%s); its result here is dropped",
+            trial.number,
+            state.name if state else "COMPLETE",
+            frozen.state.name,
+            frozen.user_attrs.get(ATTR_ERROR, "finished by another worker"),
+        )
         return frozen
 
 
@@ -209,7 +253,9 @@ def _recover(study: optuna.Study, cfg: StudyConfig, uri: str) -> None:
         try:
             report.mark_stale_run(uri, s.trial, s.reason)
         except Exception:  # the MLflow record is a courtesy; the study goes on
-            log.warning("could not mark the MLflow run of stale trial %d", s.trial.number, exc_info=True)
+            log.warning(
+                "could not mark the MLflow run of stale trial %d", s.trial.number, exc_info=True
+            )
 
 
 def _run_one(study: optuna.Study, trial: optuna.Trial, ctx: TrialContext) -> FrozenTrial:
@@ -233,7 +279,7 @@ def optimize(
     storage_url: str,
     n_trials: int,
     timeout: float,
-    on_trial: Optional[TrialCallback] = None,
+    on_trial: TrialCallback | None = None,
 ) -> list[int]:
     """Run trials until the study holds ``n_trials`` (0 = no limit) or ``timeout``
     seconds (0 = none) passed; a trial that runs when time is up finishes.
@@ -273,7 +319,7 @@ def run_study(
     storage_url: str = "",
     study_name: str = "",
     tracking_uri: str = "",
-    on_trial: Optional[TrialCallback] = None,
+    on_trial: TrialCallback | None = None,
 ) -> StudyOutcome:
     """Run (or resume) a study until it holds ``n_trials`` trials or ``timeout`` passed.
 
@@ -290,8 +336,11 @@ def run_study(
     if workers > 1 and is_sqlite(url):
         raise ConfigError(
             f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite as unsafe for "
-            "concurrent workers; use the default journal storage (omit --storage, or give a path ending in .log) or PostgreSQL")
-    uri = resolve_tracking_uri(tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri)
+            "concurrent workers; use the default journal storage (omit --storage, or give a path ending in .log) or PostgreSQL"
+        )
+    uri = resolve_tracking_uri(
+        tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
+    )
     check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
@@ -306,15 +355,25 @@ def run_study(
         else:
             failed = _run_workers(cfg, workers, url, name, uri, parent, budget, seconds)
     finally:
-        outcome.new_trials = sorted(t.number for t in study.get_trials(deepcopy=False) if t.number not in before)
+        outcome.new_trials = sorted(
+            t.number for t in study.get_trials(deepcopy=False) if t.number not in before
+        )
         outcome.plots = report.finish_parent_run(uri, cfg, study, parent)
     if failed:
         raise WorkersFailed(outcome, failed)
     return outcome
 
 
-def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, parent: str,
-                 budget: int, seconds: float) -> list[tuple[int, int]]:
+def _run_workers(
+    cfg: StudyConfig,
+    workers: int,
+    url: str,
+    name: str,
+    uri: str,
+    parent: str,
+    budget: int,
+    seconds: float,
+) -> list[tuple[int, int]]:
     """K ``asolab study --worker`` processes on this machine, sharing the storage;
     returns (worker, exit status) of those that failed."""
     if not cfg.source or not os.path.exists(cfg.source):
@@ -323,9 +382,29 @@ def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, 
     procs = []
     for k in range(workers):
         cmd = [
-            sys.executable, "-m", "asolab.cli", "study", cfg.source, "--worker", str(k),
-            "--storage", url, "--study-name", name, "--n-trials", str(budget), "--timeout", str(seconds),
-            "--tracking-uri", uri, "--parent-run-id", parent, "--threads", str(threads), "--seed", str(cfg.seed),
+            sys.executable,
+            "-m",
+            "asolab.cli",
+            "study",
+            cfg.source,
+            "--worker",
+            str(k),
+            "--storage",
+            url,
+            "--study-name",
+            name,
+            "--n-trials",
+            str(budget),
+            "--timeout",
+            str(seconds),
+            "--tracking-uri",
+            uri,
+            "--parent-run-id",
+            parent,
+            "--threads",
+            str(threads),
+            "--seed",
+            str(cfg.seed),
         ]
         log.info("starting worker %d: %s", k, " ".join(cmd))
         procs.append(subprocess.Popen(cmd))
@@ -341,9 +420,16 @@ def _run_workers(cfg: StudyConfig, workers: int, url: str, name: str, uri: str, 
 
 
 def run_worker(
-    cfg: StudyConfig, worker: int, storage_url: str, study_name: str, tracking_uri: str,
-    parent_run_id: str, n_trials: int | None, timeout: float | None, threads: int,
-    on_trial: Optional[TrialCallback] = None,
+    cfg: StudyConfig,
+    worker: int,
+    storage_url: str,
+    study_name: str,
+    tracking_uri: str,
+    parent_run_id: str,
+    n_trials: int | None,
+    timeout: float | None,
+    threads: int,
+    on_trial: TrialCallback | None = None,
 ) -> list[int]:
     """One worker process: trials until the shared budget is met (None: the file's budget)."""
     check_study_name(study_name)
@@ -353,4 +439,14 @@ def run_worker(
     return optimize(cfg, study, ctx, storage_url, n_trials, timeout, on_trial)
 
 
-__all__ = ["StudyOutcome", "WorkersFailed", "make_pruner", "make_sampler", "open_study", "optimize", "run_study", "run_worker", "threads_per_worker"]
+__all__ = [
+    "StudyOutcome",
+    "WorkersFailed",
+    "make_pruner",
+    "make_sampler",
+    "open_study",
+    "optimize",
+    "run_study",
+    "run_worker",
+    "threads_per_worker",
+]

@@ -35,9 +35,10 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
@@ -60,7 +61,15 @@ ATTR_STALE = "asolab.stale"  # why a trial was failed as stale (its worker died)
 ATTR_MLFLOW_RUN = "asolab.mlflow_run_id"  # the trial's MLflow child run
 ATTR_ERROR = TAG_ERROR  # one line: why the trial failed
 # Attributes of one attempt at running a trial: a retry must not inherit them.
-RUN_ATTRS = (ATTR_OWNER, ATTR_OWNER_STARTED, ATTR_HEARTBEAT, ATTR_RETRY_OF, ATTR_STALE, ATTR_MLFLOW_RUN, ATTR_ERROR)
+RUN_ATTRS = (
+    ATTR_OWNER,
+    ATTR_OWNER_STARTED,
+    ATTR_HEARTBEAT,
+    ATTR_RETRY_OF,
+    ATTR_STALE,
+    ATTR_MLFLOW_RUN,
+    ATTR_ERROR,
+)
 
 
 def default_storage_url() -> str:
@@ -70,7 +79,7 @@ def default_storage_url() -> str:
 def journal_path(url: str) -> Path | None:
     """The journal file of a ``journal:///path`` URL or a bare ``*.log`` path (None otherwise)."""
     if url.startswith("journal:///"):
-        return Path("/" + url[len("journal:///"):].lstrip("/"))
+        return Path("/" + url[len("journal:///") :].lstrip("/"))
     if "://" not in url and url.endswith(".log"):
         return Path(url)
     return None
@@ -82,7 +91,13 @@ def resolve_storage_url(url: str, config_url: str = "") -> str:
 
 
 def is_rdb(url: str) -> bool:
-    return url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+    return url.split(":", 1)[0].split("+", 1)[0] in (
+        "sqlite",
+        "postgresql",
+        "mysql",
+        "oracle",
+        "mssql",
+    )
 
 
 def is_sqlite(url: str) -> bool:
@@ -111,7 +126,9 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     except ConfigError:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
-        raise ConfigError(f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise ConfigError(
+            f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
     raise ConfigError(
         f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
         "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
@@ -151,7 +168,7 @@ def _check_rdb(url: str) -> None:
     answer (Optuna would retry for minutes, with a warning each time)."""
     fix = "omit --storage for the local journal file"
     if is_sqlite(url):
-        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
         reason = foreign_sqlite(Path(path), OPTUNA_TABLES, "an Optuna storage") if path else ""
         if reason:
             raise ConfigError(f"study storage {url}: {reason}; give a new file or {fix}")
@@ -191,7 +208,10 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBSto
             lost_race = isinstance(exc, IntegrityError) or "already exists" in str(exc)
             if not lost_race or attempt + 1 == attempts:
                 raise
-            log.info("study storage %s: tables created concurrently by another process; opening again", _shown(url))
+            log.info(
+                "study storage %s: tables created concurrently by another process; opening again",
+                _shown(url),
+            )
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -223,13 +243,22 @@ class RetryStaleTrial:
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         attempt = len(trial.system_attrs.get("retry_history", [])) + 1
         if attempt > self.max_retry:
-            log.warning("trial %d's parameters are not retried (storage.max_retry = %d reached)", trial.number, self.max_retry)
+            log.warning(
+                "trial %d's parameters are not retried (storage.max_retry = %d reached)",
+                trial.number,
+                self.max_retry,
+            )
             return
         clean = copy.deepcopy(trial)
         clean.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in RUN_ATTRS}
         clean.user_attrs[ATTR_RETRY_OF] = trial.number
         self._optuna(study, clean)
-        log.warning("trial %d's parameters are retried in a new trial (retry %d of %d)", trial.number, attempt, self.max_retry)
+        log.warning(
+            "trial %d's parameters are retried in a new trial (retry %d of %d)",
+            trial.number,
+            attempt,
+            self.max_retry,
+        )
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:
@@ -266,7 +295,10 @@ def lock_path(url: str) -> Path:
     """This machine's budget lock file for a storage (any kind), keyed by the storage."""
     journal = journal_path(url)
     key = f"journal:{journal.resolve()}" if journal is not None else url
-    return Path(tempfile.gettempdir()) / f"asolab-study-{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
+    return (
+        Path(tempfile.gettempdir())
+        / f"asolab-study-{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
+    )
 
 
 @contextlib.contextmanager
@@ -345,7 +377,11 @@ def used_budget(study: optuna.Study) -> int:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return sum(1 for t in trials if t.state in counted or (t.state == TrialState.FAIL and t.number not in retried))
+    return sum(
+        1
+        for t in trials
+        if t.state in counted or (t.state == TrialState.FAIL and t.number not in retried)
+    )
 
 
 @dataclass(frozen=True)
@@ -368,7 +404,9 @@ def _stale_reason(t: FrozenTrial, grace_period: int, now: float, check_heartbeat
         return "" if alive else f"worker {owner} is gone"
     if not check_heartbeat:  # RDB storages: Optuna's heartbeat decides
         return ""
-    beat = t.user_attrs.get(ATTR_HEARTBEAT, t.datetime_start.timestamp() if t.datetime_start else None)
+    beat = t.user_attrs.get(
+        ATTR_HEARTBEAT, t.datetime_start.timestamp() if t.datetime_start else None
+    )
     if beat is not None and now - float(beat) > grace_period:
         return f"no heartbeat for {now - float(beat):.0f} s (grace period {grace_period} s)"
     return ""
@@ -389,7 +427,9 @@ def _fail_stale(study: optuna.Study, t: FrozenTrial, reason: str, retry: RetrySt
     return True
 
 
-def _fail_optuna_stale(study: optuna.Study, running: dict[int, FrozenTrial], grace_period: int) -> list[StaleTrial]:
+def _fail_optuna_stale(
+    study: optuna.Study, running: dict[int, FrozenTrial], grace_period: int
+) -> list[StaleTrial]:
     """Optuna's heartbeat check (RDB storages): the trials it failed, of those RUNNING before.
 
     ``fail_stale_trials`` says nothing about what it failed, so compare with the
@@ -406,7 +446,9 @@ def _fail_optuna_stale(study: optuna.Study, running: dict[int, FrozenTrial], gra
     ]
 
 
-def recover_stale_trials(study: optuna.Study, settings: StorageConfig, now: float | None = None) -> list[StaleTrial]:
+def recover_stale_trials(
+    study: optuna.Study, settings: StorageConfig, now: float | None = None
+) -> list[StaleTrial]:
     """Fail the RUNNING trials whose worker died and retry their parameters.
 
     Returns the trials failed here, so that their MLflow runs can say so.
@@ -423,7 +465,9 @@ def recover_stale_trials(study: optuna.Study, settings: StorageConfig, now: floa
     if rdb is not None:
         stale += _fail_optuna_stale(study, running, settings.grace_period)
     for s in stale:
-        log.warning("trial %d of study %s failed as stale: %s", s.trial.number, study.study_name, s.reason)
+        log.warning(
+            "trial %d of study %s failed as stale: %s", s.trial.number, study.study_name, s.reason
+        )
     return stale
 
 
@@ -443,11 +487,13 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self.trial.set_user_attr(ATTR_OWNER, owner_id())
         self.trial.set_user_attr(ATTR_OWNER_STARTED, process_started(os.getpid()))
         self.beat()  # at once: a worker killed before its first interval is found too
-        self._thread = threading.Thread(target=self._run, name=f"asolab-heartbeat-{self.trial.number}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"asolab-heartbeat-{self.trial.number}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -465,8 +511,13 @@ class Heartbeat:
             log.debug("trial %d has finished; its heartbeat stops", self.trial.number)
             return False
         except Exception as exc:
-            log.warning("heartbeat of trial %d failed (%s: %s); trying again in %s s",
-                        self.trial.number, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", self.interval)
+            log.warning(
+                "heartbeat of trial %d failed (%s: %s); trying again in %s s",
+                self.trial.number,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+                self.interval,
+            )
         return True
 
     def _run(self) -> None:

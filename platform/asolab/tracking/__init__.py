@@ -13,7 +13,13 @@ from .store import TrackingError, check_reachable, default_tracking_uri, resolve
 if TYPE_CHECKING:  # pragma: no cover
     from .mlflow_tracker import MlflowTracker
 
-__all__ = ["MlflowTracker", "TrackingError", "check_reachable", "default_tracking_uri", "resolve_tracking_uri"]
+__all__ = [
+    "MlflowTracker",
+    "TrackingError",
+    "check_reachable",
+    "default_tracking_uri",
+    "resolve_tracking_uri",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -60,7 +60,11 @@ def view_state(expanded: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         "groupBy": None,
         "groupsExpanded": {},
         "autoRefreshEnabled": True,
-        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+        "globalLineChartConfig": {
+            "xAxisKey": "step",
+            "lineSmoothness": 0,
+            "selectedXAxisMetricKey": "",
+        },
     }
 
 
@@ -82,7 +86,9 @@ def experiment_tags(name: str) -> dict[str, str]:
     }
 
 
-def tag_experiment(client: MlflowClient, experiment_id: str, name: str, existing: dict[str, str]) -> None:
+def tag_experiment(
+    client: MlflowClient, experiment_id: str, name: str, existing: dict[str, str]
+) -> None:
     """Set whichever of :func:`experiment_tags` the experiment lacks (a user's own kept)."""
     for key, value in experiment_tags(name).items():
         if key not in existing:
@@ -91,7 +97,9 @@ def tag_experiment(client: MlflowClient, experiment_id: str, name: str, existing
 
 def refresh_view(client: MlflowClient, experiment_id: str) -> None:
     """Rewrite the experiment's asolab view so that every study's run opens on its trials."""
-    parents = client.search_runs([experiment_id], "tags.`asolab.study_parent` = 'true'", max_results=50)
+    parents = client.search_runs(
+        [experiment_id], "tags.`asolab.study_parent` = 'true'", max_results=50
+    )
     state = view_state([r.info.run_id for r in parents])
     client.set_experiment_tag(experiment_id, L.TAG_VIEW_STATE, json.dumps(state))
 
@@ -127,7 +135,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def run_description(run_id: str, facts: dict[str, Any], genotype: str, params: dict[str, Any]) -> str:
+def run_description(
+    run_id: str, facts: dict[str, Any], genotype: str, params: dict[str, Any]
+) -> str:
     """A run's Markdown description: the genotype and the accuracy first (what the UI shows
     before "Show more"), then data set, size, memory, time, budget, and the cell picture."""
     head = [f"{k} **{_fmt(v)}**" for k, v in facts.items() if "accuracy" in k]
@@ -135,7 +145,12 @@ def run_description(run_id: str, facts: dict[str, Any], genotype: str, params: d
     lines += ["| | |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in facts.items() if "accuracy" not in k]
     lines += [f"| {k} | {v} |" for k, v in params.items()]
-    lines += ["", f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})", "",
-              "The genotype's canonical form above is what `Genotype.parse` reads back "
-              "(also in `genotypes/final.json`).", ""]
+    lines += [
+        "",
+        f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})",
+        "",
+        "The genotype's canonical form above is what `Genotype.parse` reads back "
+        "(also in `genotypes/final.json`).",
+        "",
+    ]
     return "\n".join(lines)

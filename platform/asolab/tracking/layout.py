@@ -58,8 +58,17 @@ TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
 EPOCH_SECONDS, IMAGES_PER_SEC = "epoch_seconds", "images_per_sec"
 CYCLE, PHASE_INDEX_METRIC = "cycle", "phase_index"
 EPOCH_METRICS = (
-    TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC, TEMPERATURE,
-    WEIGHT_LR, ALPHA_LR, EPOCH_SECONDS, IMAGES_PER_SEC, CYCLE, PHASE_INDEX_METRIC,
+    TRAIN_LOSS,
+    TRAIN_ACC,
+    VAL_LOSS,
+    VAL_ACC,
+    TEMPERATURE,
+    WEIGHT_LR,
+    ALPHA_LR,
+    EPOCH_SECONDS,
+    IMAGES_PER_SEC,
+    CYCLE,
+    PHASE_INDEX_METRIC,
 )
 # per cycle (step = global epoch at the cycle's end); the memory ones are runner/memory.py's keys
 CYCLE_VAL_ACC, CYCLE_VAL_LOSS = "cycle_val_acc", "cycle_val_loss"
@@ -69,11 +78,18 @@ RSS_MB, PEAK_RSS_MB = "rss_mb", "peak_rss_mb"
 CUDA_ALLOCATED_MB, CUDA_PEAK_MB = "cuda_allocated_mb", "cuda_peak_mb"
 MEMORY_METRICS = (RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB)
 CYCLE_METRICS = (
-    CYCLE_VAL_ACC, CYCLE_VAL_LOSS, SUPERNET_PARAMS, DERIVED_PARAMS, *MEMORY_METRICS, MUTATION_EDITS,
+    CYCLE_VAL_ACC,
+    CYCLE_VAL_LOSS,
+    SUPERNET_PARAMS,
+    DERIVED_PARAMS,
+    *MEMORY_METRICS,
+    MUTATION_EDITS,
 )
 # per cycle with growth (step = global epoch at the cycle's end)
 GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER = (
-    "growth_events", "growth_preservation_error", "growth_params_after",
+    "growth_events",
+    "growth_preservation_error",
+    "growth_params_after",
 )
 GROWTH_METRICS = (GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER)
 # once, at the end (step = total epochs); memory as FINAL_PREFIX + a MEMORY_METRICS name
@@ -83,8 +99,14 @@ TEST_ACC, TEST_LOSS = "test_acc", "test_loss"
 FINAL_PARAMS, FINAL_SUPERNET_PARAMS = "final_params", "final_supernet_params"
 RUN_SECONDS = "run_seconds"
 FINAL_METRICS = (
-    FINAL_VAL_ACC, FINAL_VAL_LOSS, TEST_ACC, TEST_LOSS, FINAL_PARAMS, FINAL_SUPERNET_PARAMS,
-    RUN_SECONDS, *(FINAL_PREFIX + m for m in MEMORY_METRICS),
+    FINAL_VAL_ACC,
+    FINAL_VAL_LOSS,
+    TEST_ACC,
+    TEST_LOSS,
+    FINAL_PARAMS,
+    FINAL_SUPERNET_PARAMS,
+    RUN_SECONDS,
+    *(FINAL_PREFIX + m for m in MEMORY_METRICS),
 )
 RUN_METRICS = EPOCH_METRICS + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
 
@@ -142,6 +164,7 @@ def resumed_text(position: dict | None) -> str:
         return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
 
+
 # ---------------------------------------------------------------- browsing (MLflow UI)
 TAG_NOTE = "mlflow.note.content"  # MLflow's run / experiment description (Markdown)
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"  # tells the UI these are model-training experiments
@@ -158,8 +181,12 @@ GENOTYPE_CANONICAL_KEY = "canonical"
 # the runs table's columns: what a researcher reads first
 VIEW_METRICS = ("test_acc", "final_val_acc", "final_params", "run_seconds")
 VIEW_PARAMS = (
-    "temperature.initial_temperature", "temperature.min_temperature", "temperature.anneal_fraction",
-    "mutation.strength", "search.cycles", "search.final_epochs",
+    "temperature.initial_temperature",
+    "temperature.min_temperature",
+    "temperature.anneal_fraction",
+    "mutation.strength",
+    "search.cycles",
+    "search.final_epochs",
 )
 VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
 
@@ -177,12 +204,18 @@ ARM_ASO_SE = "aso-se"
 # between one-shot (supernet) and stand-alone validation accuracy, over the genotypes
 # sampled from the final alphas, over the random ones, and over both together.
 RANKING_METRICS = (
-    "ranking_kendall_tau", "ranking_spearman_rho",
-    "ranking_kendall_tau_random", "ranking_spearman_rho_random",
-    "ranking_kendall_tau_all", "ranking_spearman_rho_all", "ranking_genotypes",
+    "ranking_kendall_tau",
+    "ranking_spearman_rho",
+    "ranking_kendall_tau_random",
+    "ranking_spearman_rho_random",
+    "ranking_kendall_tau_all",
+    "ranking_spearman_rho_all",
+    "ranking_genotypes",
 )
 RANKING_DIR = "ranking"
-RANKING_PAIRS_ARTIFACT = f"{RANKING_DIR}/pairs.json"  # one record per genotype: source, genotype, both accuracies
+RANKING_PAIRS_ARTIFACT = (
+    f"{RANKING_DIR}/pairs.json"  # one record per genotype: source, genotype, both accuracies
+)
 RANKING_PLOT_ARTIFACT = f"{RANKING_DIR}/scatter.png"
 
 # ================================================================ a study's parent and trial runs
@@ -195,8 +228,12 @@ TAG_BEST_TRIAL = "asolab.best_trial"  # number of the best trial (one objective)
 TAG_PARETO_TRIALS = "asolab.pareto_trials"  # numbers of the Pareto-front trials (two objectives)
 # parent params: the study's settings, and the search space as "space.<parameter>"
 STUDY_PARAMS = (
-    "study.name", "study.experiment", "study.objective",
-    "study.sampler", "study.pruner", "study.seed",
+    "study.name",
+    "study.experiment",
+    "study.objective",
+    "study.sampler",
+    "study.pruner",
+    "study.seed",
 )
 SPACE_PREFIX = "space."
 # parent metrics (step = finished trials): trials.<state>, the best trial's value and
@@ -222,11 +259,20 @@ REPORT_DIR = "report"  # the written report: index.html, runs.csv, pictures
 # every TAG_* and MLFLOW_* name above
 TAGS = tuple(v for k, v in list(globals().items()) if k.startswith(("TAG_", "MLFLOW_")))
 _ARTIFACTS = (
-    re.escape(CONFIG_ARTIFACT), re.escape(RUN_INFO_ARTIFACT), re.escape(FINAL_GENOTYPE_ARTIFACT),
-    rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json", rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
-    rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json", rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
-    re.escape(CHECKPOINT_ARTIFACT), re.escape(FINAL_CELLS_ARTIFACT), rf"{MODEL_DIR}/.+", rf"{PLOTS_DIR}/[^/]+", r"[^/]+\.toml",
-    rf"{REPORT_DIR}/.+", rf"{RANKING_DIR}/[^/]+",
+    re.escape(CONFIG_ARTIFACT),
+    re.escape(RUN_INFO_ARTIFACT),
+    re.escape(FINAL_GENOTYPE_ARTIFACT),
+    rf"{GENOTYPE_DIR}/cycle_\d{{3}}\.json",
+    rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
+    rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json",
+    rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
+    re.escape(CHECKPOINT_ARTIFACT),
+    re.escape(FINAL_CELLS_ARTIFACT),
+    rf"{MODEL_DIR}/.+",
+    rf"{PLOTS_DIR}/[^/]+",
+    r"[^/]+\.toml",
+    rf"{REPORT_DIR}/.+",
+    rf"{RANKING_DIR}/[^/]+",
 )
 
 

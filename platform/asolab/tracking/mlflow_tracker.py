@@ -28,9 +28,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +78,23 @@ _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-WRITE_MODES = ("auto", "inline", "thread")  # auto: inline for a local SQLite store, a thread otherwise
+WRITE_MODES = (
+    "auto",
+    "inline",
+    "thread",
+)  # auto: inline for a local SQLite store, a thread otherwise
 
 
 def git_commit() -> str:
     """The code's git commit, or "unknown" outside a git checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5, check=True
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -122,7 +131,9 @@ class _StoreWriter:
             self._call(fn, args)
             return
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="asolab-mlflow-writer", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="asolab-mlflow-writer", daemon=True
+            )
             self._thread.start()
         self._queue.put((fn, args))
 
@@ -185,7 +196,9 @@ class MlflowTracker(Observer):
         write_mode: str = "auto",
     ) -> None:
         if write_mode not in WRITE_MODES:
-            raise ValueError(f"write_mode must be one of {', '.join(WRITE_MODES)}, got {write_mode!r}")
+            raise ValueError(
+                f"write_mode must be one of {', '.join(WRITE_MODES)}, got {write_mode!r}"
+            )
         self._uri_arg = tracking_uri
         self._experiment_arg = experiment
         self._run_name = run_name
@@ -222,7 +235,9 @@ class MlflowTracker(Observer):
         if step <= self._logged_max.get(key, -1):
             return
         self._logged_max[key] = step
-        self._pending.append(Metric(key, float(value), int(time.time() * 1000), int(step), model_id=model_id))
+        self._pending.append(
+            Metric(key, float(value), int(time.time() * 1000), int(step), model_id=model_id)
+        )
 
     def _tag(self, key: str, value: str) -> None:
         self._pending_tags[key] = str(value)[:_MAX_TAG]
@@ -247,7 +262,9 @@ class MlflowTracker(Observer):
 
     def _write_batch(self, metrics: list[Metric], tags: list[RunTag]) -> None:
         for i in range(0, max(len(metrics), 1), _BATCH):
-            self._c.log_batch(self.run_id, metrics=metrics[i : i + _BATCH], tags=tags if i == 0 else ())
+            self._c.log_batch(
+                self.run_id, metrics=metrics[i : i + _BATCH], tags=tags if i == 0 else ()
+            )
 
     @property
     def write_seconds(self) -> float:
@@ -323,7 +340,9 @@ class MlflowTracker(Observer):
         cfg = event.config
         client = self.client
         assert client is not None
-        self.experiment_id = ensure_experiment(client, self.tracking_uri or "", self._experiment_name(cfg))
+        self.experiment_id = ensure_experiment(
+            client, self.tracking_uri or "", self._experiment_name(cfg)
+        )
         commit = git_commit()
         tags = {
             L.TAG_VERSION: __version__,
@@ -343,18 +362,33 @@ class MlflowTracker(Observer):
         if not self._run_name:
             name = f"{event.data.get('name', cfg.data.name)}-seed{cfg.seed}-{self.run_id[:8]}"
             client.update_run(self.run_id, name=name)
-        params = [Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM]) for k, v in cfg.flat().items()]
+        params = [
+            Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM])
+            for k, v in cfg.flat().items()
+        ]
         for i in range(0, len(params), _PARAM_BATCH):
             client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
         self._artifact_text(config_json(cfg), L.CONFIG_ARTIFACT)
-        self._artifact_text(json.dumps({"data": event.data, "arch": event.arch, "total_epochs": event.total_epochs}, indent=2, default=str), L.RUN_INFO_ARTIFACT)
+        self._artifact_text(
+            json.dumps(
+                {"data": event.data, "arch": event.arch, "total_epochs": event.total_epochs},
+                indent=2,
+                default=str,
+            ),
+            L.RUN_INFO_ARTIFACT,
+        )
         self._log_dataset(event.data)
 
     def _log_dataset(self, summary: dict[str, Any]) -> None:
         # The entity is built directly from the split summary: mlflow.data.from_pandas
         # would import and infer a schema for one row, costing a second per run.
         text = json.dumps(summary, sort_keys=True, default=str)
-        schema = {"mlflow_colspec": [{"type": "double" if isinstance(v, (int, float)) else "string", "name": k} for k, v in summary.items()]}
+        schema = {
+            "mlflow_colspec": [
+                {"type": "double" if isinstance(v, (int, float)) else "string", "name": k}
+                for k, v in summary.items()
+            ]
+        }
         dataset = Dataset(
             name=str(summary.get("name", "data")),
             digest=hashlib.sha256(text.encode()).hexdigest()[:8],
@@ -388,7 +422,9 @@ class MlflowTracker(Observer):
         self._tag(L.TAG_RESUMED_FROM, L.resumed_text(position or None))
         if L.TAG_ERROR in run.data.tags:
             client.delete_tag(run_id, L.TAG_ERROR)  # a resumed run is no longer failed
-        log.info("resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max))
+        log.info(
+            "resuming MLflow run %s (%d metrics already logged)", run_id, len(self._logged_max)
+        )
 
     # ------------------------------------------------------------------ per epoch / phase
 
@@ -431,7 +467,9 @@ class MlflowTracker(Observer):
     def _log_growth(self, events: tuple[GrowthEvent, ...], step: int) -> None:
         """A cycle's growth steps: the artifact and the per-cycle growth metrics."""
         record = [asdict(g) for g in events]  # every field of the event, as the checkpoint keeps it
-        self._artifact_text(json.dumps(record, indent=2, default=str), L.growth_artifact(events[0].cycle))
+        self._artifact_text(
+            json.dumps(record, indent=2, default=str), L.growth_artifact(events[0].cycle)
+        )
         self._metric(L.GROWTH_EVENTS, len(events), step)
         self._metric(L.GROWTH_PRESERVATION_ERROR, max(g.preservation_error for g in events), step)
         self._metric(L.GROWTH_PARAMS_AFTER, events[-1].params_after, step)
@@ -505,9 +543,12 @@ class MlflowTracker(Observer):
     def _description(self, event: RunEnd) -> str:
         """The run's Markdown description (MLflow's run note): what a researcher reads first."""
         cfg = self._config
-        facts: dict[str, Any] = {"data set": self._dataset, "final validation accuracy": event.val_acc,
-                                 "test accuracy (reported, never selected on)": event.test_acc,
-                                 "parameters (derived network)": event.derived_params}
+        facts: dict[str, Any] = {
+            "data set": self._dataset,
+            "final validation accuracy": event.val_acc,
+            "test accuracy (reported, never selected on)": event.test_acc,
+            "parameters (derived network)": event.derived_params,
+        }
         peak = event.memory.get("cuda_peak_mb") or event.memory.get("peak_rss_mb")
         if peak:
             facts["peak memory (MB)"] = float(peak)
@@ -515,11 +556,16 @@ class MlflowTracker(Observer):
         params: dict[str, Any] = {}
         if cfg is not None:
             s, t = cfg.search, cfg.temperature
-            facts["budget"] = (f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
-                               f"{s.retrain_epochs} retrain epochs), {s.final_epochs} final epochs")
-            params = {"temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
-                      f"anneal {t.anneal_fraction:g})", "mutation strength": f"{cfg.mutation.strength:g}",
-                      "seed": cfg.seed}
+            facts["budget"] = (
+                f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
+                f"{s.retrain_epochs} retrain epochs), {s.final_epochs} final epochs"
+            )
+            params = {
+                "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
+                f"anneal {t.anneal_fraction:g})",
+                "mutation strength": f"{cfg.mutation.strength:g}",
+                "seed": cfg.seed,
+            }
         return run_description(self.run_id or "", facts, str(event.genotype), params)
 
     def _final_model(self) -> LoggedModel:
@@ -531,7 +577,9 @@ class MlflowTracker(Observer):
                 [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'"
             )
             # (one that holds the final metrics first, should an older version have left two)
-            named = sorted((m for m in begun if m.name == L.MODEL_NAME), key=lambda m: not m.metrics)
+            named = sorted(
+                (m for m in begun if m.name == L.MODEL_NAME), key=lambda m: not m.metrics
+            )
             if named:
                 return named[0]
         return self._c.create_logged_model(
@@ -560,7 +608,9 @@ class MlflowTracker(Observer):
         model = extract(event.supernet, event.genotype)
         logged = self._c.get_logged_model(model_id)
         meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
-        quiet = logging.getLogger("mlflow.pytorch")  # its pickle-format warning would repeat every run
+        quiet = logging.getLogger(
+            "mlflow.pytorch"
+        )  # its pickle-format warning would repeat every run
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
@@ -573,7 +623,10 @@ class MlflowTracker(Observer):
                     # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
                     serialization_format="pickle",
                     # Inferring requirements would load the model in a subprocess: slow, and we know them.
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"asolab=={__version__}"],
+                    pip_requirements=[
+                        f"torch=={torch.__version__.split('+')[0]}",
+                        f"asolab=={__version__}",
+                    ],
                 )
                 self._c.log_model_artifacts(model_id, local)
         except BaseException:
@@ -606,10 +659,14 @@ class MlflowTracker(Observer):
                 self._writer.drain()
             except KeyboardInterrupt:
                 # A second Ctrl-C while uploads drain: stop waiting, but still close the run.
-                log.warning("interrupted again: not waiting for the last uploads of run %s", self.run_id)
+                log.warning(
+                    "interrupted again: not waiting for the last uploads of run %s", self.run_id
+                )
                 interrupted = True
             except Exception:
-                log.exception("could not write the last metrics or artifacts of run %s", self.run_id)
+                log.exception(
+                    "could not write the last metrics or artifacts of run %s", self.run_id
+                )
             try:
                 if interrupted:
                     self._terminate("KILLED")
@@ -638,7 +695,11 @@ def genotype_record(g: Genotype) -> str:
     """A genotype artifact: the canonical one-line form first, then the fields
     ``Genotype.from_json`` reads (it ignores ``canonical``), one line per field."""
     fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
-    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items()) + "\n}\n"
+    return (
+        "{\n"
+        + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())
+        + "\n}\n"
+    )
 
 
 def _edit_dict(edit: Any) -> dict[str, Any]:

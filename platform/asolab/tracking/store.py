@@ -58,7 +58,7 @@ def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (None for any other scheme)."""
     if not uri.startswith("sqlite:///"):
         return None
-    return Path(uri[len("sqlite:///"):])
+    return Path(uri[len("sqlite:///") :])
 
 
 def artifact_root(uri: str) -> Path | None:
@@ -83,7 +83,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     a SQLite file can exist without being an MLflow database.
     """
     if uri.startswith(("http://", "https://")):
-        _check_health(uri, timeout)  # first: it fails fast, where the client would retry for minutes
+        _check_health(
+            uri, timeout
+        )  # first: it fails fast, where the client would retry for minutes
         _check_api(uri)
         return
     db = sqlite_path(uri)
@@ -91,9 +93,13 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise TrackingError(f"tracking store {uri}: cannot create {db.parent} ({exc.strerror}); choose another tracking.tracking_uri") from None
+            raise TrackingError(
+                f"tracking store {uri}: cannot create {db.parent} ({exc.strerror}); choose another tracking.tracking_uri"
+            ) from None
         if not os.access(db.parent, os.W_OK):
-            raise TrackingError(f"tracking store {uri}: {db.parent} is not writable; choose another tracking.tracking_uri")
+            raise TrackingError(
+                f"tracking store {uri}: {db.parent} is not writable; choose another tracking.tracking_uri"
+            )
         check_sqlite_store(uri)
         _check_api(uri)
         return
@@ -127,7 +133,9 @@ def database_unreachable(url: str, timeout: float = 5.0) -> str:
     arg = _CONNECT_TIMEOUT_ARG.get(dialect)
     connect_args = {arg: max(1, int(timeout))} if arg else {}
     try:
-        engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
+        engine = sqlalchemy.create_engine(
+            url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool
+        )
     except ModuleNotFoundError as exc:
         return f"its database driver is not installed: No module named {exc.name!r}"
     except Exception as exc:  # a malformed URL, an unknown dialect
@@ -178,7 +186,9 @@ def foreign_sqlite(db: Path, own_tables: frozenset[str], what: str) -> str:
     try:
         con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
         try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
@@ -197,12 +207,18 @@ def _check_health(uri: str, timeout: float) -> None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             if resp.status >= 400:
-                raise TrackingError(f"tracking server {uri} answered HTTP {resp.status} on /health; {_fix_hint(uri)}")
+                raise TrackingError(
+                    f"tracking server {uri} answered HTTP {resp.status} on /health; {_fix_hint(uri)}"
+                )
     except urllib.error.HTTPError as exc:
-        raise TrackingError(f"tracking server {uri} answered HTTP {exc.code}; {_fix_hint(uri)}") from None
+        raise TrackingError(
+            f"tracking server {uri} answered HTTP {exc.code}; {_fix_hint(uri)}"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise TrackingError(f"tracking server {uri} is not reachable ({reason}); {_fix_hint(uri)}") from None
+        raise TrackingError(
+            f"tracking server {uri} is not reachable ({reason}); {_fix_hint(uri)}"
+        ) from None
 
 
 def _check_api(uri: str) -> None:
@@ -309,7 +325,9 @@ def ensure_experiment(mlflow_client: MlflowClient, uri: str, name: str) -> str:
     root = artifact_root(uri)
     location = (root / _safe(name)).as_uri() if root is not None else None
     try:
-        return mlflow_client.create_experiment(name, artifact_location=location, tags=experiment_tags(name))
+        return mlflow_client.create_experiment(
+            name, artifact_location=location, tags=experiment_tags(name)
+        )
     except MlflowException:
         # Another process (a parallel study worker) created it first.
         exp = mlflow_client.get_experiment_by_name(name)
@@ -331,7 +349,9 @@ def resumable_run(mlflow_client: MlflowClient, uri: str, run_id: str) -> Any:
             "and tracking.tracking_uri (or MLFLOW_TRACKING_URI) the run was started with"
         ) from None
     if run.info.status == "FINISHED":
-        raise TrackingError(f"run {run_id} in {uri} has FINISHED; there is nothing to resume (start a new run)")
+        raise TrackingError(
+            f"run {run_id} in {uri} has FINISHED; there is nothing to resume (start a new run)"
+        )
     return run
 
 

@@ -26,16 +26,31 @@ log = logging.getLogger(__name__)
 def add_ui(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ui", help="browse runs in the MLflow UI (serves the local tracking store)")
     p.add_argument("--port", type=int, default=5000, help="port to listen on (default 5000)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument(
-        "--tracking-uri", default="", help="store to serve (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)"
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default="",
+        help="store to serve (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
     )
     p.set_defaults(func=cmd_ui)
 
 
 def server_command(uri: str, host: str, port: int) -> list[str]:
     """The ``mlflow server`` command line that serves ``uri``."""
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     root = artifact_root(uri)
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
@@ -53,14 +68,18 @@ def check_port(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise TrackingError(f"--host {host!r} is not an address of this machine ({exc.strerror})") from None
+        raise TrackingError(
+            f"--host {host!r} is not an address of this machine ({exc.strerror})"
+        ) from None
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
         try:
             sock.bind(address)
         except OSError as exc:
-            raise TrackingError(f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port or --host") from None
+            raise TrackingError(
+                f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port or --host"
+            ) from None
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -91,7 +110,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         _stop_group(proc)
     if code != 0:
-        raise TrackingError(f"mlflow server stopped with exit status {code} (its messages are above)")
+        raise TrackingError(
+            f"mlflow server stopped with exit status {code} (its messages are above)"
+        )
     return 0
 
 

@@ -67,4 +67,7 @@ def use_threads(requested: int = 0) -> int:
 def machine() -> str:
     """One line naming the machine a figure was taken on."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{_platform.machine()}, {torch.get_num_threads()} torch threads, {gpu}, torch {torch.__version__}"
+    return (
+        f"{_platform.machine()}, {torch.get_num_threads()} torch threads, {gpu}, "
+        f"torch {torch.__version__}"
+    )

@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     print(
-        f"# {args.steps} steps (sampled W-step + retraining step), digits, init_channels {args.channels}, "
-        f"batch 64; {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} "
+        f"# {args.steps} steps (sampled W-step + retraining step), digits, "
+        f"init_channels {args.channels}, batch 64; "
+        f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} "
         f"usable cores; load average after: {' '.join(f'{x:.2f}' for x in load)}"
     )
     print(table(["setting", "at once", "threads", "seconds each", "slowdown"], rows))

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     print(
-        f"# final network training step, init_channels {args.channels}, {args.layers} cells, batch {args.batch}, "
+        f"# final network training step, init_channels {args.channels}, {args.layers} cells, "
+        f"batch {args.batch}, "
         f"1x{args.size}x{args.size}; {flops / 1e9:.3f} GFLOP per step; {machine()}"
     )
     print(table(["variant", "img/s", "vs eager", "GFLOP/s"], rows))

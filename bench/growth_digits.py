@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     result = runner.run()
     ok = True
     print(
-        f"{'cycle':>5} {'kind':<7} {'where':<40} {'params':>17} {'max|dlogits|':>12} {'val acc before -> after':>24}"
+        f"{'cycle':>5} {'kind':<7} {'where':<40} {'params':>17} {'max|dlogits|':>12} "
+        f"{'val acc before -> after':>24}"
     )
     for e in rec.of("growth"):
         drop = e.val_acc_before - e.val_acc_after
@@ -68,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     params_end = runner.net.num_weights()
     ok &= params_end > params_start
     print(
-        f"supernet params {params_start} -> {params_end}; cycle val acc {[round(a, 4) for a in result.cycle_val_acc]}; "
-        f"final val {result.val_acc:.4f} test {result.test_acc:.4f}; {time.perf_counter() - start:.0f} s"
+        f"supernet params {params_start} -> {params_end}; "
+        f"cycle val acc {[round(a, 4) for a in result.cycle_val_acc]}; "
+        f"final val {result.val_acc:.4f} test {result.test_acc:.4f}; "
+        f"{time.perf_counter() - start:.0f} s"
     )
     return 0 if ok else 1
 

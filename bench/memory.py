@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     base = rss[1] if len(rss) > 1 else rss[0]
     growth = 100 * (rss[-1] - base) / base
     print(
-        f"RSS growth from cycle 2 to cycle {len(rss)}: {growth:+.2f}% ({base:.0f} -> {rss[-1]:.0f} MB); target within 5%"
+        f"RSS growth from cycle 2 to cycle {len(rss)}: {growth:+.2f}% "
+        f"({base:.0f} -> {rss[-1]:.0f} MB); target within 5%"
     )
     return 0
 

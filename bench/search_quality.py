@@ -1,8 +1,8 @@
 """Search quality: the ASO-SE network vs its control arms trained for the same budget.
 
-    python bench/search_quality.py --datasets digits --seeds 0,1,2             # tracked runs in mlruns/
+    python bench/search_quality.py --datasets digits --seeds 0,1,2         # tracked runs in mlruns/
     python bench/search_quality.py --datasets fashion_mnist --quick --threads 1
-    python bench/search_quality.py --datasets fashion_mnist --report           # the arm view so far
+    python bench/search_quality.py --datasets fashion_mnist --report       # the arm view so far
     python bench/search_quality.py --smoke --tracking-uri sqlite:////tmp/sq/mlflow.db
 
 A thin driver of ``asolab baseline`` and the arm view of ``asolab compare``.
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 seeds,
                 overrides=overrides,
                 on_done=lambda r: print(
-                    f"  seed {r.seed} {r.arm:<8} run {r.run_id}  val {r.val_acc:.4f}  test {r.test_acc:.4f}  "
+                    f"  seed {r.seed} {r.arm:<8} run {r.run_id}  "
+                    f"val {r.val_acc:.4f}  test {r.test_acc:.4f}  "
                     f"params {r.params}{'' if r.trained else '  (recorded earlier)'}",
                     flush=True,
                 ),

@@ -1,9 +1,9 @@
 """Search throughput: hard Gumbel path sampling vs the DARTS continuous relaxation.
 
-    python bench/search_throughput.py                  # digits, default supernet, batch 64
+    python bench/search_throughput.py               # digits, default supernet, batch 64
     python bench/search_throughput.py --data fashion_mnist
-    python bench/search_throughput.py --smoke          # a seconds-long check
-    python bench/search_throughput.py --cycle          # NeuroExapt-shaped cycle (L5/L8, 32x32 and 8x8)
+    python bench/search_throughput.py --smoke       # a seconds-long check
+    python bench/search_throughput.py --cycle       # NeuroExapt-shaped cycle (L5/L8, 32x32 and 8x8)
 
 Same supernet, batch and data for both. A *W step* trains the supernet weights
 (alphas frozen): sampling runs one op per edge (never ``none``), the relaxation
@@ -167,7 +167,8 @@ def cycle_main(args: argparse.Namespace) -> int:
     if (8, 32) in at:
         t = at[(8, 32)]
         print(
-            f"vs NeuroExapt at L8 3x32x32: sampled W-step {NEUROEXAPT['W-step 32x32'] / t['W-step']:.2f}x "
+            "vs NeuroExapt at L8 3x32x32: "
+            f"sampled W-step {NEUROEXAPT['W-step 32x32'] / t['W-step']:.2f}x "
             f"(target 10x), W-retraining {NEUROEXAPT['W-retrain L8 32x32'] / t['W-retrain']:.2f}x"
         )
     else:
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ips = {name: images / s for name, s in seconds.items()}
     n_ops = len(net.spec.primitives)
     print(
-        f"# {args.data}, batch {args.batch}, init_channels {args.channels}, {args.layers} cells, {n_ops} ops; {machine()}"
+        f"# {args.data}, batch {args.batch}, init_channels {args.channels}, "
+        f"{args.layers} cells, {n_ops} ops; {machine()}"
     )
     w_ratio = ips["W sampled"] / ips["W continuous"]
     a_ratio = ips["alpha sampled"] / ips["alpha continuous"]

@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 train()
             except Exception as exc:  # noqa: BLE001 - any compiler failure is a result to report
                 notes[name] = (
-                    f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+                    f"failed: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:80] if str(exc) else ''}"
                 )
                 continue
             notes[name] = f"compiled in {time.perf_counter() - start:.0f} s"
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     print(
-        f"# derived network, {args.data}, init_channels {args.channels}, inference batch {len(probe)}, "
+        f"# derived network, {args.data}, init_channels {args.channels}, "
+        f"inference batch {len(probe)}, "
         f"training batch {args.batch}; {machine()}"
     )
     print(

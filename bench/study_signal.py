@@ -154,11 +154,13 @@ def print_report(records: list[dict]) -> None:
         )
         print(
             f"one-way ANOVA over settings: F = {a['anova_f']:.2f}, p = {a['anova_p']:.3g}; "
-            f"std of setting means {a['std_of_knob_means']:.2f} points, seed std {a['seed_std']:.2f} points, "
+            f"std of setting means {a['std_of_knob_means']:.2f} points, "
+            f"seed std {a['seed_std']:.2f} points, "
             f"range of means {a['range_of_knob_means']:.2f} points"
         )
         print(
-            f"signal / noise (std of setting means / std of the objective) for an objective averaged over: {snr}"
+            "signal / noise (std of setting means / std of the objective) "
+            f"for an objective averaged over: {snr}"
         )
 
 
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 if path:
                     append_result(path, r)
                 print(
-                    f"  {setting:<8} seed {seed}  val {100 * r['val_acc']:.2f}%  {r['seconds']:.0f} s",
+                    f"  {setting:<8} seed {seed}  val {100 * r['val_acc']:.2f}%  "
+                    f"{r['seconds']:.0f} s",
                     flush=True,
                 )
     print_report([r for r in records if r["setting"] in settings])

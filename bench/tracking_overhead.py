@@ -116,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(rounds):
         off = r["off"][0]
         cells = "".join(
-            f"{r[v][0]:>10.2f}{100 * (r[v][0] - off) / off:>+11.2f}%{r[v][1]:>12.2f}{r[v][2]:>10.2f}"
+            (
+                f"{r[v][0]:>10.2f}{100 * (r[v][0] - off) / off:>+11.2f}%"
+                f"{r[v][1]:>12.2f}{r[v][2]:>10.2f}"
+            )
             for v in tracked
         )
         print(f"{i:<7}{off:>8.2f}{cells}")
@@ -128,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median time inside the tracker's hooks: {hooks:.2f}% of the tracked run")
     if "thread" in variants:
         print(
-            f"store writes on a background thread instead: {median_overhead('thread'):+.2f}% wall time (median of {len(rounds)})"
+            "store writes on a background thread instead: "
+            f"{median_overhead('thread'):+.2f}% wall time (median of {len(rounds)})"
         )
     print(
         f"tracking overhead: {median_overhead('on'):+.2f}% wall time, tracked vs untracked "
-        f"(median of {len(rounds)} interleaved pairs of {cfg.search.cycles}-cycle runs); target < 2%"
+        f"(median of {len(rounds)} interleaved pairs of {cfg.search.cycles}-cycle runs); "
+        "target < 2%"
     )
     return 0
 

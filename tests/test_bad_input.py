@@ -355,13 +355,17 @@ def test_a_trial_that_cannot_fit_fails_and_the_study_goes_on(tmp_path):
     from asolab.study import load_study, run_study
 
     (tmp_path / "tiny.toml").write_text(
-        'seed = 0\ndevice = "cpu"\nthreads = 1\n[data]\ntrain_subset = 200\n[space]\ninit_channels = 4\n'
-        "[search]\ncycles = 1\nw_epochs = 1\nalpha_epochs = 1\nretrain_epochs = 1\nfinal_epochs = 0\n"
+        'seed = 0\ndevice = "cpu"\nthreads = 1\n[data]\ntrain_subset = 200\n'
+        "[space]\ninit_channels = 4\n"
+        "[search]\ncycles = 1\nw_epochs = 1\nalpha_epochs = 1\nretrain_epochs = 1\n"
+        "final_epochs = 0\n"
         "[tracking]\nlog_models = false\n"
     )
     (tmp_path / "big.toml").write_text(
-        'experiment = "tiny.toml"\nn_trials = 2\n[sampler]\nname = "random"\n[pruner]\nname = "none"\n'
-        "[params.space.init_channels]\nchoices = [1024, 4]\n[params.space.layers]\nchoices = [64, 3]\n"
+        'experiment = "tiny.toml"\nn_trials = 2\n[sampler]\nname = "random"\n'
+        '[pruner]\nname = "none"\n'
+        "[params.space.init_channels]\nchoices = [1024, 4]\n"
+        "[params.space.layers]\nchoices = [64, 3]\n"
         "[params.space.steps]\nchoices = [8, 2]\n"
         '[[enqueue]]\n"space.init_channels" = 1024\n"space.layers" = 64\n"space.steps" = 8\n'
         '[[enqueue]]\n"space.init_channels" = 4\n"space.layers" = 3\n"space.steps" = 2\n'

@@ -1,5 +1,5 @@
-"""Control arms (asolab baseline), the arm view of compare, and the ranking diagnostic (asolab rank),
-end to end on digits with tracked runs in a temporary SQLite store."""
+"""Control arms (asolab baseline), the arm view of compare, and the ranking diagnostic
+(asolab rank), end to end on digits with tracked runs in a temporary SQLite store."""
 
 from __future__ import annotations
 
@@ -240,7 +240,8 @@ def test_ranking_never_reads_the_test_split(tiny_cfg):
     cfg = tiny_cfg.replace(**{"search.cycles": 1, "data.train_subset": 100})
     runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
     for _ in range(4):
-        runner._next_phase()  # the search without its final evaluation (which reports the test split)
+        # the search without its final evaluation (which reports the test split)
+        runner._next_phase()
     pairs = measure(runner, samples=2, epochs=1, seed=0)
     assert sorted(p.source for p in pairs) == ["alphas", "alphas", "random", "random"]
     assert all(0 <= p.one_shot_val_acc <= 1 and 0 <= p.standalone_val_acc <= 1 for p in pairs)

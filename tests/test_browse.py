@@ -33,7 +33,8 @@ webdriver = pytest.importorskip(
 )
 if not CHROMIUM or not DRIVER:
     pytest.skip(
-        "headless Chromium and chromedriver are not installed (apt install chromium chromium-driver)",
+        "headless Chromium and chromedriver are not installed "
+        "(apt install chromium chromium-driver)",
         allow_module_level=True,
     )
 

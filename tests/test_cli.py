@@ -1,4 +1,5 @@
-"""`asolab run` on bad input: one line `asolab: error: ...` on stderr, exit status 2, nothing recorded."""
+"""`asolab run` on bad input: one line `asolab: error: ...` on stderr, exit status 2,
+nothing recorded."""
 
 from __future__ import annotations
 

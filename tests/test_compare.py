@@ -53,7 +53,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """Record the runs once; returns (uri, {run_id: (experiment, seed, RunEnd, [CycleEnd])}, failed_run_id)."""
+    """Record the runs once; returns
+    (uri, {run_id: (experiment, seed, RunEnd, [CycleEnd])}, failed_run_id)."""
     root = tmp_path_factory.mktemp("compare-store")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     runs = {}
@@ -96,7 +97,8 @@ BASE = _g(
 
 
 def _genotype_run(client, exp_id, name, genotype=None, metrics=None, tags=None):
-    """A finished run recorded by hand: a final genotype artifact (unless None), metrics and tags."""
+    """A finished run recorded by hand: a final genotype artifact (unless None), metrics
+    and tags."""
     run_id = client.create_run(exp_id, run_name=name, tags=tags or {}).info.run_id
     if genotype is not None:
         client.log_text(run_id, genotype.to_json(), layout.FINAL_GENOTYPE_ARTIFACT)
@@ -114,7 +116,8 @@ def _create_experiment(client, uri, name):
 
 @pytest.fixture
 def scratch_experiment(store):
-    """A fresh experiment in the shared store, deleted afterwards so other tests never see its runs."""
+    """A fresh experiment in the shared store, deleted afterwards so other tests never see
+    its runs."""
     uri = store[0]
     client = MlflowClient(tracking_uri=uri)
     made = []
@@ -128,7 +131,7 @@ def scratch_experiment(store):
         client.delete_experiment(exp_id)
 
 
-# ---------------------------------------------------------------------- genotype analysis (no store)
+# ------------------------------------------------------------------ genotype analysis (no store)
 
 
 def test_diff_lists_exactly_the_changed_edges():
@@ -189,7 +192,8 @@ def test_distance_is_a_metric_on_a_sample():
 
 
 def _with_own_cells(rng: random.Random, g: Genotype) -> Genotype:
-    """``g`` with up to two more own cells, at indices from a small range so that samples share some."""
+    """``g`` with up to two more own cells, at indices from a small range so that samples
+    share some."""
     cells = [
         (i, _random_genotype(rng).normal, rng.choice([(2, 3), (3,)]))
         for i in rng.sample(range(5, 8), rng.randint(1, 2))
@@ -251,11 +255,13 @@ def _metrics(name, step_values):
 
 
 def test_cycle_val_acc_is_matched_to_cycles_by_step():
-    """The tracker logs cycle_val_acc one step past the cycle's last epoch; the epoch metric `cycle` says whose."""
+    """The tracker logs cycle_val_acc one step past the cycle's last epoch; the epoch metric
+    `cycle` says whose."""
     epochs = _metrics("cycle", [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)])
     accs = _metrics("cycle_val_acc", [(2, 0.5), (4, 0.6), (6, 0.7)])
     assert val_acc_by_cycle(accs, epochs) == {0: 0.5, 1: 0.6, 2: 0.7}
-    # A cycle without epochs logs no value (its step is not new): the next cycle keeps its own number.
+    # A cycle without epochs logs no value (its step is not new): the next cycle keeps its own
+    # number.
     epochs = _metrics("cycle", [(0, 0), (1, 0), (2, 2), (3, 2)])
     assert val_acc_by_cycle(_metrics("cycle_val_acc", [(2, 0.5), (4, 0.7)]), epochs) == {
         0: 0.5,
@@ -403,7 +409,8 @@ def test_evolution_reads_every_cycle_genotype(store):
 def test_evolution_keeps_accuracies_on_their_cycles_when_a_cycle_artifact_is_corrupt(
     store, scratch_experiment, tmp_path
 ):
-    """A copy of a real run whose cycle_000.json is garbage: cycle 1 still shows cycle 1's accuracy."""
+    """A copy of a real run whose cycle_000.json is garbage: cycle 1 still shows cycle 1's
+    accuracy."""
     uri, runs, _ = store
     client, make = scratch_experiment
     differing = [
@@ -450,7 +457,8 @@ def _png_ok(data: bytes) -> bool:
 
 
 _NETWORK = (
-    r"""\b(?:src|href|srcset|action|poster|data)\s*=\s*["']?\s*(?!data:|#)[^\s"'>]+""",  # any non-inline attribute target
+    # any non-inline attribute target
+    r"""\b(?:src|href|srcset|action|poster|data)\s*=\s*["']?\s*(?!data:|#)[^\s"'>]+""",
     r"""url\(\s*["']?\s*(?!data:)""",  # CSS url(...) other than a data URI
     r"@import",  # CSS import
     r"https?://|//[a-z0-9.-]+\.[a-z]{2,}",  # any absolute or protocol-relative address
@@ -464,7 +472,10 @@ def _network_references(page: str) -> list[str]:
 
 
 def test_network_reference_check_catches_each_kind():
-    inline = '<img alt="x" src="data:image/png;base64,AAAA"><style>td { background: url(data:image/png;base64,AA) }</style>'
+    inline = (
+        '<img alt="x" src="data:image/png;base64,AAAA">'
+        "<style>td { background: url(data:image/png;base64,AA) }</style>"
+    )
     assert _network_references(inline) == []
     for leak in (
         '<img src="cells.png">',
@@ -549,7 +560,8 @@ def test_cli_diff_of_two_runs(store, capsys):
 
 
 def test_write_report_with_a_single_genotype(store, scratch_experiment, tmp_path):
-    """Edge case: when every compared run found the same genotype, analyse() finds no diffs and the page says so."""
+    """Edge case: when every compared run found the same genotype, analyse() finds no diffs
+    and the page says so."""
     uri, runs, _ = store
     client, make = scratch_experiment
     source, (_, _, end, _) = next(iter(runs.items()))
@@ -641,7 +653,8 @@ def test_study_parent_runs_are_not_compared_unless_named(store, scratch_experime
 
 
 def _terminal_rows(out: str) -> list[dict[str, str]]:
-    """The runs table printed by `asolab compare`: the lines after the summary line, up to the blank line."""
+    """The runs table printed by `asolab compare`: the lines after the summary line, up to the
+    blank line."""
     lines = out.splitlines()[1:]
     table = lines[: lines.index("")]
     header = table[0].split()
@@ -675,7 +688,10 @@ def test_ambiguous_run_reference_is_an_error_listing_the_matches():
     sel = Selection("sqlite:///nowhere.db", [twin_a, twin_b])
     with pytest.raises(
         CompareError,
-        match=r"'abc' is ambiguous: it matches 2 selected runs: abc10+ \(alpha, exp\), abc20+ \(beta, exp\)",
+        match=(
+            r"'abc' is ambiguous: it matches 2 selected runs: "
+            r"abc10+ \(alpha, exp\), abc20+ \(beta, exp\)"
+        ),
     ):
         sel.record("abc")
     assert (

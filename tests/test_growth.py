@@ -27,7 +27,7 @@ PRIMITIVE_SETS = [
 ]
 
 
-# ---------------------------------------------------------------------------- plain conv-BN-ReLU fixture
+# ----------------------------------------------------------------------- plain conv-BN-ReLU fixture
 
 
 def _plain(widths: tuple[int, int, int]) -> nn.Sequential:
@@ -80,7 +80,8 @@ def test_plain_network_middle_layer_widened_1_5x_keeps_every_output():
     after = net(x).detach()
     params_after = _count(net)
     print(
-        f"plain net widened 12 -> 18: params {params_before} -> {params_after}, max|dlogits| {(after - before).abs().max():.2e}"
+        f"plain net widened 12 -> 18: params {params_before} -> {params_after}, "
+        f"max|dlogits| {(after - before).abs().max():.2e}"
     )
     assert (after - before).abs().max().item() <= 1e-5
     assert params_after > params_before
@@ -352,11 +353,12 @@ def test_max_params_caps_growth(tiny_cfg, digits):
     assert rec.of("growth") == [] and runner.net.num_weights() == start
 
 
-# ---------------------------------------------------------------------------- deepen: the inserted cell's own alphas
+# ----------------------------------------------------------- deepen: the inserted cell's own alphas
 
 
 def _searched_supernet() -> tuple[SearchNetwork, torch.optim.Optimizer]:
-    """Cells N R R N with distinct, non-trivial alphas and an Adam state, as after alpha-training."""
+    """Cells N R R N with distinct, non-trivial alphas and an Adam state, as after
+    alpha-training."""
     torch.manual_seed(3)
     space = config.SpaceConfig(init_channels=4, layers=4, steps=2)
     net = SearchNetwork(ArchSpec.from_config(space, 1, 10))
@@ -411,7 +413,8 @@ def test_deepen_gives_the_inserted_cell_its_own_alphas_at_every_position(digits)
         own = grown.alphas[key]
         assert torch.equal(own, net.alphas["normal"]) and own is not grown.alphas["normal"]
         assert morph.names[f"alphas.{key}"] == "alphas.normal"
-        # The optimizers after growth: the own alphas in the alpha optimizer exactly once, never in the weight one.
+        # The optimizers after growth: the own alphas in the alpha optimizer exactly once, never
+        # in the weight one.
         new_adam = morphism.remap_optimizer(adam, net, grown.alpha_parameters(), morph)
         new_sgd = morphism.remap_optimizer(sgd, net, grown.weight_parameters(), morph)
         held = [p for group in new_adam.param_groups for p in group["params"]]
@@ -614,11 +617,13 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
     assert all(e.preservation_error <= TOL for e in events)
     own = [i for i, c in enumerate(runner.spec.cells) if c.own_alphas]
     assert len(own) == 4 and runner.net.spec.alpha_keys[2:] == tuple(f"cell{i}" for i in own)
-    # Every genotype the run holds names exactly the network's own cells, and the cycle ends report it.
+    # Every genotype the run holds names exactly the network's own cells, and the cycle ends
+    # report it.
     for g in [runner.state.genotype, runner.state.derived, *runner.state.cycle_genotypes]:
         assert [i for i, _, _ in g.own_cells] == own
     assert [len(e.genotype.own_cells) for e in rec.of("cycle_end")] == [2, 4]
-    # The optimizers: own alphas in the alpha one, each once, with Adam state; none in the weight one.
+    # The optimizers: own alphas in the alpha one, each once, with Adam state; none in the
+    # weight one.
     alpha_ids = [id(p) for group in runner.alpha_opt.param_groups for p in group["params"]]
     weight_ids = {id(p) for group in runner.weight_opt.param_groups for p in group["params"]}
     for i in own:

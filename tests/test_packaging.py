@@ -72,7 +72,8 @@ def test_bare_names_look_in_the_working_directory_first(tmp_path, monkeypatch):
 
 
 def _clean_env() -> dict[str, str]:
-    """No PYTHONPATH (it would put a checkout's asolab before the installed one), no store override."""
+    """No PYTHONPATH (it would put a checkout's asolab before the installed one), no store
+    override."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_TRACKING_URI")}
     env.update(OMP_NUM_THREADS="1", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     return env
@@ -161,7 +162,10 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
         [
             str(py),
             "-c",
-            "from asolab.study.config import load_study; c = load_study(); print(c.source, c.base.name)",
+            (
+                "from asolab.study.config import load_study; c = load_study(); "
+                "print(c.source, c.base.name)"
+            ),
         ],
         env=env,
         cwd=work,

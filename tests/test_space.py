@@ -154,7 +154,7 @@ def test_derived_parameter_count_is_below_supernet():
     assert 0 < net.count_derived(G) < net.num_weights()
 
 
-# ---------------------------------------------------------------------------- own-alpha cells in genotypes
+# --------------------------------------------------------------------- own-alpha cells in genotypes
 
 OWN = Genotype.parse(
     str(G) + " ; cell4: skip_connect(0) sep_conv_3x3(1) | sep_conv_5x5(1) skip_connect(2) -> 2,3"
@@ -168,9 +168,11 @@ def test_genotype_without_own_cells_prints_and_serialises_exactly_as_before():
         "reduce: max_pool_3x3(0) max_pool_3x3(1) | max_pool_3x3(0) skip_connect(2) -> 2,3"
     )
     assert G.to_json() == (
-        '{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]], [["dil_conv_3x3", 0], ["sep_conv_3x3", 2]]], '
+        '{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]], '
+        '[["dil_conv_3x3", 0], ["sep_conv_3x3", 2]]], '
         '"normal_concat": [2, 3], '
-        '"reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]], [["max_pool_3x3", 0], ["skip_connect", 2]]], '
+        '"reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]], '
+        '[["max_pool_3x3", 0], ["skip_connect", 2]]], '
         '"reduce_concat": [2, 3]}'
     )
     assert G.own_cells == () and G.cell_names == ("normal", "reduce")
@@ -251,7 +253,8 @@ def test_cell_picture_draws_own_cells_too():
         assert sum(e.dashed for e in panel.edges) == len(OWN.concat(kind))
     png = genotype_png(OWN, title="cycle 3")
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    # Four panels make a bigger picture than two (graphviz stacks them; Pillow puts them side by side).
+    # Four panels make a bigger picture than two (graphviz stacks them; Pillow puts them side
+    # by side).
     big, small = Image.open(io.BytesIO(png)), Image.open(io.BytesIO(genotype_png(G)))
     assert big.width * big.height > small.width * small.height
     from asolab.space.plot import _pillow_png

@@ -449,12 +449,20 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
     cases = {
         'sampler = { name = "grid" }': "sampler.name",
         "[params.temperature.bogus]\nlow = 1.0\nhigh = 2.0": "temperature.bogus",
-        '[params.temperature.min_temperature]\nlow = 0.5\nhigh = 2.0\nfraction_of = "temperature.initial_temperature"': "fraction",
+        (
+            "[params.temperature.min_temperature]\nlow = 0.5\nhigh = 2.0\n"
+            'fraction_of = "temperature.initial_temperature"'
+        ): "fraction",
         "[params.mutation.strength]\nlow = 0.0\nhigh = 2.0": "high corner",
-        'objective = { metrics = ["val_acc", "params"] }\n[params.mutation.strength]\nlow = 0.0\nhigh = 1.0': "pruner.name",
+        (
+            'objective = { metrics = ["val_acc", "params"] }\n'
+            "[params.mutation.strength]\nlow = 0.0\nhigh = 1.0"
+        ): "pruner.name",
         "n_trialz = 3": "n_trialz",
         'objective = { metrics = ["test_acc"] }': "use val_acc",
-        "storage = { heartbeat_interval = 60, grace_period = 60 }": "storage.heartbeat_interval (60) must be less than storage.grace_period",
+        "storage = { heartbeat_interval = 60, grace_period = 60 }": (
+            "storage.heartbeat_interval (60) must be less than storage.grace_period"
+        ),
         "n_trials = 0\ntimeout = 0": "needs a time budget",
         "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf]",
         'timeout = "1h"': "timeout must be a number",

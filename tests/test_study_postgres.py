@@ -45,8 +45,9 @@ PASSWORD = "s3cret-pw"
 
 def _pg_scheme() -> str | None:
     """The URL scheme for an installed PostgreSQL driver: plain ``postgresql://`` (as the
-    docs/scaling-out.md writes it) when SQLAlchemy's default driver for it is installed (psycopg 3 since
-    SQLAlchemy 2.1, psycopg2 before), else the scheme naming the driver that is."""
+    docs/scaling-out.md writes it) when SQLAlchemy's default driver for it is installed
+    (psycopg 3 since SQLAlchemy 2.1, psycopg2 before), else the scheme naming the driver
+    that is."""
     from sqlalchemy.dialects import postgresql
 
     for driver, scheme in (
@@ -80,7 +81,8 @@ class Postgres:
 
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
-    """A throwaway PostgreSQL server with an empty ``optuna`` database; stopped and removed afterwards."""
+    """A throwaway PostgreSQL server with an empty ``optuna`` database; stopped and removed
+    afterwards."""
     scheme = _pg_scheme()
     if scheme is None:
         pytest.skip("no PostgreSQL driver for SQLAlchemy (pip install 'psycopg[binary]')")
@@ -268,7 +270,8 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
     for t in complete:
         by_owner.setdefault(t.user_attrs[ATTR_OWNER], []).append(t)
     assert len(by_owner) == 2, (
-        f"both machines ran trials: {sorted((t.number, t.user_attrs[ATTR_OWNER]) for t in complete)}"
+        "both machines ran trials: "
+        f"{sorted((t.number, t.user_attrs[ATTR_OWNER]) for t in complete)}"
     )
     points = [tuple(sorted(t.params.items())) for t in complete]
     assert len(set(points)) == len(points), points
@@ -313,7 +316,8 @@ def test_storage_errors_mask_the_password() -> None:
 
 
 def test_machines_opening_an_empty_database_at_once_all_get_the_storage(postgres: Postgres) -> None:
-    """Optuna creates its tables on first open; processes that race to do so all end up with the storage."""
+    """Optuna creates its tables on first open; processes that race to do so all end up with
+    the storage."""
     script = textwrap.dedent(f"""
         import sys, time
         from asolab.study.config import StorageConfig

@@ -20,7 +20,8 @@ from asolab.runner.events import Recorder
 
 CLAIMER = (
     "import sys, time; from pathlib import Path; from asolab import threads; "
-    "threads.claim(int(sys.argv[2]), Path(sys.argv[1])); print('claimed', flush=True); time.sleep(120)"
+    "threads.claim(int(sys.argv[2]), Path(sys.argv[1])); print('claimed', flush=True); "
+    "time.sleep(120)"
 )
 
 

@@ -257,7 +257,8 @@ def test_run_records_everything(tracked, store, tmp_path):
     net = tracked["runner"].net.state_dict()
     assert all(torch.equal(state["model"][k], v.cpu()) for k, v in net.items())
 
-    # the final model loads back with the documented call and computes what the runner's network computes
+    # the final model loads back with the documented call and computes what the runner's
+    # network computes
     mlflow.set_tracking_uri(store)
     try:
         model = mlflow.pytorch.load_model(f"runs:/{tracker.run_id}/{L.MODEL_NAME}")
@@ -800,7 +801,8 @@ sys.exit(main(sys.argv[3:]))
 
 
 def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrides=TINY) -> str:
-    """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its run id."""
+    """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its
+    run id."""
     marker = tmp_path / "frozen"
     args = [
         "run",

@@ -45,7 +45,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "file",
         nargs="?",
-        help="experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/",
+        help=(
+            "experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/"
+        ),
     )
     p.add_argument(
         "--set",
@@ -71,8 +73,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "--resume",
         default=None,
         metavar="RUN_ID",
-        help="continue this MLflow run from its last checkpoint (give the FILE / tracking URI it was started with; "
-        "the run keeps its own config)",
+        help=(
+            "continue this MLflow run from its last checkpoint (give the FILE / tracking URI it "
+            "was started with; the run keeps its own config)"
+        ),
     )
     p.set_defaults(func=cmd_run)
 
@@ -132,7 +136,8 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         except KeyboardInterrupt:
             if tracker.run_id:
                 print(
-                    f"asolab: run {tracker.run_id} stopped; continue it with: {resume_command(args.file, tracker.run_id, uri)}",
+                    f"asolab: run {tracker.run_id} stopped; continue it with: "
+                    f"{resume_command(args.file, tracker.run_id, uri)}",
                     file=sys.stderr,
                 )
             raise
@@ -267,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ui_command(uri: str) -> str:
-    """The ``asolab ui`` command that serves ``uri`` (the store ``asolab ui`` finds by itself needs no flag)."""
+    """The ``asolab ui`` command that serves ``uri`` (the store ``asolab ui`` finds by itself
+    needs no flag)."""
     from .tracking.store import resolve_tracking_uri
 
     return (

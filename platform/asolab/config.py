@@ -108,7 +108,11 @@ class DataConfig:
         0.2,
         gt=0.0,
         le=0.5,
-        help="share of the training data held out for alpha-training and selection; it must hold at least one example per class, else the run is refused with the least fraction that does",
+        help=(
+            "share of the training data held out for alpha-training and selection; it must hold "
+            "at least one example per class, else the run is refused with the least fraction "
+            "that does"
+        ),
     )
     test_fraction: float = _field(
         0.2,
@@ -192,18 +196,27 @@ class SearchConfig:
         5.0,
         ge=0.0,
         le=1440.0,
-        help="inside the final stage, checkpoint after an epoch once the last checkpoint is this old (0 = every epoch); phases always end with one",
+        help=(
+            "inside the final stage, checkpoint after an epoch once the last checkpoint is this "
+            "old (0 = every epoch); phases always end with one"
+        ),
     )
     calibration_batches: int = _field(
         8,
         ge=0,
         le=10000,
-        help="training batches that re-estimate BatchNorm statistics of a derived network (0 = off)",
+        help=(
+            "training batches that re-estimate BatchNorm statistics of a derived network (0 = off)"
+        ),
     )
     final_genotype: str = _field(
         "best",
         choices=FINAL_GENOTYPES,
-        help="the network trained in the final epochs: best = the cycle genotype with the highest validation accuracy, last = the last cycle's mutated genotype, derived = derive() of the final alphas, unmutated",
+        help=(
+            "the network trained in the final epochs: best = the cycle genotype with the highest "
+            "validation accuracy, last = the last cycle's mutated genotype, derived = derive() "
+            "of the final alphas, unmutated"
+        ),
     )
 
 
@@ -246,7 +259,10 @@ class GrowthConfig:
     policy: str = _field(
         "none",
         choices=GROWTH_POLICIES,
-        help="growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, plateau = grow when val acc stalls (docs/growth.md)",
+        help=(
+            "growth in the mutation phase: one kind always, cycle = rotate widen/deepen/branch, "
+            "plateau = grow when val acc stalls (docs/growth.md)"
+        ),
     )
     max_params: int = _field(
         0, ge=0, help="never grow past this many supernet parameters (0 = no cap)"
@@ -279,7 +295,10 @@ class ExperimentConfig:
         0,
         ge=0,
         le=SEED_MAX,
-        help="seeds weights, sampling, mutation and the validation split; same seed and thread count, same run on the CPU",
+        help=(
+            "seeds weights, sampling, mutation and the validation split; same seed and thread "
+            "count, same run on the CPU"
+        ),
     )
     device: str = _field(
         "auto", help="auto (CUDA, then MPS, then the CPU) | cpu | cuda | cuda:N | mps"
@@ -380,7 +399,8 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
     if tp is float and not math.isfinite(value):
         # nan compares false with every bound, so the range check below would let it through
         raise ConfigError(
-            f"{where} must be a finite number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})"
+            f"{where} must be a finite "
+            f"number{'; allowed: ' + _allowed(meta) if _allowed(meta) else ''} (got {value!r})"
         )
     out_of_range = (
         (meta.get("choices") and value not in choices_of(meta))
@@ -525,7 +545,8 @@ def read_toml(file: Path, kind: str) -> dict[str, Any]:
         raise ConfigError(f"{file}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(
-            f"{file}: not a text file (it holds bytes that are not UTF-8); {kind} files are TOML text"
+            f"{file}: not a text file (it holds bytes that are not UTF-8); {kind} files are TOML "
+            "text"
         ) from None
     except OSError as exc:
         raise ConfigError(f"{kind} file {file} cannot be read ({exc.strerror or exc})") from None

@@ -82,7 +82,8 @@ def markdown() -> str:
             "### Study files (`studies/*.toml`)",
             "",
             "Besides these keys, a study file has `[overrides]` (experiment keys fixed for every",
-            "trial), `[params.<experiment key>]` (the search space) and `[[enqueue]]` (points to try",
+            "trial), `[params.<experiment key>]` (the search space) and `[[enqueue]]` (points "
+            "to try",
             "first): see [Studies](studies.md).",
             "",
             table(StudySettings),

@@ -125,7 +125,8 @@ def _read_idx(path: Path) -> np.ndarray:
         return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
     except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile is an OSError
         raise DataError(
-            f"data file {path} is unreadable or truncated ({exc}); reinstall it or point data.data_dir at a good copy"
+            f"data file {path} is unreadable or truncated ({exc}); reinstall it or point "
+            "data.data_dir at a good copy"
         ) from None
 
 
@@ -150,7 +151,8 @@ def _load_fashion_mnist(cfg: DataConfig):
         ]
     except FileNotFoundError as exc:
         raise DataError(
-            f"data set 'fashion_mnist': {exc} not found in {folder}; {REGISTRY['fashion_mnist'].how_to_get}"
+            f"data set 'fashion_mnist': {exc} not found in {folder}; "
+            f"{REGISTRY['fashion_mnist'].how_to_get}"
         ) from None
     xtr, ytr, xte, yte = arrays
     return (
@@ -191,7 +193,10 @@ def _as_array(ds) -> np.ndarray:
     return data[:, None] if data.ndim == 3 else data.transpose(0, 3, 1, 2)
 
 
-_TV_HINT = "set data.data_dir to a folder holding it, or data.download = true to let torchvision fetch it there"
+_TV_HINT = (
+    "set data.data_dir to a folder holding it, or data.download = true to let torchvision fetch "
+    "it there"
+)
 
 REGISTRY: dict[str, DatasetSpec] = {
     "digits": DatasetSpec(
@@ -210,7 +215,8 @@ REGISTRY: dict[str, DatasetSpec] = {
         (0.3530,),
         10,
         Augmentation(shift=2, flip=True),
-        "install Debian's package (apt-get install dataset-fashion-mnist) or set data.data_dir to a folder with the four IDX files",
+        "install Debian's package (apt-get install dataset-fashion-mnist) or set data.data_dir "
+        "to a folder with the four IDX files",
     ),
     "mnist": DatasetSpec(
         "mnist",
@@ -333,7 +339,8 @@ def _check_val_size(fraction: float, n_val: int, n: int, spec: DatasetSpec) -> N
 
 
 def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
-    """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from ``seed``)."""
+    """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
+    ``seed``)."""
     if cfg.name not in REGISTRY:
         raise DataError(f"unknown data set {cfg.name!r}; known: {', '.join(REGISTRY)}")
     spec = REGISTRY[cfg.name]

@@ -54,8 +54,8 @@ class ProgressObserver(Observer):
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
         self._write(
-            f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / {d['test']} test), "
-            f"device {event.device}, {s.cycles} cycles{where}"
+            f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / "
+            f"{d['test']} test), device {event.device}, {s.cycles} cycles{where}"
         )
 
     @staticmethod
@@ -100,15 +100,18 @@ class ProgressObserver(Observer):
 
     def on_growth(self, event: GrowthEvent) -> None:
         self._write(
-            f"cycle {event.cycle + 1}: growth {event.kind} at {event.where}: params {event.params_before} -> {event.params_after}, "
-            f"max|dlogits| {event.preservation_error:.2e}, val_acc {event.val_acc_before:.4f} -> {event.val_acc_after:.4f}"
+            f"cycle {event.cycle + 1}: growth {event.kind} at {event.where}: params "
+            f"{event.params_before} -> {event.params_after}, max|dlogits| "
+            f"{event.preservation_error:.2e}, val_acc {event.val_acc_before:.4f} -> "
+            f"{event.val_acc_after:.4f}"
         )
 
     def on_cycle_end(self, event: CycleEnd) -> None:
         self._close()
         self._write(
-            f"cycle {event.cycle + 1}: val_acc {event.val_acc:.4f}, derived params {event.derived_params}, "
-            f"rss {event.memory['rss_mb']:.0f} MB  genotype {event.genotype}"
+            f"cycle {event.cycle + 1}: val_acc {event.val_acc:.4f}, derived params "
+            f"{event.derived_params}, rss {event.memory['rss_mb']:.0f} MB  genotype "
+            f"{event.genotype}"
         )
 
     def on_run_end(self, event: RunEnd) -> None:

@@ -87,7 +87,8 @@ def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float =
 
 
 def _distinct(draw: Callable[[], Genotype], k: int, tries: int = 50) -> list[Genotype]:
-    """Up to ``k`` distinct genotypes from ``draw`` (alphas that have converged repeat themselves)."""
+    """Up to ``k`` distinct genotypes from ``draw`` (alphas that have converged repeat
+    themselves)."""
     out: dict[str, Genotype] = {}
     for _ in range(k * tries):
         g = draw()
@@ -128,7 +129,8 @@ def measure(
     seed: int,
     on_pair: Callable[[Pair], None] = lambda p: None,
 ) -> list[Pair]:
-    """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples`` random ones."""
+    """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples``
+    random ones."""
     if samples < 2:
         raise ConfigError(
             f"--samples must be at least 2 (got {samples}): a rank correlation needs two genotypes"
@@ -141,7 +143,8 @@ def measure(
         "alphas": _distinct(lambda: sample_genotype(runner.net, rng), samples),
         "random": _distinct(lambda: random_genotype(rng, spec.primitives, spec.steps), samples),
     }
-    # One-shot first, while the supernet is as the run left it (calibration only touches BN statistics).
+    # One-shot first, while the supernet is as the run left it (calibration only touches BN
+    # statistics).
     one_shot = {
         (src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
         for src, gs in drawn.items()
@@ -221,7 +224,8 @@ def rank_run(
     data: DataBundle | None = None,
     on_pair: Callable[[Pair], None] = lambda p: None,
 ) -> dict[str, float]:
-    """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts in the run."""
+    """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts
+    in the run."""
     import json
 
     from mlflow.exceptions import MlflowException

@@ -34,7 +34,8 @@ OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
 
 
 def diff_lines(a: Genotype, b: Genotype) -> list[str]:
-    """Human-readable changes from ``a`` to ``b``: one line per changed edge, then concat changes."""
+    """Human-readable changes from ``a`` to ``b``: one line per changed edge, then concat
+    changes."""
     lines = [str(c) for c in diff(a, b)]
     for kind, before, after in concat_changes(a, b):
         lines.append(f"{kind} concat: {_concat_text(before)} -> {_concat_text(after)}")
@@ -163,7 +164,8 @@ class GenotypeDiff:
 
 
 def diffs_to_best(records: Sequence[RunRecord]) -> list[GenotypeDiff]:
-    """For each distinct genotype other than the best run's: its diff from the best run's genotype."""
+    """For each distinct genotype other than the best run's: its diff from the best run's
+    genotype."""
     ref = best(records)
     if ref is None:
         return []
@@ -238,7 +240,8 @@ def val_acc_by_cycle(values: Sequence[Metric], epoch_cycles: Sequence[Metric]) -
 
 
 def load_evolution(client: MlflowClient, run_id: str) -> pd.DataFrame:
-    """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc`` history."""
+    """:func:`evolution` of a recorded run: its cycle artifacts and its ``cycle_val_acc``
+    history."""
     accs = val_acc_by_cycle(
         client.get_metric_history(run_id, layout.CYCLE_VAL_ACC),
         client.get_metric_history(run_id, layout.CYCLE),

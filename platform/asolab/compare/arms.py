@@ -143,7 +143,10 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
                     else f", 95% CI [{100 * r['ci95_low']:+.2f}, {100 * r['ci95_high']:+.2f}]"
                 )
                 diff = "-" if math.isnan(r["diff_mean"]) else f"{100 * r['diff_mean']:+.2f}"
-                text += f"   ASO-SE - {r['arm']}: {diff} over {r['pairs']} pair(s){ci}  {r['per_seed_diff']}"
+                text += (
+                    f"   ASO-SE - {r['arm']}: {diff} over {r['pairs']} pair(s){ci}  "
+                    f"{r['per_seed_diff']}"
+                )
             lines.append(text)
     return lines
 

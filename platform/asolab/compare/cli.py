@@ -166,13 +166,15 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
-    # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a late surprise.
+    # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
+    # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
     want_evolution = bool(args.evolution or args.report or args.log_to_mlflow)
     comparison = analyse(selection, with_evolution=want_evolution)
 
     print(
-        f"{len(selection.records)} runs compared ({selection.description}); store {selection.tracking_uri}",
+        f"{len(selection.records)} runs compared ({selection.description}); store "
+        f"{selection.tracking_uri}",
         file=out,
     )
     if selection.records:
@@ -213,7 +215,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             for _, row in df.iterrows():
                 acc = "" if math.isnan(row["val_acc"]) else f" val_acc {row['val_acc']:.4f}"
                 print(
-                    f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}",
+                    f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  "
+                    f"{row['genotype']}",
                     file=out,
                 )
                 if row["changes"]:
@@ -224,14 +227,17 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
         print(
-            "\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs stand-alone val acc",
+            "\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs "
+            "stand-alone val acc",
             file=out,
         )
         for _, r in comparison.rankings.iterrows():
             print(
-                f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / {r['ranking_spearman_rho']:+.3f}, "
-                f"random {r['ranking_kendall_tau_random']:+.3f} / {r['ranking_spearman_rho_random']:+.3f}, "
-                f"all {r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}",
+                f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / "
+                f"{r['ranking_spearman_rho']:+.3f}, random "
+                f"{r['ranking_kendall_tau_random']:+.3f} / "
+                f"{r['ranking_spearman_rho_random']:+.3f}, all "
+                f"{r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}",
                 file=out,
             )
     if selection.skipped:
@@ -275,7 +281,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                         f"--log-to-mlflow: the store refused the comparison run ({first})"
                     ) from None
                 print(
-                    f"report logged to run {rid} in experiment {args.comparison_experiment} (artifacts: report/index.html)",
+                    f"report logged to run {rid} in experiment {args.comparison_experiment} "
+                    "(artifacts: report/index.html)",
                     file=out,
                 )
     return 0
@@ -287,7 +294,8 @@ def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -
     p = os.path.abspath(path)
     if not folder and os.path.isdir(p):
         raise error(
-            f"{flag} {path}: is a directory; give a file name such as {os.path.join(path, 'runs.csv')}"
+            f"{flag} {path}: is a directory; give a file name such as "
+            f"{os.path.join(path, 'runs.csv')}"
         )
     if folder and os.path.exists(p) and not os.path.isdir(p):
         raise error(f"{flag} {path}: is a file; give a folder for the report")
@@ -311,7 +319,8 @@ def arms_csv_path(csv: str) -> str:
 
 
 def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:
-    """The runs table for a terminal: short headers, an id prefix, a cluster number instead of the genotype."""
+    """The runs table for a terminal: short headers, an id prefix, a cluster number instead of
+    the genotype."""
     cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
     t = table.assign(
         cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX]

@@ -320,7 +320,8 @@ def render_html(
         png = scatter_png(t, x, xlabel, name) if not t.empty else None
         if png:
             parts.append(
-                f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x test</figcaption></figure>"
+                f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x "
+                "test</figcaption></figure>"
             )
 
     parts += [
@@ -336,7 +337,8 @@ def render_html(
         )
     if len(comparison.clusters) > MAX_CELL_PICTURES:
         parts.append(
-            f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes not drawn.</p>'
+            f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes '
+            "not drawn.</p>"
         )
 
     parts.append("<h2>Differences from the best run</h2>")
@@ -354,7 +356,8 @@ def render_html(
             )
         for d in comparison.diffs:
             parts.append(
-                f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — distance {d.distance}</h3><ul>"
+                f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — "
+                f"distance {d.distance}</h3><ul>"
             )
             parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
             parts.append("</ul>")
@@ -363,7 +366,8 @@ def render_html(
 
     parts += [
         "<h2>Distances</h2>",
-        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one per cell whose concat list differs.</p>",
+        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one "
+        "per cell whose concat list differs.</p>",
     ]
     parts.append(_frame_html(comparison.distances, index=True))
 
@@ -396,9 +400,10 @@ def _arms_html(comparison: Comparison) -> list[str]:
 
     return [
         "<h2>Control arms</h2>",
-        "<p>Runs made by <code>asolab baseline</code>: each control arm trains a fixed genotype for the "
-        "ASO-SE run's weight-training budget and seed. Differences are ASO-SE minus the arm, paired by seed, "
-        "with a 95% paired-t confidence interval; test accuracy is reported, never used to select.</p>",
+        "<p>Runs made by <code>asolab baseline</code>: each control arm trains a fixed genotype "
+        "for the ASO-SE run's weight-training budget and seed. Differences are ASO-SE minus the "
+        "arm, paired by seed, with a 95% paired-t confidence interval; test accuracy is "
+        "reported, never used to select.</p>",
         "<pre>" + html.escape("\n".join(arm_lines(comparison.arms))) + "</pre>",
         _frame_html(comparison.arms),
     ]
@@ -412,9 +417,10 @@ def _ranking_html(comparison: Comparison) -> list[str]:
 
     parts = [
         "<h2>Ranking diagnostic</h2>",
-        "<p>Recorded by <code>asolab rank</code>: genotypes sampled from the final alphas (and random ones), "
-        "their one-shot validation accuracy on the supernet against their validation accuracy after a short "
-        "stand-alone training; Kendall's tau and Spearman's rho.</p>",
+        "<p>Recorded by <code>asolab rank</code>: genotypes sampled from the final alphas (and "
+        "random ones), their one-shot validation accuracy on the supernet against their "
+        "validation accuracy after a short stand-alone training; Kendall's tau and Spearman's "
+        "rho.</p>",
         _frame_html(comparison.rankings),
     ]
     for rid, pairs in comparison.ranking_pairs.items():

@@ -87,7 +87,8 @@ def open_store(tracking_uri: str) -> MlflowClient:
         db = Path(tracking_uri[len("sqlite:///") :])
         if not db.is_file():
             raise CompareError(
-                f"no MLflow store at {db}; record runs with 'asolab run' first or pass --tracking-uri"
+                f"no MLflow store at {db}; record runs with 'asolab run' first or pass "
+                "--tracking-uri"
             )
         check_sqlite_store(tracking_uri)
     else:
@@ -201,7 +202,8 @@ class Selection:
             )
         listed = ", ".join(f"{r.run_id} ({r.run_name}, {r.experiment})" for r in matches)
         raise CompareError(
-            f"run {ref!r} is ambiguous: it matches {len(matches)} selected runs: {listed}; give more of the run id"
+            f"run {ref!r} is ambiguous: it matches {len(matches)} selected runs: {listed}; give "
+            "more of the run id"
         )
 
 
@@ -217,7 +219,8 @@ def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> dict[str, str
     if missing:
         listed = ", ".join(sorted(n for n in known if n != COMPARISON_EXPERIMENT)) or "(none)"
         raise CompareError(
-            f"experiment {missing[0]!r} not found in {_store_name(client)}; known experiments: {listed}"
+            f"experiment {missing[0]!r} not found in {_store_name(client)}; known experiments: "
+            f"{listed}"
         )
     if names:
         return {n: known[n] for n in names}
@@ -266,7 +269,8 @@ def _and(*parts: str) -> str:
 
 
 def is_bookkeeping(run: Run) -> bool:
-    """A run that only groups others (a comparison run, a study's parent run): no genotype of its own."""
+    """A run that only groups others (a comparison run, a study's parent run): no genotype of
+    its own."""
     tags = run.data.tags
     kind = tags.get(layout.TAG_RUN_KIND)
     return (
@@ -333,7 +337,8 @@ def _metric_value(run: Run, name: str) -> float | None:
 
 
 def rank_by_metric(runs: Sequence[Run], by: str, ascending: bool = False) -> list[Run]:
-    """``runs`` best first by metric ``by`` (highest first unless ``ascending``); runs without it last.
+    """``runs`` best first by metric ``by`` (highest first unless ``ascending``); runs without
+    it last.
 
     When no run has the metric at all (most often a misspelt name), ranking
     would return the runs in arbitrary order, so that is an error naming the

@@ -127,7 +127,8 @@ def widen_conv_weight(
         o_idx, i_idx = om[b * nog : (b + 1) * nog], im[b * nig : (b + 1) * nig]
         if bool((o_idx // og != b).any()) or bool((i_idx // ig != b).any()):
             raise ValueError(
-                "a grouped convolution needs a block-structured mapping (replicas stay in their group)"
+                "a grouped convolution needs a block-structured mapping (replicas stay in their "
+                "group)"
             )
         blocks.append(w[o_idx][:, i_idx - b * ig] / scale[i_idx].view(1, -1, *extra))
     return torch.cat(blocks)
@@ -279,7 +280,8 @@ def _build(
             value = fn(tensor, 1) if fn is not None else tensor
             if value.shape != target[new_name].shape:
                 raise RuntimeError(
-                    f"growth produced {tuple(value.shape)} for {new_name!r}, network expects {tuple(target[new_name].shape)}"
+                    f"growth produced {tuple(value.shape)} for {new_name!r}, network expects "
+                    f"{tuple(target[new_name].shape)}"
                 )
             target[new_name].copy_(value)
             names[new_name] = old_name
@@ -312,7 +314,8 @@ def _half(
     a, b = mapping[:n], mapping[n:] - old // 2
     if len(mapping) % 2 or bool((a >= old // 2).any()) or bool((b < 0).any()):
         raise ValueError(
-            "a FactorizedReduce output needs an even, half-structured mapping (wider_mapping(blocks=2))"
+            "a FactorizedReduce output needs an even, half-structured mapping "
+            "(wider_mapping(blocks=2))"
         )
     return a, b
 

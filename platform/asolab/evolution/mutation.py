@@ -44,7 +44,8 @@ def mutate(
     strength: float,
     temperature: float,
 ) -> tuple[Genotype, list[Edit]]:
-    """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the edits.
+    """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the
+    edits.
 
     ``alphas`` maps every cell name of ``genotype`` (``normal``, ``reduce``,
     ``cellN``) to its alpha matrix, as ``SearchNetwork.alphas`` does."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -153,7 +154,7 @@ def _typed(hint: Any, value: Any) -> Any:
     if get_origin(hint) is list:
         (item,) = get_args(hint)
         return [_typed(item, v) for v in value]
-    if get_origin(hint) is Union:  # Optional[X]
+    if get_origin(hint) in (Union, types.UnionType):  # Optional[X] or X | None
         return _typed(get_args(hint)[0], value) if value != "" else None
     if hint is Genotype:
         return Genotype.from_json(value)
@@ -327,7 +328,8 @@ class Runner:
         seconds = time.perf_counter() - start
         if not math.isfinite(loss_sum.item()):
             raise FloatingPointError(
-                f"{phase} loss became {loss_sum.item()} in cycle {self.state.position.cycle}; lower search.weight_lr or search.alpha_lr"
+                f"{phase} loss became {loss_sum.item()} in cycle {self.state.position.cycle}; "
+                "lower search.weight_lr or search.alpha_lr"
             )
         val_loss, val_acc = self.evaluate(self.data.val, eval_genotype())
         self.emit(
@@ -650,7 +652,8 @@ class Runner:
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a checkpoint holds: plain data and tensors only (it loads with weights_only)."""
+        """Everything a checkpoint holds: plain data and tensors only (it loads with
+        weights_only)."""
         return {
             "config": self.cfg.to_dict(),
             "spec": self.spec.to_dict(),

@@ -46,5 +46,6 @@ def check_cuda_index(name: str, count: int) -> None:
     if index and int(index) >= count:
         have = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
         raise ConfigError(
-            f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device = 'cuda' or one of those"
+            f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device "
+            "= 'cuda' or one of those"
         )

@@ -298,7 +298,8 @@ def distance(a: Genotype, b: Genotype) -> int:
 def concat_changes(
     a: Genotype, b: Genotype
 ) -> list[tuple[str, tuple[int, ...] | None, tuple[int, ...] | None]]:
-    """``(cell, before, after)`` for each cell whose concat list differs (None: the genotype has no such cell)."""
+    """``(cell, before, after)`` for each cell whose concat list differs (None: the genotype
+    has no such cell)."""
     names = sorted(set(a.cell_names) | set(b.cell_names), key=cell_order)
     lists = [
         (k, a.concat(k) if k in a.cell_names else None, b.concat(k) if k in b.cell_names else None)

@@ -135,8 +135,8 @@ class SearchNetwork(nn.Module):
         extra = set(genotype.cell_names) - set(self.alphas)
         if extra:
             raise ValueError(
-                f"genotype describes {', '.join(sorted(extra))}, which this network does not have as cells with "
-                f"their own alphas (it has {', '.join(self.alphas)})"
+                f"genotype describes {', '.join(sorted(extra))}, which this network does not have "
+                f"as cells with their own alphas (it has {', '.join(self.alphas)})"
             )
         if key in genotype.cell_names:
             return genotype.cell(key)

@@ -252,9 +252,11 @@ def genotype_dot(genotype: Genotype, title: str = "") -> str:
     each cell drawn left to right from its two inputs to its output."""
     out = [
         "digraph genotype {",
-        f"  graph [rankdir=LR, newrank=true, fontname={_quote(_FONT)}, fontsize=16, nodesep=0.25, ranksep=0.45,"
+        f"  graph [rankdir=LR, newrank=true, fontname={_quote(_FONT)}, fontsize=16, "
+        "nodesep=0.25, ranksep=0.45,"
         ' pad=0.2, bgcolor="white", labelloc=t, labeljust=c];',
-        f'  node [shape=box, style="rounded,filled", fontname={_quote(_FONT)}, fontsize=14, penwidth=1.2, height=0.4];',
+        f'  node [shape=box, style="rounded,filled", fontname={_quote(_FONT)}, fontsize=14, '
+        "penwidth=1.2, height=0.4];",
         f"  edge [fontname={_quote(_FONT)}, fontsize=12, penwidth=1.6, arrowsize=0.8];",
     ]
     if title:

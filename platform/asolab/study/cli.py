@@ -17,20 +17,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "study",
         help="run (or resume) an Optuna study whose trials are asolab runs",
-        description="Run an Optuna study over experiment keys (Gumbel temperature, mutation strength, ...). "
-        "Re-running the same command resumes the study and adds trials until --n-trials are reached.",
+        description=(
+            "Run an Optuna study over experiment keys (Gumbel temperature, mutation strength, "
+            "...). Re-running the same command resumes the study and adds trials until "
+            "--n-trials are reached."
+        ),
     )
     p.add_argument(
         "file",
         nargs="?",
-        help="study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/",
+        help=(
+            "study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/"
+        ),
     )
     p.add_argument(
         "--n-trials",
         type=int,
         default=None,
         metavar="N",
-        help="total trials the study should hold (default: the file's n_trials; 0 = no limit, needs a timeout)",
+        help=(
+            "total trials the study should hold (default: the file's n_trials; 0 = no limit, "
+            "needs a timeout)"
+        ),
     )
     p.add_argument(
         "--timeout",
@@ -50,7 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--storage",
         default="",
         metavar="URL",
-        help="Optuna storage URL (default: journal file mlruns/optuna-journal.log); postgresql://... for several machines",
+        help=(
+            "Optuna storage URL (default: journal file mlruns/optuna-journal.log); "
+            "postgresql://... for several machines"
+        ),
     )
     p.add_argument(
         "--study-name", default="", metavar="NAME", help="study name (default: the file's name)"
@@ -168,7 +179,8 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
     except KeyError:
         command = " ".join(["asolab study"] + ([args.file] if args.file else []))
         raise ConfigError(
-            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass --storage/--study-name"
+            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
+            "--storage/--study-name"
         ) from None
     uri = resolve_tracking_uri(
         args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
@@ -193,7 +205,9 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     frame = report.summary_frame(study, cfg)
     title = "Pareto front" if len(study.directions) > 1 else "best trials"
     print(
-        f"study {study.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage {report.mask_password(url)}"
+        f"study {study.study_name}: {len(trials)} trials "
+        f"({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage "
+        f"{report.mask_password(url)}"
     )
     if frame.empty:
         print("no complete trial yet")

@@ -6,9 +6,11 @@ pruner, the budget and where things are stored::
 
     name = "temperature_mutation"     # default: the file's stem
     experiment = "digits"             # base experiment (a bare name looks in experiments/)
-    n_trials = 20                     # trials the study should hold in total (0 = no limit, needs a timeout)
+    n_trials = 20                     # trials the study should hold in total
+                                      # (0 = no limit, needs a timeout)
     timeout = 0                       # seconds per invocation (0 = no limit)
-    seed = 0                          # seeds the sampler (mixed with the worker and the trials so far)
+    seed = 0                          # seeds the sampler (mixed with the worker and the
+                                      # trials so far)
 
     [overrides]                       # fixed for every trial, same tables as an experiment file
     search.final_epochs = 0
@@ -99,7 +101,10 @@ class ObjectiveConfig:
         1,
         ge=1,
         le=100,
-        help="runs per trial, seeds base.seed .. base.seed + seeds - 1; the trial's values are their means",
+        help=(
+            "runs per trial, seeds base.seed .. base.seed + seeds - 1; the trial's values are "
+            "their means"
+        ),
     )
 
     @property
@@ -270,7 +275,8 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
     fraction_of = data.get("fraction_of", "")
     if fraction_of and (fraction_of not in known or kind != "float"):
         raise ConfigError(
-            f"{where}.fraction_of = {fraction_of!r} must name another float experiment key and needs type = 'float'"
+            f"{where}.fraction_of = {fraction_of!r} must name another float experiment key and "
+            "needs type = 'float'"
         )
     if kind == "categorical":
         choices = data.get("choices")
@@ -282,7 +288,8 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
     for name, v in (("low", low), ("high", high)):
         if not isinstance(v, num) or isinstance(v, bool):
             raise ConfigError(
-                f"{where}.{name} must be {'an integer' if kind == 'int' else 'a number'} (got {v!r})"
+                f"{where}.{name} must be {'an integer' if kind == 'int' else 'a number'} (got "
+                f"{v!r})"
             )
     if not low <= high:
         raise ConfigError(f"{where}: low ({low}) must not exceed high ({high})")
@@ -388,7 +395,8 @@ def _params(data: Mapping[str, Any], base: ExperimentConfig, source: str) -> tup
     raw_params = data.get("params", {})
     if not isinstance(raw_params, Mapping) or not raw_params:
         raise ConfigError(
-            f"{source}: [params] must declare at least one parameter, e.g. [params.mutation.strength] low = 0.0, high = 1.0"
+            f"{source}: [params] must declare at least one parameter, e.g. "
+            "[params.mutation.strength] low = 0.0, high = 1.0"
         )
     try:
         tables = _spec_tables(raw_params)
@@ -417,7 +425,8 @@ def _enqueue(
         unknown = [k for k in flat if k not in names]
         if unknown:
             raise ConfigError(
-                f"{source}: enqueue[{i}] names '{unknown[0]}', which is not a parameter; allowed: {', '.join(sorted(names))}"
+                f"{source}: enqueue[{i}] names '{unknown[0]}', which is not a parameter; allowed: "
+                f"{', '.join(sorted(names))}"
             )
         enqueue.append(tuple(sorted(flat.items())))
     return tuple(enqueue)

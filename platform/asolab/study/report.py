@@ -292,7 +292,8 @@ def study_description(
         f"### Study {study.study_name}",
         "",
         f"**Objective**: {goal} (validation split; the test split is never optimised). "
-        f"**Trials**: {len(trials)} ({counts}). **Sampler**: {cfg.sampler.name}, **pruner**: {cfg.pruner.name}.",
+        f"**Trials**: {len(trials)} ({counts}). **Sampler**: {cfg.sampler.name}, **pruner**: "
+        f"{cfg.pruner.name}.",
         f"Tuned: {', '.join(f'`{p.optuna_name}`' for p in cfg.params)}.",
         "",
     ]
@@ -393,7 +394,8 @@ def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[
     for name, make, needs in jobs:
         if len(complete) < needs:
             notes.append(
-                f"{name}: skipped, needs at least {needs} complete trial(s), the study has {len(complete)}"
+                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
+                f"{len(complete)}"
             )
             continue
         try:

@@ -61,8 +61,9 @@ class WorkersFailed(ConfigError):
     def __init__(self, outcome: StudyOutcome, failed: list[tuple[int, int]]) -> None:
         self.outcome, self.failed = outcome, failed
         super().__init__(
-            f"{len(failed)} of the study's worker processes failed ({', '.join(_exit_text(k, c) for k, c in failed)}); "
-            f"the trials recorded so far are kept; re-run the same command to resume study {outcome.study_name!r}"
+            f"{len(failed)} of the study's worker processes failed "
+            f"({', '.join(_exit_text(k, c) for k, c in failed)}); the trials recorded so far are "
+            f"kept; re-run the same command to resume study {outcome.study_name!r}"
         )
 
 
@@ -174,8 +175,9 @@ def open_study(
         optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions
     ]:
         raise ConfigError(
-            f"study {study_name!r} in {report.mask_password(storage_url)} exists with other objectives ({[d.name for d in study.directions]}); "
-            f"use another --study-name or storage"
+            f"study {study_name!r} in {report.mask_password(storage_url)} exists with other "
+            f"objectives ({[d.name for d in study.directions]}); use another --study-name or "
+            "storage"
         )
     if worker == 0 and study.metric_names is None:
         with warnings.catch_warnings():  # ExperimentalWarning; optuna-dashboard shows these names
@@ -201,7 +203,8 @@ def resolve_budget(
         raise ConfigError(f"--timeout must be >= 0 seconds (got {seconds:g}; 0 = no time limit)")
     if budget == 0 and seconds == 0:
         raise ConfigError(
-            f"--n-trials 0 means no trial limit and needs a time budget: give --timeout S or set timeout in {cfg.source}"
+            "--n-trials 0 means no trial limit and needs a time budget: give --timeout S or set "
+            f"timeout in {cfg.source}"
         )
     return budget, float(seconds)
 
@@ -229,7 +232,8 @@ def _tell(
         if not frozen.state.is_finished():
             raise
         log.error(
-            "trial %d ended here as %s, but the storage already holds it as %s (%s); its result here is dropped",
+            "trial %d ended here as %s, but the storage already holds it as %s (%s); its result "
+            "here is dropped",
             trial.number,
             state.name if state else "COMPLETE",
             frozen.state.name,
@@ -335,8 +339,9 @@ def run_study(
         raise ConfigError(f"--workers must be >= 1 (got {workers})")
     if workers > 1 and is_sqlite(url):
         raise ConfigError(
-            f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite as unsafe for "
-            "concurrent workers; use the default journal storage (omit --storage, or give a path ending in .log) or PostgreSQL"
+            f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite "
+            "as unsafe for concurrent workers; use the default journal storage (omit --storage, "
+            "or give a path ending in .log) or PostgreSQL"
         )
     uri = resolve_tracking_uri(
         tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri

@@ -127,11 +127,13 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
         raise ConfigError(
-            f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
     raise ConfigError(
-        f"study storage {_shown(url)!r} is not supported; use a journal file (journal:///path/optuna.log or path.log), "
-        "sqlite:///file.db (one process), postgresql://user:pass@host/db, mysql://..., or redis://host:port"
+        f"study storage {_shown(url)!r} is not supported; use a journal file "
+        "(journal:///path/optuna.log or path.log), sqlite:///file.db (one process), "
+        "postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
 
 
@@ -195,7 +197,8 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBSto
     for attempt in range(attempts):
         try:
             with warnings.catch_warnings():
-                # Optuna flags the heartbeat arguments as experimental; asolab relies on them knowingly.
+                # Optuna flags the heartbeat arguments as experimental; asolab relies on them
+                # knowingly.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(
                     url,
@@ -502,7 +505,9 @@ class Heartbeat:
         try:
             if self._rdb is not None:
                 self._rdb.record_heartbeat(self._trial_id)
-            else:  # not trial.set_user_attr: that also writes the Trial's cache, which the trial's thread reads
+            else:
+                # not trial.set_user_attr: that also writes the Trial's cache, which the trial's
+                # thread reads
                 storage = storage_of(self.study)
                 storage.set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:

@@ -71,9 +71,9 @@ def view_state(expanded: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 def experiment_description(name: str) -> str:
     return (
         f"ASO-SE architecture search runs of **{name}** (asolab). Each run: its description "
-        "(genotype, accuracy, budget), the picture cells/final.png, genotypes/final.json. Study trials "
-        f"are nested under their study's run; the best trial has the tag {L.TAG_BEST} = true. "
-        "Model selection uses the validation split; test_acc is reported, never optimised."
+        "(genotype, accuracy, budget), the picture cells/final.png, genotypes/final.json. Study "
+        f"trials are nested under their study's run; the best trial has the tag {L.TAG_BEST} = "
+        "true. Model selection uses the validation split; test_acc is reported, never optimised."
     )
 
 

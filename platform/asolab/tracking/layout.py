@@ -159,9 +159,15 @@ def resumed_text(position: dict | None) -> str:
         return "start (stopped before its first checkpoint) (epoch 0)"
     nxt = position.get("next", "?")
     if nxt == "final" and position.get("stage_epoch"):
-        return f"final stage / before epoch {position['stage_epoch'] + 1} (epoch {position.get('global_epoch')})"
+        return (
+            f"final stage / before epoch {position['stage_epoch'] + 1} (epoch "
+            f"{position.get('global_epoch')})"
+        )
     if nxt in ("final", "evaluation"):
-        return f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch {position.get('global_epoch')})"
+        return (
+            f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch "
+            f"{position.get('global_epoch')})"
+        )
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
 
 

@@ -620,9 +620,11 @@ class MlflowTracker(Observer):
                     model,
                     local,
                     mlflow_model=meta,
-                    # The derived network runs data-dependent plans; pickle keeps it exactly as trained.
+                    # The derived network runs data-dependent plans; pickle keeps it exactly as
+                    # trained.
                     serialization_format="pickle",
-                    # Inferring requirements would load the model in a subprocess: slow, and we know them.
+                    # Inferring requirements would load the model in a subprocess: slow, and we
+                    # know them.
                     pip_requirements=[
                         f"torch=={torch.__version__.split('+')[0]}",
                         f"asolab=={__version__}",

@@ -69,8 +69,8 @@ def artifact_root(uri: str) -> Path | None:
 
 def _fix_hint(uri: str) -> str:
     return (
-        "start the server (mlflow server --host 127.0.0.1 --port N), point tracking.tracking_uri or "
-        "MLFLOW_TRACKING_URI at a reachable store, or run with --no-track"
+        "start the server (mlflow server --host 127.0.0.1 --port N), point tracking.tracking_uri "
+        "or MLFLOW_TRACKING_URI at a reachable store, or run with --no-track"
     )
 
 
@@ -94,11 +94,13 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TrackingError(
-                f"tracking store {uri}: cannot create {db.parent} ({exc.strerror}); choose another tracking.tracking_uri"
+                f"tracking store {uri}: cannot create {db.parent} ({exc.strerror}); choose "
+                "another tracking.tracking_uri"
             ) from None
         if not os.access(db.parent, os.W_OK):
             raise TrackingError(
-                f"tracking store {uri}: {db.parent} is not writable; choose another tracking.tracking_uri"
+                f"tracking store {uri}: {db.parent} is not writable; choose another "
+                "tracking.tracking_uri"
             )
         check_sqlite_store(uri)
         _check_api(uri)
@@ -111,8 +113,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     reason = database_unreachable(uri, timeout)  # another database (postgresql://, mysql://, ...)
     if reason:
         raise TrackingError(
-            f"tracking store {mask_password(uri)} cannot be reached ({reason}); start the database or "
-            "fix the URL in tracking.tracking_uri / MLFLOW_TRACKING_URI, or run with --no-track"
+            f"tracking store {mask_password(uri)} cannot be reached ({reason}); start the "
+            "database or fix the URL in tracking.tracking_uri / MLFLOW_TRACKING_URI, or run with "
+            "--no-track"
         )
     _check_api(uri)
 
@@ -208,7 +211,8 @@ def _check_health(uri: str, timeout: float) -> None:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             if resp.status >= 400:
                 raise TrackingError(
-                    f"tracking server {uri} answered HTTP {resp.status} on /health; {_fix_hint(uri)}"
+                    f"tracking server {uri} answered HTTP {resp.status} on /health; "
+                    f"{_fix_hint(uri)}"
                 )
     except urllib.error.HTTPError as exc:
         raise TrackingError(
@@ -269,13 +273,15 @@ def _api_failure(uri: str, exc: Exception) -> str:
     if status == 403 and "Invalid Host header" in text:
         host = urllib.parse.urlsplit(uri).netloc
         return (
-            f"tracking server {uri} refuses requests addressed to {host!r} (HTTP 403 Invalid Host header); "
-            f"start it with mlflow server --allowed-hosts {host} (or MLFLOW_SERVER_ALLOWED_HOSTS={host})"
+            f"tracking server {uri} refuses requests addressed to {host!r} (HTTP 403 Invalid Host "
+            f"header); start it with mlflow server --allowed-hosts {host} (or "
+            f"MLFLOW_SERVER_ALLOWED_HOSTS={host})"
         )
     if status in (401, 403):
         return (
-            f"tracking server {uri} refused the request (HTTP {status}); set MLFLOW_TRACKING_USERNAME and "
-            "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, for that server"
+            f"tracking server {uri} refused the request (HTTP {status}); set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, "
+            "for that server"
         )
     what = "tracking server" if uri.startswith(("http://", "https://")) else "tracking store"
     detail = f"{type(exc).__name__}: {text}"[:300]
@@ -345,8 +351,9 @@ def resumable_run(mlflow_client: MlflowClient, uri: str, run_id: str) -> Any:
         run = mlflow_client.get_run(run_id)
     except MlflowException:
         raise TrackingError(
-            f"run {run_id!r} not found in tracking store {uri}; check the run id, and resume with the experiment file "
-            "and tracking.tracking_uri (or MLFLOW_TRACKING_URI) the run was started with"
+            f"run {run_id!r} not found in tracking store {uri}; check the run id, and resume with "
+            "the experiment file and tracking.tracking_uri (or MLFLOW_TRACKING_URI) the run was "
+            "started with"
         ) from None
     if run.info.status == "FINISHED":
         raise TrackingError(

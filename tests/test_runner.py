@@ -494,3 +494,16 @@ def test_run_state_round_trips_through_plain_data(tiny_cfg):
     assert plain["position"]["global_epoch"] == 7
     assert RunState.from_dict(plain) == state
     assert RunState.from_dict(RunState().to_dict()) == RunState()
+
+
+def test_same_seed_same_initial_weights_for_every_run_of_a_process(tiny_cfg):
+    """The memory estimate before allocation draws no random numbers: the second run of
+    a process (a study worker's next trial, a baseline arm) starts from the weights the
+    first one did."""
+    from asolab.runner import memory
+
+    memory._op_elements.cache_clear()  # as in a fresh process
+    first = Runner(tiny_cfg).net.state_dict()
+    second = Runner(tiny_cfg).net.state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)

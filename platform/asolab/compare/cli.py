@@ -14,23 +14,10 @@ from ..tracking.layout import FINAL_VAL_ACC
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
 
-TERMINAL_COLUMNS = (
-    "run_name",
-    "run_id",
-    "experiment",
-    "dataset",
-    "seed",
-    "schedule",
-    "initial_temperature",
-    "min_temperature",
-    "mutation_strength",
-    "cycles",
-    "params",
-    "peak_rss_mb",
-    "val_acc",
-    "test_acc",
-    "cluster",
-)
+# The terminal shows the report's columns (compare.select.COLUMNS) but these wide ones;
+# the CSV and the report keep them.
+_WIDE = ("anneal_fraction", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")
+_WIDE += ("genotype", "status", "experiment_id")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
 _SHORT = {
     "run_id": "id",
@@ -325,5 +312,8 @@ def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:
     t = table.assign(
         cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX]
     )
-    t = t[[c for c in TERMINAL_COLUMNS if c in t.columns]].rename(columns=_SHORT)
+    from .select import COLUMNS
+
+    shown = [c for c in (*COLUMNS, "cluster") if c not in _WIDE and c in t.columns]
+    t = t[shown].rename(columns=_SHORT)
     return t.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}")

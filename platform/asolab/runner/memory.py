@@ -95,8 +95,13 @@ def _op_elements(name: str, channels: int, stride: int, height: int) -> int:
     """Leaf output elements of edge operation ``name`` for one image of ``height``."""
     from ..space.ops import OPS
 
-    op = OPS[name](_PROBE_CHANNELS, stride, False)
-    return _leaf_elements(op, (1, _PROBE_CHANNELS, height, height)) * channels // _PROBE_CHANNELS
+    # Building and running the probe draws from torch's global generator; the run is
+    # seeded before this and the cache makes only a process's first estimate draw, so
+    # without a fork the same seed would give other weights to every later run.
+    with torch.random.fork_rng(devices=[]):
+        op = OPS[name](_PROBE_CHANNELS, stride, False)
+        elements = _leaf_elements(op, (1, _PROBE_CHANNELS, height, height))
+    return elements * channels // _PROBE_CHANNELS
 
 
 @functools.lru_cache(maxsize=256)

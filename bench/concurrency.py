@@ -10,7 +10,8 @@ network per step), run in fresh processes, each timed from a common start
 signal after its set-up. Thread settings compared:
 
 * ``auto``: what asolab does by default -- ``OMP_WAIT_POLICY=PASSIVE`` set before
-  torch loads, and the thread count of asolab/threads.py (usable cores minus
+  torch loads when other asolab processes run, and the thread count of
+  asolab/threads.py (usable cores minus
   the threads other asolab processes took; a private registry here);
 * ``torch``: torch's defaults, as before -- all cores, spinning OpenMP waits;
 * ``1``: one thread each, spinning waits.
@@ -47,8 +48,6 @@ def _env(setting: str, registry: Path) -> dict[str, str]:
 
     package_root = str(Path(asolab.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    if setting == "auto":
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 
 

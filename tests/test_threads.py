@@ -125,11 +125,18 @@ def test_resume_takes_a_thread_count_from_set_and_refuses_a_bad_one():
         _forced_threads(["threads=many"])
 
 
-def test_the_wait_policy_is_set_before_torch_only():
+def test_the_wait_policy_sleeps_only_beside_other_asolab_processes(registry, other_process):
+    """Alone, OpenMP keeps its default (fast for a run that has the cores); beside another
+    asolab process, waits sleep; never once torch is loaded."""
     code = "import os, asolab.cli, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
     env = {k: v for k, v in threads.os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "PASSIVE"
+
+    def policy() -> str:
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.strip()
+
+    assert policy() == "None"
+    other_process(1)
+    assert policy() == "PASSIVE"
     assert threads.prepare_environment() is False  # torch is loaded in this process: too late

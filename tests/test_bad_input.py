@@ -221,6 +221,7 @@ CASES = {
     "ui port too big": ([*UI, "--port", "70000"], "1-65535"),
     "ui port negative": ([*UI, "--port", "-1"], "1-65535"),
     "ui port not a number": ([*UI, "--port", "abc"], "invalid int value"),
+    "ui no workers": ([*UI, "--workers", "0"], "--workers must be >= 1"),
     "ui unknown host": ([*UI, "--host", "999.1.1.1"], "--host"),
     "ui store not a database": (
         ["ui", "--tracking-uri", "sqlite:///{T}/not_a_db.db"],

@@ -637,6 +637,26 @@ def test_corrupt_sqlite_store_is_a_one_line_error(tmp_path, capsys):
     )
 
 
+def test_a_relative_sqlite_store_serves_runs_and_the_ui(tmp_path, monkeypatch):
+    """``sqlite:///mlflow.db`` (relative to the working folder) is a valid store: the
+    run writes its artifacts beside it and ``asolab ui`` serves it. MLflow keeps
+    artifact locations as file:// URIs, which must be absolute."""
+    from asolab.tracking.ui import server_command
+
+    monkeypatch.chdir(tmp_path)
+    uri = "sqlite:///rel.db"
+    assert main(["run", "--quiet", *_set_args([*TINY, f"tracking.tracking_uri={uri}"])]) == 0
+    run = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("digits").experiment_id]
+    )[0]
+    assert run.info.status == "FINISHED"
+    assert run.info.artifact_uri.startswith((tmp_path / "artifacts").as_uri())
+    assert (tmp_path / "artifacts").is_dir()
+    cmd = server_command(uri, "127.0.0.1", 5000)
+    assert cmd[cmd.index("--default-artifact-root") + 1] == (tmp_path / "artifacts").as_uri()
+    assert cmd[cmd.index("--workers") + 1] == "1"
+
+
 def test_ui_serves_the_store(tracked, store):
     port = _free_port()
     # Only 127.0.0.1:PORT is an allowed Host: http://localhost:PORT then stands for a

@@ -62,9 +62,12 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def artifact_root(uri: str) -> Path | None:
-    """Where artifacts of a SQLite store live: ``artifacts/`` beside the database."""
+    """Where artifacts of a SQLite store live: ``artifacts/`` beside the database.
+
+    Absolute even for a relative ``sqlite:///mlflow.db``: MLflow stores artifact
+    locations as ``file://`` URIs, which cannot be relative."""
     db = sqlite_path(uri)
-    return None if db is None else db.parent / ARTIFACTS_DIRNAME
+    return None if db is None else db.absolute().parent / ARTIFACTS_DIRNAME
 
 
 def _fix_hint(uri: str) -> str:

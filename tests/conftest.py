@@ -50,6 +50,26 @@ def project_store_untouched():
     assert not new, f"the test wrote {new} into {PROJECT_MLRUNS}; write to a tmp_path store instead"
 
 
+def cell_layouts(net, forward):
+    """``forward()``'s result and, per cell of ``net``, whether its output was channels-last."""
+    import torch  # here: this module must set OpenMP's wait policy before torch loads
+
+    seen: list[bool] = []
+    hooks = [
+        cell.register_forward_hook(
+            lambda _m, _i, out: seen.append(
+                out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+            )
+        )
+        for cell in net.cells
+    ]
+    try:
+        return forward(), seen
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 @pytest.fixture
 def tiny_cfg() -> config.ExperimentConfig:
     return config.load(None, TINY)

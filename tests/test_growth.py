@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import cell_layouts
 
 from asolab import config
 from asolab.config import GrowthConfig
@@ -338,6 +339,10 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
         assert e.val_acc_after == pytest.approx(e.val_acc_before, abs=0.01)
     assert runner.net.num_weights() == events[-1].params_after > start
     assert runner.spec == runner.net.spec and len(runner.spec.cells) == 5
+    # speed.channels_last (the default): the modules growth added take the run's layout too
+    with torch.no_grad():
+        _, layouts = cell_layouts(runner.net, lambda: runner._logits(digits.val.x[:8]))
+    assert layouts == [True] * 5
     resumed = Runner.resume(tmp_path / "checkpoint.pt", data=digits)
     assert resumed.spec == runner.spec
     x = digits.val.x[:64]

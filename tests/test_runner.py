@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, cell_layouts
 
 from asolab import config
 from asolab.data import Batches, Split, load_data
@@ -113,6 +113,42 @@ def test_same_seed_same_run(tiny_cfg):
     assert results[0] == results[1]
     other = Runner(dataclasses.replace(tiny_cfg, seed=1)).run()
     assert other.test_acc != results[0][2] or other.genotype != results[0][0]
+
+
+def test_channels_last_is_a_layout_not_a_method(tiny_cfg, digits):
+    """speed.channels_last changes how the kernels run, not what the network computes:
+    the same weights give the same logits in either layout (float tolerance)."""
+    runs = {
+        cl: Runner(tiny_cfg.replace(**{"speed.channels_last": cl}), data=digits)
+        for cl in (False, True)
+    }
+    runs[True].net.load_state_dict(runs[False].net.state_dict())
+    plans = runs[False].net.genotype_plans(runs[False].net.derive())
+    x = digits.val.x[:32]
+    logits = {}
+    for cl, r in runs.items():
+        r.net.eval()
+        with torch.no_grad():
+            logits[cl], layouts = cell_layouts(r.net, lambda r=r: r.net(x, plans))
+        assert layouts == [cl] * len(r.net.cells)
+    assert torch.allclose(logits[True], logits[False], atol=1e-5)
+
+
+def test_a_checkpoint_from_before_the_speed_section_resumes_in_its_layout(tiny_cfg, tmp_path):
+    """Runs saved before speed.channels_last existed trained in the default layout:
+    resuming them keeps it, so they still repeat exactly."""
+    from asolab.runner import checkpoint as ckpt
+
+    cfg = tiny_cfg.replace(**{"speed.channels_last": False, "search.cycles": 1})
+    Runner(cfg, checkpoint_dir=tmp_path).run()
+    path = tmp_path / "checkpoint.pt"
+    state = ckpt.load(path, "test")
+    del state["config"]["speed"]
+    torch.save(state, path)
+    resumed = Runner.resume(path)
+    assert resumed.cfg.speed.channels_last is False
+    fresh = Runner(tiny_cfg)
+    assert fresh.cfg.speed.channels_last is True
 
 
 def test_test_split_never_influences_the_search(tiny_cfg):

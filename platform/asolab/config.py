@@ -1,7 +1,8 @@
 """Experiment configuration: frozen, typed dataclasses loaded from TOML.
 
 An experiment file has one table per concern (``[data]``, ``[space]``,
-``[search]``, ``[temperature]``, ``[mutation]``, ``[growth]``, ``[tracking]``)
+``[search]``, ``[temperature]``, ``[mutation]``, ``[growth]``, ``[tracking]``,
+``[speed]``)
 plus top-level ``seed`` and ``device``. Every field carries its constraint in
 its metadata, so the loader validates the whole file once, at the edge, and
 refuses bad input with one line naming the file, the key and what is allowed.
@@ -287,6 +288,20 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class SpeedConfig:
+    """How the kernels run: switches that change speed, not the method (bench/ measures each)."""
+
+    channels_last: bool = _field(
+        True,
+        help=(
+            "weights and activations in channels-last layout: on the CPU oneDNN's depthwise "
+            "and pooling kernels run 1.4-1.8x faster that way (bench/final_speed.py, "
+            "bench/search_throughput.py --cycle)"
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment: everything a run needs, validated."""
 
@@ -316,6 +331,7 @@ class ExperimentConfig:
     mutation: MutationConfig = field(default_factory=MutationConfig)
     growth: GrowthConfig = field(default_factory=GrowthConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -45,7 +45,7 @@ from ..space.genotype import Genotype
 from ..space.network import Plans, SearchNetwork
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
-from .device import resolve_device
+from .device import memory_format, resolve_device
 from .events import (
     CheckpointSaved,
     CycleEnd,
@@ -196,6 +196,7 @@ class Runner:
         if not cfg.threads:
             cfg = cfg.replace(threads=threads)
         self.cfg = cfg
+        self._layout = memory_format(cfg.speed.channels_last)
         self.observers = list(observers)
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
@@ -205,7 +206,7 @@ class Runner:
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:
-            self.net = SearchNetwork(self.spec).to(self.device)
+            self.net = SearchNetwork(self.spec).to(self.device, memory_format=self._layout)
         except torch.cuda.OutOfMemoryError as exc:
             raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
         s = cfg.search
@@ -478,7 +479,9 @@ class Runner:
         alphas join the alpha optimizer), and the genotypes the run holds
         expressed on the grown network (deepen renumbers own-alpha cells)."""
         old = self.net
-        self.net, self.spec = morph.net, morph.spec
+        # New modules (a wider op, a new cell) take the run's layout; .to keeps the
+        # parameter objects, so the optimizers' remapping below still finds them.
+        self.net, self.spec = morph.net.to(memory_format=self._layout), morph.spec
         self.weight_opt = morphism.remap_optimizer(
             self.weight_opt, old, self.net.weight_parameters(), morph
         )
@@ -713,7 +716,12 @@ class Runner:
         label = label or f"checkpoint {path}"
         state = ckpt.load(path, label)
         with ckpt.restoring(path, label):
-            cfg = from_dict(state["config"], source=label)
+            saved = state["config"]
+            if "speed" not in saved:
+                # Saved before the [speed] section existed: those runs trained in the
+                # default layout, and must go on in it to repeat exactly.
+                saved = {**saved, "speed": {"channels_last": False}}
+            cfg = from_dict(saved, source=label)
             spec = ArchSpec.from_dict(state["spec"])
             position = Position(**state["position"])
         ckpt.check_position(position, cls.epochs_at(position, cfg.search), label)

@@ -49,3 +49,9 @@ def check_cuda_index(name: str, count: int) -> None:
             f"device = {name!r} but this machine has {count} CUDA device(s) ({have}); use device "
             "= 'cuda' or one of those"
         )
+
+
+def memory_format(channels_last: bool) -> torch.memory_format:
+    """The layout of the network's weights (``speed.channels_last``). Convolutions and
+    pooling follow their weights' layout, so the activations need no conversion."""
+    return torch.channels_last if channels_last else torch.contiguous_format

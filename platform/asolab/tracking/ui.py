@@ -110,7 +110,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     check_port(args.host, args.port)  # first: it costs nothing
     check_reachable(uri)
     # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
-    proc = subprocess.Popen(server_command(uri, args.host, args.port, args.workers), start_new_session=True)
+    proc = subprocess.Popen(
+        server_command(uri, args.host, args.port, args.workers), start_new_session=True
+    )
 
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt

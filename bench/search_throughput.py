@@ -104,8 +104,12 @@ def step_functions(net: SearchNetwork, batches, tau: float):
 NEUROEXAPT = {"W-step 32x32": 6.17, "W-retrain L8 32x32": 4.8}
 
 
-def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, float]:
-    """Seconds per 256 images of a sampled W-step, an alpha step and a retraining step."""
+LAYOUTS = {"contiguous": False, "channels-last": True}
+
+
+def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, dict[str, float]]:
+    """Seconds per 256 images of a sampled W-step, an alpha step and a retraining step,
+    per weight layout (``speed.channels_last`` off and on), interleaved."""
     from asolab.config import load
     from asolab.data import Augmentation, DataBundle, Split
     from asolab.runner import Runner
@@ -121,55 +125,64 @@ def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, fl
     data = DataBundle(
         "synthetic", train, split(batch), split(batch), train, 10, 3, size, Augmentation()
     )
-    overrides = {
-        "tracking.enabled": False,
-        "space.init_channels": 4 if smoke else 16,
-        "space.layers": layers,
-        "space.steps": 4,
-        "data.batch_size": batch,
-        "threads": torch.get_num_threads(),
-    }
-    runner = Runner(load(None, overrides), data=data)
-    genotype = runner.net.derive()
-    plans = runner.net.genotype_plans(genotype)
     x, y = train.x, train.y
-    runner.net.train()
-    fns = {
-        "W-step": lambda: runner._weight_step(
-            x, y, runner.net.sample_plans(1.0, differentiable=False)
-        ),
-        "alpha": lambda: runner._alpha_step(x, y, 1.0),
-        "W-retrain": lambda: runner._weight_step(x, y, plans),
-    }
+    fns = {}
+    for layout, channels_last in LAYOUTS.items():
+        overrides = {
+            "tracking.enabled": False,
+            "space.init_channels": 4 if smoke else 16,
+            "space.layers": layers,
+            "space.steps": 4,
+            "data.batch_size": batch,
+            "threads": torch.get_num_threads(),
+            "speed.channels_last": channels_last,
+        }
+        runner = Runner(load(None, overrides), data=data)
+        plans = runner.net.genotype_plans(runner.net.derive())
+        runner.net.train()
+        fns[(layout, "W-step")] = lambda r=runner: r._weight_step(
+            x, y, r.net.sample_plans(1.0, differentiable=False)
+        )
+        fns[(layout, "alpha")] = lambda r=runner: r._alpha_step(x, y, 1.0)
+        fns[(layout, "W-retrain")] = lambda r=runner, p=plans: r._weight_step(x, y, p)
     seconds = interleaved(fns, 1 if smoke else 5)
-    return {name: s * 256 / batch for name, s in seconds.items()}
+    out: dict[str, dict[str, float]] = {layout: {} for layout in LAYOUTS}
+    for (layout, step), s in seconds.items():
+        out[layout][step] = s * 256 / batch
+    return out
 
 
 def cycle_main(args: argparse.Namespace) -> int:
     shapes = [(5, 8)] if args.smoke else [(5, 32), (8, 32), (5, 8), (8, 8)]
     rows, at = [], {}
     for layers, size in shapes:
-        t = cycle_steps(layers, size, args.batch, args.smoke)
-        at[(layers, size)] = t
-        rows.append(
-            [
-                f"L{layers} 3x{size}x{size}",
-                t["W-step"],
-                t["alpha"],
-                t["W-retrain"],
-                t["W-step"] + t["alpha"] + t["W-retrain"],
-            ]
-        )
+        by_layout = cycle_steps(layers, size, args.batch, args.smoke)
+        at[(layers, size)] = by_layout
+        for layout, t in by_layout.items():
+            rows.append(
+                [
+                    f"L{layers} 3x{size}x{size}",
+                    layout,
+                    t["W-step"],
+                    t["alpha"],
+                    t["W-retrain"],
+                    t["W-step"] + t["alpha"] + t["W-retrain"],
+                ]
+            )
     print(
         f"# NeuroExapt-shaped search steps, seconds per 256 images, batch {args.batch}; {machine()}"
     )
-    print(table(["shape", "W-step s", "alpha s", "W-retrain s", "cycle s"], rows))
+    print(table(["shape", "layout", "W-step s", "alpha s", "W-retrain s", "cycle s"], rows))
     if (8, 32) in at:
-        t = at[(8, 32)]
+        cont, cl = at[(8, 32)]["contiguous"], at[(8, 32)]["channels-last"]
         print(
-            "vs NeuroExapt at L8 3x32x32: "
-            f"sampled W-step {NEUROEXAPT['W-step 32x32'] / t['W-step']:.2f}x "
-            f"(target 10x), W-retraining {NEUROEXAPT['W-retrain L8 32x32'] / t['W-retrain']:.2f}x"
+            "channels-last over contiguous at L8 3x32x32: "
+            + ", ".join(f"{k} {cont[k] / cl[k]:.2f}x" for k in ("W-step", "alpha", "W-retrain"))
+        )
+        print(
+            "vs NeuroExapt at L8 3x32x32 (channels-last, the default): "
+            f"sampled W-step {NEUROEXAPT['W-step 32x32'] / cl['W-step']:.2f}x "
+            f"(target 10x), W-retraining {NEUROEXAPT['W-retrain L8 32x32'] / cl['W-retrain']:.2f}x"
         )
     else:
         print("vs NeuroExapt: needs the L8 3x32x32 shape (not in --smoke)")

@@ -154,6 +154,32 @@ def test_derived_parameter_count_is_below_supernet():
     assert 0 < net.count_derived(G) < net.num_weights()
 
 
+def test_exported_saves_what_extract_copies_and_leaves_the_supernet_as_it_was(tmp_path):
+    """The tracker saves the final network through ``exported`` (no copy): the saved
+    model holds the derived network's weights only, computes what ``extract``'s copy
+    computes, and the supernet gets every op and its mode back, also after an error."""
+    from asolab.space.network import exported, extract
+
+    net = _net()
+    net.train()
+    ops_before = [op for cell in net.cells for edge in cell.edges for op in edge.ops]
+    x = torch.randn(3, 1, 8, 8)
+    copy = extract(net, G)
+    with exported(net, G) as view:
+        torch.save(view, tmp_path / "m.pt")
+        assert sum(p.numel() for p in view.parameters()) == sum(
+            p.numel() for p in copy.parameters()
+        )
+    with pytest.raises(RuntimeError), exported(net, G):
+        raise RuntimeError("save failed")
+    assert [op for cell in net.cells for edge in cell.edges for op in edge.ops] == ops_before
+    assert net.training
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), copy(x))
+    assert sum(p.numel() for p in loaded.parameters()) < net.num_weights()
+
+
 # --------------------------------------------------------------------- own-alpha cells in genotypes
 
 OWN = Genotype.parse(

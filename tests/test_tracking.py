@@ -623,6 +623,26 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
         MlflowTracker(write_mode="later")
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
+    """Store writes on the thread must fill the gaps training leaves, not preempt
+    torch's workers: the thread, and the processes it starts, run at nice 19."""
+    from asolab.tracking.mlflow_tracker import _StoreWriter
+
+    seen = {}
+
+    def job():
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        out = subprocess.run(["sh", "-c", "ps -o ni= -p $$"], capture_output=True, text=True)
+        seen["child"] = int(out.stdout)
+
+    writer = _StoreWriter(inline=False)
+    writer.submit(job)
+    writer.drain()
+    assert seen == {"thread": 19, "child": 19}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19  # the caller's is kept
+
+
 def test_corrupt_sqlite_store_is_a_one_line_error(tmp_path, capsys):
     db = tmp_path / "garbage.db"
     db.write_bytes(bytes(range(256)) * 40)

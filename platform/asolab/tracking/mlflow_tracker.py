@@ -25,11 +25,12 @@ import queue
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,7 @@ class _StoreWriter:
             self.busy_seconds += time.perf_counter() - start
 
     def _loop(self) -> None:
+        _lowest_priority()
         while True:
             fn, args = self._queue.get()
             try:
@@ -164,6 +166,17 @@ class _StoreWriter:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+
+def _lowest_priority() -> None:
+    """Give the calling thread (and the ``dot`` processes it starts) the lowest CPU
+    priority: it then runs in the gaps training leaves instead of preempting torch's
+    workers. Linux schedules threads one by one (a thread id is a valid ``who``)."""
+    if hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError as exc:  # a sandbox may forbid it: the writes still happen
+            log.debug("writer thread keeps its priority: %s", exc)
 
 
 def threads_text(event: RunStart) -> str:
@@ -603,9 +616,16 @@ class MlflowTracker(Observer):
             # Logged completely before a kill: only the run's link and tag may be missing.
             self._link_model(model_id, f"models:/{model_id}", step)
             return
-        from ..space.network import extract
+        from ..space.network import exported, extract
 
-        model = extract(event.supernet, event.genotype)
+        net = event.supernet
+        # On the CPU the supernet itself, its unused ops swapped out while it is saved
+        # (a copy took a third of the tracker's time in a default run); a GPU network
+        # is copied to the CPU, so that the model loads on machines without one.
+        on_cpu = all(p.device.type == "cpu" for p in net.parameters())
+        final = (
+            exported(net, event.genotype) if on_cpu else nullcontext(extract(net, event.genotype))
+        )
         logged = self._c.get_logged_model(model_id)
         meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
         quiet = logging.getLogger(
@@ -616,20 +636,21 @@ class MlflowTracker(Observer):
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 local = os.path.join(tmp, L.MODEL_DIR)
-                mlflow.pytorch.save_model(
-                    model,
-                    local,
-                    mlflow_model=meta,
-                    # The derived network runs data-dependent plans; pickle keeps it exactly as
-                    # trained.
-                    serialization_format="pickle",
-                    # Inferring requirements would load the model in a subprocess: slow, and we
-                    # know them.
-                    pip_requirements=[
-                        f"torch=={torch.__version__.split('+')[0]}",
-                        f"asolab=={__version__}",
-                    ],
-                )
+                with final as model:
+                    mlflow.pytorch.save_model(
+                        model,
+                        local,
+                        mlflow_model=meta,
+                        # The derived network runs data-dependent plans; pickle keeps it exactly
+                        # as trained.
+                        serialization_format="pickle",
+                        # Inferring requirements would load the model in a subprocess: slow,
+                        # and we know them.
+                        pip_requirements=[
+                            f"torch=={torch.__version__.split('+')[0]}",
+                            f"asolab=={__version__}",
+                        ],
+                    )
                 self._c.log_model_artifacts(model_id, local)
         except BaseException:
             self._c.finalize_logged_model(model_id, LoggedModelStatus.FAILED)

@@ -48,10 +48,11 @@ TINY = [
 ]
 
 
-def timed_run(cfg, tracker: MlflowTracker | None, checkpoint_dir: Path) -> float:
-    start = time.perf_counter()
+def timed_run(cfg, tracker: MlflowTracker | None, checkpoint_dir: Path) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (all threads of this process) of one run."""
+    start, cpu = time.perf_counter(), time.process_time()
     Runner(cfg, [tracker] if tracker else [], checkpoint_dir=checkpoint_dir).run()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load(args.experiment, [*(TINY if args.tiny else []), *args.overrides])
     variants = ["off", "on", *(["thread"] if args.compare_modes else [])]
 
-    rounds: list[dict[str, tuple[float, float, float]]] = []
+    rounds: list[dict[str, tuple[float, float, float, float]]] = []
     with tempfile.TemporaryDirectory(prefix="asolab-bench-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         MlflowClient(uri).search_experiments()  # create the store's tables outside the timing
@@ -104,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
                         experiment="overhead-bench",
                         write_mode="thread" if name == "thread" else "auto",
                     )
-                seconds = timed_run(cfg, tracker, Path(tmp) / f"{name}-{i}")
+                seconds, cpu = timed_run(cfg, tracker, Path(tmp) / f"{name}-{i}")
                 result[name] = (
                     seconds,
                     tracker.log_seconds if tracker else 0.0,
                     tracker.write_seconds if tracker else 0.0,
+                    cpu,
                 )
             rounds.append(result)
 
@@ -133,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
     hooks = statistics.median(100 * r["on"][1] / r["on"][0] for r in rounds)
     print(f"median time inside the tracker's hooks: {hooks:.2f}% of the tracked run")
+    # CPU time barely moves with what the machine's other tenants do (time stolen from
+    # this machine's cores is not counted), wall time does: on a shared machine this is
+    # the steadier comparison of the same work.
+    cpu = statistics.median(100 * (r["on"][3] - r["off"][3]) / r["off"][3] for r in rounds)
+    print(f"CPU time (all threads), tracked vs untracked: {cpu:+.2f}% (median of {len(rounds)})")
     if "thread" in variants:
         print(
             "store writes on a background thread instead: "

@@ -130,8 +130,11 @@ def test_tracking_overhead(capsys):
 
 def test_search_throughput_neuroexapt_shaped_cycle(capsys):
     lines = _run(capsys, "search_throughput", ["--cycle", "--smoke", "--threads", "1"])
-    assert lines[1].split()[:2] == ["shape", "W-step"] and lines[2].startswith("L5 3x8x8")
-    assert all(float(v) > 0 for v in lines[2].split()[2:])
+    assert lines[1].split()[:3] == ["shape", "layout", "W-step"]
+    rows = [line.split() for line in lines[2:4]]
+    assert [r[2] for r in rows] == ["contiguous", "channels-last"]
+    assert all(r[:2] == ["L5", "3x8x8"] for r in rows)
+    assert all(float(v) > 0 for r in rows for v in r[3:])
 
 
 def test_final_speed(capsys):

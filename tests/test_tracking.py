@@ -282,39 +282,6 @@ def test_run_records_everything(tracked, store, tmp_path):
     assert [(o.model_id, o.step) for o in outputs] == [(logged.model_id, TOTAL_EPOCHS)]
 
 
-# The killed process: `asolab run` that stops in cycle 0's retraining, after the
-# tracker has stored everything it was handed (the "after mutate" checkpoint
-# included) and with that retraining epoch's metrics still in its buffer; it
-# then waits to be killed. argv: the marker file to create, then asolab's arguments.
-_FREEZE_IN_RETRAINING = """
-import pathlib, sys, time
-from asolab.cli import main, resume_command
-from asolab.runner import Runner
-from asolab.runner.events import Observer
-
-class Freeze(Observer):
-    def __init__(self, runner):
-        self.runner = runner
-
-    def on_epoch_end(self, event):
-        if (event.cycle, event.phase) == (0, "retrain"):
-            for obs in self.runner.observers:
-                if hasattr(obs, "_writer"):
-                    obs._writer.drain()
-            pathlib.Path(sys.argv[1]).touch()
-            time.sleep(600)
-
-init = Runner.__init__
-
-def with_freeze(self, *args, **kwargs):
-    init(self, *args, **kwargs)
-    self.observers.append(Freeze(self))
-
-Runner.__init__ = with_freeze
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 def _steps(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
     run = client.get_run(run_id)
     return {
@@ -326,32 +293,9 @@ def _steps(client: MlflowClient, run_id: str) -> dict[str, list[int]]:
 def test_sigkill_in_retraining_then_resume_is_exactly_once(tracked, store, tmp_path):
     """kill -9 in mid-cycle (cycle 0's retraining), resume: the same run, with exactly
     the metric steps of an uninterrupted run, none lost, none doubled."""
-    marker = tmp_path / "frozen"
-    args = [
-        "run",
-        "--quiet",
-        "--experiment",
-        "resume-test",
-        *_set_args([*TINY, f"tracking.tracking_uri={store}"]),
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _FREEZE_IN_RETRAINING, str(marker), *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and not marker.exists():
-            time.sleep(0.1)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        out = proc.communicate()[0].decode()
-    assert marker.exists(), f"the run never reached cycle 0's retraining:\n{out[-3000:]}"
+    run_id = _killed_run(store, tmp_path, "resume-test", "epoch:0:retrain")
     client = MlflowClient(store)
-    (killed,) = client.search_runs([client.get_experiment_by_name("resume-test").experiment_id])
-    run_id = killed.info.run_id
-    assert killed.info.status == "RUNNING"  # SIGKILL leaves no chance to close it
+    killed = client.get_run(run_id)
     assert killed.data.tags[L.TAG_PHASE] == "cycle 0 / after mutate"  # where it was killed
     assert L.TAG_FINAL_GENOTYPE not in killed.data.tags
     assert "cycle_val_acc" not in killed.data.metrics  # cycle 0 had not ended

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from asolab.config import SpaceConfig
-from asolab.space import ArchSpec, SearchNetwork
+from asolab.space import ArchSpec, Genotype, SearchNetwork
 
 VARIANTS = ("eager", "channels-last", "bf16 autocast")
 
@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = asolab's auto rule)")
     ap.add_argument("--peak-gflops", type=float, default=2 * 2.45 * 32, help="the CPU's fp32 peak")
+    ap.add_argument(
+        "--genotype",
+        default="",
+        help="the genotype to train (canonical string, e.g. a run's asolab.genotype tag; "
+        "default: the one derived from the untrained supernet)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if variant == "channels-last":
             net = net.to(memory_format=torch.channels_last)
         net.train()
-        plans = net.genotype_plans(net.derive())
+        genotype = Genotype.parse(args.genotype) if args.genotype else net.derive()
+        plans = net.genotype_plans(genotype)
         step = step_fn(net, plans, x, y, variant)
         if variant == "eager":
             counter = FlopCounterMode(display=False)

@@ -217,21 +217,14 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     assert main(argv) == 0  # budget met: nothing to add
     assert len(load(tmp_path, "tm").get_trials()) == 4
 
-    capsys.readouterr()
-    assert (
-        main(
-            [
-                "study",
-                str(file),
-                "--summary",
-                "--storage",
-                s["storage_url"],
-                "--tracking-uri",
-                s["tracking_uri"],
-            ]
+    def summary(tracking_uri: str) -> int:
+        return main(
+            ["study", str(file), "--summary", "--storage", s["storage_url"]]
+            + ["--tracking-uri", tracking_uri]
         )
-        == 0
-    )
+
+    capsys.readouterr()
+    assert summary(s["tracking_uri"]) == 0
     out = capsys.readouterr().out
     assert "4 trials (4 complete)" in out and "best trials" in out and parent.info.run_id in out
     assert f"{study.best_value:.4g}" in out
@@ -240,37 +233,11 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    assert (
-        main(
-            [
-                "study",
-                str(file),
-                "--summary",
-                "--storage",
-                s["storage_url"],
-                "--tracking-uri",
-                closed,
-            ]
-        )
-        == 0
-    )
+    assert summary(closed) == 0
     out = capsys.readouterr().out
     assert "could not be read" in out and "not reachable" in out and "(none yet)" not in out
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
-    assert (
-        main(
-            [
-                "study",
-                str(file),
-                "--summary",
-                "--storage",
-                s["storage_url"],
-                "--tracking-uri",
-                empty,
-            ]
-        )
-        == 0
-    )
+    assert summary(empty) == 0
     assert "parent run (none yet)" in capsys.readouterr().out
 
 

@@ -172,7 +172,7 @@ def _lowest_priority() -> None:
     """Give the calling thread (and the ``dot`` processes it starts) the lowest CPU
     priority: it then runs in the gaps training leaves instead of preempting torch's
     workers. Linux schedules threads one by one (a thread id is a valid ``who``)."""
-    if hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+    if sys.platform.startswith("linux"):
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError as exc:  # a sandbox may forbid it: the writes still happen

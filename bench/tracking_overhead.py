@@ -32,6 +32,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from asolab.compare.arms import paired_ci
 from asolab.config import load
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = MlflowTracker(tracking_uri=uri, experiment="overhead-bench-warm-up")
         timed_run(load(args.experiment, [*TINY, *args.overrides]), warm, Path(tmp) / "warm-up-2")
         for i in range(max(1, args.repeats)):
-            # Every run writes checkpoints after every phase, so a difference is the tracker alone.
+            # Every run writes the same local checkpoints, so a difference is the tracker alone.
             # The order rotates so that a drift in the machine's speed cancels.
             order = variants[i % len(variants) :] + variants[: i % len(variants)]
             if i % 2:
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             "store writes on a background thread instead: "
             f"{median_overhead('thread'):+.2f}% wall time (median of {len(rounds)})"
         )
+    # The pairs' spread on a shared machine is far wider than the tracker's cost: the
+    # interval says what the wall-time pairs can and cannot resolve.
+    low, high = paired_ci([100 * (r["on"][0] - r["off"][0]) / r["off"][0] for r in rounds])
+    print(f"wall time, tracked vs untracked: 95% interval of the mean {low:+.2f}% .. {high:+.2f}%")
     print(
         f"tracking overhead: {median_overhead('on'):+.2f}% wall time, tracked vs untracked "
         f"(median of {len(rounds)} interleaved pairs of {cfg.search.cycles}-cycle runs); "

@@ -226,6 +226,23 @@ def test_checkpoint_resume_continues_identically(tiny_cfg, tmp_path):
     assert resumed.genotype == full.genotype and resumed.test_acc == full.test_acc
 
 
+def test_every_phase_end_is_saved_and_cycle_ends_are_due(tiny_cfg, tmp_path):
+    """Each phase end is saved locally; with search.checkpoint_minutes at its default only
+    a cycle's end and the final stage's are due (uploaded at once); with 0, all are."""
+    rec = Recorder()
+    Runner(tiny_cfg.replace(**{"search.final_epochs": 2}), [rec], checkpoint_dir=tmp_path).run()
+    saved = [(c.cycle, c.phase, c.due) for c in rec.of("checkpoint")]
+    last = PHASES[-1].name
+    assert saved == [
+        *((c, p.name, p.name == last) for c in range(2) for p in PHASES),
+        (2, "final", True),
+    ]
+    rec = Recorder()
+    cfg = tiny_cfg.replace(**{"search.checkpoint_minutes": 0.0})
+    Runner(cfg, [rec], checkpoint_dir=tmp_path / "every").run()
+    assert all(c.due for c in rec.of("checkpoint")) and len(rec.of("checkpoint")) == 9
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     from asolab.runner.checkpoint import CheckpointError
 
@@ -356,7 +373,8 @@ def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, 
 def test_final_stage_checkpoints_only_when_the_last_one_is_old(tiny_cfg, tmp_path):
     """With the default interval a short final stage writes no checkpoints inside it."""
     rec = Recorder()
-    Runner(tiny_cfg.replace(**{"search.final_epochs": 3}), [rec], checkpoint_dir=tmp_path).run()
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 3, "search.checkpoint_minutes": 5.0})
+    Runner(cfg, [rec], checkpoint_dir=tmp_path).run()
     assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint") if c.phase == "final"] == [
         ("final", 0)
     ]

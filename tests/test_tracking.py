@@ -54,6 +54,7 @@ TINY = [
     "space.init_channels=4",
     "data.train_subset=192",
     "growth.policy=widen",
+    "search.checkpoint_minutes=0",  # a checkpoint after every phase: stop and resume anywhere
 ]
 TOTAL_EPOCHS = 2 * (2 + 1 + 1) + 1
 
@@ -340,6 +341,54 @@ def test_sigkill_in_retraining_then_resume_is_exactly_once(tracked, store, tmp_p
     assert [(g["kind"], g["params_after"]) for g in record] == [
         (g.kind, g.params_after) for g in ref_growth
     ]
+
+
+# The default checkpoint interval: only cycle ends (and the final stage) upload at once.
+DEFAULT_INTERVAL = [o for o in TINY if not o.startswith("search.checkpoint_minutes")]
+
+
+def test_by_default_a_sigkill_goes_back_to_the_last_cycle_end_and_replays_exactly(
+    tracked, store, tmp_path
+):
+    """With search.checkpoint_minutes at its default, the phases inside a cycle are not
+    uploaded: kill -9 in cycle 1's retraining leaves cycle 0's end as the store's
+    checkpoint, and the resume replays cycle 1 to exactly the uninterrupted run."""
+    run_id = _killed_run(store, tmp_path, "interval-test", "epoch:1:retrain", DEFAULT_INTERVAL)
+    client = MlflowClient(store)
+    assert client.get_run(run_id).data.tags[L.TAG_PHASE] == "cycle 0 / after retrain"
+    assert _resume(run_id, store) == 0
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[L.TAG_RESUMED_FROM].startswith("cycle 1 / before w_train")
+    reference = tracked["tracker"].run_id
+    assert _steps(client, run_id) == _steps(client, reference)
+    for key in ("val_acc", "train_loss", "cycle_val_acc", "growth_params_after", "test_acc"):
+        ref = [m.value for m in _history(client, reference, key)]
+        assert [m.value for m in _history(client, run_id, key)] == pytest.approx(ref), key
+    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
+
+
+def test_an_interrupted_run_uploads_its_latest_phase_end(tracked, store, tmp_path):
+    """An error (or Ctrl-C) inside a cycle still gives the store the checkpoint of the
+    last finished phase, not only the last cycle's: the resume starts there."""
+
+    class Fails(Recorder):
+        def on_epoch_end(self, event):
+            if (event.cycle, event.phase) == (1, "retrain"):
+                raise RuntimeError("disk full")
+
+    tracker = MlflowTracker(tracking_uri=store, experiment="interrupted-upload-test")
+    cfg = load(None, DEFAULT_INTERVAL)
+    with pytest.raises(RuntimeError, match="disk full"):
+        Runner(cfg, [tracker, Fails()], checkpoint_dir=tmp_path / "ckpt").run()
+    client = MlflowClient(store)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags[L.TAG_PHASE] == "cycle 1 / after mutate"
+    assert _resume(tracker.run_id, store) == 0
+    run = client.get_run(tracker.run_id)
+    assert run.data.tags[L.TAG_RESUMED_FROM].startswith("cycle 1 / before retrain")
+    assert _steps(client, tracker.run_id) == _steps(client, tracked["tracker"].run_id)
 
 
 def test_resuming_a_finished_run_is_refused(tracked, store, capsys):

@@ -198,8 +198,9 @@ class SearchConfig:
         ge=0.0,
         le=1440.0,
         help=(
-            "inside the final stage, checkpoint after an epoch once the last checkpoint is this "
-            "old (0 = every epoch); phases always end with one"
+            "upload a phase's checkpoint, or write one after a final-stage epoch, once the last "
+            "uploaded one is this old (0 = every one); cycles and the final stage always upload "
+            "theirs, an interrupted run its latest"
         ),
     )
     calibration_batches: int = _field(

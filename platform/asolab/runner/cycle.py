@@ -16,9 +16,12 @@ and an evaluation:
    view of the supernet, so the weights it improves are the supernet's own.
 
 One SGD optimizer (weights) and one Adam optimizer (alphas) live for the whole
-run, so momentum and Adam moments survive phases and cycles. A checkpoint is
-written after every phase when a checkpoint folder is given, and one after
-the final stage (the final network chosen and trained), before the evaluation.
+run, so momentum and Adam moments survive phases and cycles. When a checkpoint
+folder is given, a checkpoint is written after every phase, after a final-stage
+epoch once the last due one is ``search.checkpoint_minutes`` old, and after the
+final stage (the final network chosen and trained), before the evaluation.
+Observers upload only the due ones at once: those of a cycle's end, of the
+final stage, and the first after ``search.checkpoint_minutes`` (0: all).
 """
 
 from __future__ import annotations
@@ -576,7 +579,19 @@ class Runner:
             self.state.position.phase += 1
         else:
             self.state.position.cycle, self.state.position.phase = self.state.position.cycle + 1, 0
-        self.save_checkpoint(phase.name, cycle)  # the cycle the phase belonged to, not the next one
+        # Every phase end is saved locally; it is *due* (the tracker uploads it at once)
+        # at a cycle's end, or once the last due one is search.checkpoint_minutes old.
+        # Uploads and their metric batches dominated what tracking cost a short run. The
+        # others reach the store only if the run is interrupted; after a kill -9 the
+        # resume replays the phases after the last due one exactly (the checkpoint holds
+        # every random state), so only work is at stake, never the result.
+        due = self.state.position.phase == 0 or self._checkpoint_due()
+        self.save_checkpoint(phase.name, cycle, due=due)  # the cycle the phase belonged to
+
+    def _checkpoint_due(self) -> bool:
+        """Whether the last due checkpoint is ``search.checkpoint_minutes`` old."""
+        every = 60 * self.cfg.search.checkpoint_minutes
+        return time.perf_counter() - self._last_checkpoint >= every
 
     def _final_genotype(self) -> Genotype:
         """The network the final epochs train and the run reports (search.final_genotype)."""
@@ -600,11 +615,11 @@ class Runner:
         run, so it also checkpoints between epochs, whenever the last checkpoint is
         ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch."""
         step = self._genotype_step()
-        epochs, every = self.cfg.search.final_epochs, 60 * self.cfg.search.checkpoint_minutes
+        epochs = self.cfg.search.final_epochs
         for e in range(self.state.position.stage_epoch, epochs):
             self._epoch("final", e, self.data.full_train, step, lambda: self.state.genotype)
             self.state.position.stage_epoch = e + 1
-            if e + 1 < epochs and time.perf_counter() - self._last_checkpoint >= every:
+            if e + 1 < epochs and self._checkpoint_due():
                 self.save_checkpoint("final", self.state.position.cycle)
         self.state.position.stage_epoch = 0
 
@@ -669,12 +684,14 @@ class Runner:
             "shuffle_rng": self.shuffle.get_state(),
         }
 
-    def save_checkpoint(self, phase: str, cycle: int) -> Path | None:
-        """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers."""
+    def save_checkpoint(self, phase: str, cycle: int, due: bool = True) -> Path | None:
+        """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers
+        (``due``: see ``CheckpointSaved.due``)."""
         if self.checkpoint_dir is None:
             return None
         path = ckpt.save(self.checkpoint_state(), self.checkpoint_dir / CHECKPOINT_NAME)
-        self._last_checkpoint = time.perf_counter()
+        if due:
+            self._last_checkpoint = time.perf_counter()
         self.emit(
             "on_checkpoint",
             CheckpointSaved(
@@ -683,6 +700,7 @@ class Runner:
                 phase,
                 self.state.position.global_epoch,
                 self.state.position.stage_epoch,
+                due,
             ),
         )
         return path

@@ -99,6 +99,10 @@ class CheckpointSaved:
     phase: str  # the phase just finished: w_train | alpha | mutate | retrain | final
     global_epoch: int
     stage_epoch: int = 0  # > 0: taken inside the final stage, after this many of its epochs
+    # Whether the store should get it now: a cycle's end, the final stage, or the first
+    # once the last due one is search.checkpoint_minutes old. The others are kept
+    # locally and matter only if the run is interrupted before the next one.
+    due: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The MLflow observer: records a run's events in an MLflow tracking store.
 
 What goes where is fixed in :mod:`asolab.tracking.layout`. Epoch metrics are
-buffered and written with one ``log_batch`` per phase (at the phase's
-checkpoint), so logging costs a handful of store round trips per cycle.
+buffered and written with one ``log_batch`` at each checkpoint, and at an
+epoch's end once the last write is ``LIVE_SECONDS`` old (so the UI's charts
+follow a long phase), so logging costs a few store round trips per cycle.
 
 Exactly-once on resume: the runner replays an interrupted phase from its last
 checkpoint. Metrics are flushed before the checkpoint is uploaded, and a
@@ -76,6 +77,7 @@ from .store import ensure_experiment, open_store, resolve_tracking_uri, resumabl
 log = logging.getLogger(__name__)
 
 _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
+LIVE_SECONDS = 30.0  # buffered metrics wait at most this long (plus an epoch) for the store
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
@@ -229,7 +231,8 @@ class MlflowTracker(Observer):
         # per metric: the highest step already logged (read back from the store on resume);
         # steps only grow, so anything at or below it is a replay or a repeat and is dropped
         self._logged_max: dict[str, int] = {}
-        self._phase_key: tuple[int, str] | None = None
+        self._last_flush = time.perf_counter()
+        self._unsent: CheckpointSaved | None = None  # the latest checkpoint not uploaded yet
         self._closed = False
         self._writer = _StoreWriter(inline=write_mode == "inline")
         self._uploads = 0
@@ -261,6 +264,7 @@ class MlflowTracker(Observer):
             return
         metrics, self._pending = self._pending, []
         pending_tags, self._pending_tags = self._pending_tags, {}
+        self._last_flush = time.perf_counter()
         tags = [RunTag(k, v) for k, v in pending_tags.items()]
         try:
             # In submission order with the artifacts, so that a checkpoint written after
@@ -443,10 +447,6 @@ class MlflowTracker(Observer):
 
     def on_epoch_end(self, event: EpochEnd) -> None:
         with self._timed():
-            key = (event.cycle, event.phase)
-            if self._phase_key is not None and key != self._phase_key:
-                self.flush()  # a new phase: runs without checkpoints still flush per phase
-            self._phase_key = key
             step = event.global_epoch
             values = {
                 L.TRAIN_LOSS: event.train_loss,
@@ -462,6 +462,8 @@ class MlflowTracker(Observer):
             }
             for k, v in values.items():
                 self._metric(k, v, step)
+            if time.perf_counter() - self._last_flush >= LIVE_SECONDS:
+                self.flush()
 
     def on_mutation(self, event: MutationEvent) -> None:
         with self._timed():
@@ -509,11 +511,18 @@ class MlflowTracker(Observer):
 
     def on_checkpoint(self, event: CheckpointSaved) -> None:
         with self._timed():
-            # Metrics first, checkpoint second: a kill in between only means the
-            # replayed phase's steps are already there, and they are skipped.
-            self._tag(L.TAG_PHASE, L.position_text(event.cycle, event.phase, event.stage_epoch))
-            self.flush()
-            self._upload_checkpoint(event.path)
+            if event.due:
+                self._send(event)
+            else:  # uploaded with the next due one's place taken, or if the run stops first
+                self._unsent = event
+
+    def _send(self, event: CheckpointSaved) -> None:
+        # Metrics first, checkpoint second: a kill in between only means the
+        # replayed phase's steps are already there, and they are skipped.
+        self._tag(L.TAG_PHASE, L.position_text(event.cycle, event.phase, event.stage_epoch))
+        self.flush()
+        self._upload_checkpoint(event.path)
+        self._unsent = None
 
     # ------------------------------------------------------------------ the end
 
@@ -678,6 +687,9 @@ class MlflowTracker(Observer):
         with self._timed():
             interrupted = isinstance(exc, KeyboardInterrupt)
             try:
+                if self._unsent is not None:
+                    # The latest phase end not yet in the store: a resume starts there.
+                    self._send(self._unsent)
                 self.flush()
                 self._writer.drain()
             except KeyboardInterrupt:

@@ -192,10 +192,12 @@ class Runner:
         spec: ArchSpec | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
-        # The thread count changes the numbers (sums split across threads), so it is
-        # chosen once, written into the config (MLflow params, checkpoint) and kept.
+        # The thread count changes the numbers (sums split across threads), so a count
+        # that was set is kept. "auto" starts with what the rule gives (written into the
+        # config: MLflow params, checkpoint) and follows other asolab processes from there.
         threads = cpu_threads.acquire(cfg.threads)
         self.threads_source = "set" if cfg.threads else "auto"
+        self._follow = cpu_threads.Follow(threads) if not cfg.threads else None
         if not cfg.threads:
             cfg = cfg.replace(threads=threads)
         self.cfg = cfg
@@ -325,6 +327,8 @@ class Runner:
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
+            if self._follow is not None:
+                self._follow.poll()
             loss, hits = step(x, y, tau)
             loss_sum += loss * len(y)
             correct += hits
@@ -354,6 +358,7 @@ class Runner:
                 },
                 seconds=seconds,
                 images_per_sec=seen / max(seconds, 1e-9),
+                threads=self._follow.take_lowest() if self._follow else torch.get_num_threads(),
             ),
         )
         self.state.position.global_epoch += 1

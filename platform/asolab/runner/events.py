@@ -45,6 +45,7 @@ class EpochEnd:
     lrs: dict[str, float]
     seconds: float
     images_per_sec: float
+    threads: int = 1  # the fewest torch threads the epoch used ("auto" follows other runs)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ DATASET_CONTEXT = "train"  # its value
 TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC = "train_loss", "train_acc", "val_loss", "val_acc"
 TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
 EPOCH_SECONDS, IMAGES_PER_SEC = "epoch_seconds", "images_per_sec"
+TORCH_THREADS = "torch_threads"  # the fewest used in the epoch ("auto" follows other runs)
 CYCLE, PHASE_INDEX_METRIC = "cycle", "phase_index"
 EPOCH_METRICS = (
     TRAIN_LOSS,
@@ -67,6 +68,7 @@ EPOCH_METRICS = (
     ALPHA_LR,
     EPOCH_SECONDS,
     IMAGES_PER_SEC,
+    TORCH_THREADS,
     CYCLE,
     PHASE_INDEX_METRIC,
 )

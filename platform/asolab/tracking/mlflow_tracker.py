@@ -456,6 +456,7 @@ class MlflowTracker(Observer):
                 L.TEMPERATURE: event.temperature,
                 L.EPOCH_SECONDS: event.seconds,
                 L.IMAGES_PER_SEC: event.images_per_sec,
+                L.TORCH_THREADS: event.threads,
                 L.CYCLE: event.cycle,
                 L.PHASE_INDEX_METRIC: L.PHASE_INDEX.get(event.phase, -1),
                 **event.lrs,  # L.WEIGHT_LR, L.ALPHA_LR: the runner names them

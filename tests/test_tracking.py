@@ -368,6 +368,35 @@ def test_by_default_a_sigkill_goes_back_to_the_last_cycle_end_and_replays_exactl
     assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
 
 
+def test_sigterm_stops_a_run_like_ctrl_c(tracked, store, tmp_path):
+    """SIGTERM (a scheduler's time limit) inside a cycle: the run uploads its latest phase
+    end, ends KILLED with status 143 and the resume command; the resume is exact."""
+    marker = tmp_path / "frozen"
+    args = ["run", "--experiment", "sigterm-test"]
+    args += _set_args([*DEFAULT_INTERVAL, f"tracking.tracking_uri={store}"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FREEZE_AT, str(marker), "epoch:1:retrain", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not marker.exists():
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("sigterm-test").experiment_id])
+    assert run.info.status == "KILLED"
+    assert run.data.tags[L.TAG_PHASE] == "cycle 1 / after mutate"
+    assert f"--resume {run.info.run_id}" in err
+    assert _resume(run.info.run_id, store) == 0
+    resumed = client.get_run(run.info.run_id)
+    assert resumed.data.tags[L.TAG_RESUMED_FROM].startswith("cycle 1 / before retrain")
+    assert _steps(client, run.info.run_id) == _steps(client, tracked["tracker"].run_id)
+
+
 def test_an_interrupted_run_uploads_its_latest_phase_end(tracked, store, tmp_path):
     """An error (or Ctrl-C) inside a cycle still gives the store the checkpoint of the
     last finished phase, not only the last cycle's: the resume starts there."""

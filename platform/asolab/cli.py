@@ -8,10 +8,13 @@ unreachable tracking server, a diverging loss) ends with one line on stderr,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shlex
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from . import threads as _threads
@@ -103,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> int:
-    """A run recorded in MLflow, checkpointed after every phase (so it can be resumed)."""
+    """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -132,7 +135,8 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         else:
             runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
         try:
-            runner.run()
+            with _sigterm_as_interrupt():
+                runner.run()
         except KeyboardInterrupt:
             if tracker.run_id:
                 print(
@@ -155,6 +159,29 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         print(f"  this run:   {run_url(DEFAULT_UI, tracker.experiment_id, tracker.run_id)}")
         print(f"  all runs:   {runs_url(DEFAULT_UI, tracker.experiment_id)}")
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's time limit, ``kill``): stopped like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while a run trains: the run uploads its latest
+    checkpoint, ends KILLED and prints how to continue it, instead of dying as after
+    ``kill -9`` (RUNNING, with only the last cycle's checkpoint)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: int = 0):
@@ -294,9 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"asolab: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("asolab: interrupted; everything recorded so far is kept", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -371,18 +371,9 @@ def test_by_default_a_sigkill_goes_back_to_the_last_cycle_end_and_replays_exactl
 def test_sigterm_stops_a_run_like_ctrl_c(tracked, store, tmp_path):
     """SIGTERM (a scheduler's time limit) inside a cycle: the run uploads its latest phase
     end, ends KILLED with status 143 and the resume command; the resume is exact."""
-    marker = tmp_path / "frozen"
-    args = ["run", "--experiment", "sigterm-test"]
-    args += _set_args([*DEFAULT_INTERVAL, f"tracking.tracking_uri={store}"])
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _FREEZE_AT, str(marker), "epoch:1:retrain", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = _frozen_run(
+        store, tmp_path, "sigterm-test", "epoch:1:retrain", DEFAULT_INTERVAL, subprocess.PIPE
     )
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and not marker.exists():
-        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
@@ -862,9 +853,16 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
-def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrides=TINY) -> str:
-    """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its
-    run id."""
+def _frozen_run(
+    store: str,
+    tmp_path: Path,
+    experiment: str,
+    where: str,
+    overrides=TINY,
+    stderr=subprocess.STDOUT,
+) -> subprocess.Popen:
+    """Start `asolab run` in a process and wait until it freezes at ``where`` (see
+    _FREEZE_AT); the caller sends the signal."""
     marker = tmp_path / "frozen"
     args = [
         "run",
@@ -877,16 +875,25 @@ def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrid
         [sys.executable, "-c", _FREEZE_AT, str(marker), where, *args],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
+        text=True,
     )
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and not marker.exists():
-            time.sleep(0.1)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        out = proc.communicate()[0].decode()
-    assert marker.exists(), f"the run never reached {where}:\n{out[-3000:]}"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not marker.exists():
+        time.sleep(0.1)
+    if not marker.exists():
+        proc.kill()
+        out = proc.communicate()[0]
+        raise AssertionError(f"the run never reached {where}:\n{out[-3000:]}")
+    return proc
+
+
+def _killed_run(store: str, tmp_path: Path, experiment: str, where: str, overrides=TINY) -> str:
+    """Start `asolab run` in a process, SIGKILL it at ``where`` (see _FREEZE_AT), return its
+    run id."""
+    proc = _frozen_run(store, tmp_path, experiment, where, overrides)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
     client = MlflowClient(store)
     (killed,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert killed.info.status == "RUNNING"  # SIGKILL leaves no chance to close it

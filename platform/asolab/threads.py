@@ -28,7 +28,7 @@ another process needs. So:
 The count changes the run (floating-point sums are split differently across
 threads). A run with a count that was set (``threads = N``) keeps it, so the
 same seed and count repeat exactly; an "auto" run records the count it started
-with and, per epoch, the count it used (the ``threads`` metric), and
+with and, per epoch, the fewest it used (the ``torch_threads`` metric), and
 ``--resume`` continues with the starting count, fixed.
 """
 

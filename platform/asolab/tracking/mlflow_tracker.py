@@ -5,7 +5,7 @@ buffered and written with one ``log_batch`` at each checkpoint, and at an
 epoch's end once the last write is ``LIVE_SECONDS`` old (so the UI's charts
 follow a long phase), so logging costs a few store round trips per cycle.
 
-Exactly-once on resume: the runner replays an interrupted phase from its last
+Exactly-once on resume: the runner replays the phases after its last uploaded
 checkpoint. Metrics are flushed before the checkpoint is uploaded, and a
 resumed tracker reads the highest step it already holds for every metric and
 drops anything at or below it, so a run killed at any point (SIGKILL included)
@@ -514,7 +514,7 @@ class MlflowTracker(Observer):
         with self._timed():
             if event.due:
                 self._send(event)
-            else:  # uploaded with the next due one's place taken, or if the run stops first
+            else:  # replaced by the next one, or uploaded if the run stops first
                 self._unsent = event
 
     def _send(self, event: CheckpointSaved) -> None:

@@ -21,7 +21,7 @@ from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_summary, paired_ci
 from asolab.data import load_data
 from asolab.runner import Runner
-from asolab.runner.events import Observer
+from asolab.runner.events import Observer, Recorder
 from asolab.tracking import layout as L
 
 SMALL = {
@@ -138,6 +138,34 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
     before = len(_set_runs(client, source))
     assert cli.main(base) == 0
     assert len(_set_runs(client, source)) == before
+
+
+def test_arms_of_a_budgeted_run_train_as_many_final_epochs_as_it_did(tmp_path, capsys):
+    """search.budget_minutes fitted the source's final stage (one epoch of at most 3, the
+    count recorded as a param); its control arms train that many, not a fit of their own."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys, **{"search.final_epochs": 3, "search.budget_minutes": 0.0001})
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(source).data.params[L.PARAM_FINAL_EPOCHS_FITTED] == "1"
+    assert (
+        "1 final epochs (of at most 3, fitted to 0.0001 minutes)"
+        in (client.get_run(source).data.tags["mlflow.note.content"])
+    )
+    base = ["baseline", source, "--threads", "1", "--quiet", "--tracking-uri", uri]
+    assert cli.main([*base, "--arms", "initial"]) == 0
+    (arm,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
+    assert _weight_epochs(client, arm.info.run_id) == _weight_epochs(client, source)
+    assert _weight_epochs(client, source).count(L.PHASE_INDEX["final"]) == 1
+
+
+def test_an_arm_given_the_final_epochs_does_not_fit_its_own(tiny_cfg):
+    cfg = tiny_cfg.replace(
+        **{"search.cycles": 1, "search.final_epochs": 3, "search.budget_minutes": 600.0}
+    )
+    rec = Recorder()
+    result = FixedGenotypeRunner(cfg, [rec], final_epochs=2).run()
+    assert [e.phase for e in rec.of("epoch_end")].count("final") == 2
+    assert rec.of("final_plan") == [] and result.final_epochs == 2
 
 
 class _KillRetrain(Observer):

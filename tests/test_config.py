@@ -71,6 +71,10 @@ def _write(tmp_path, text):
             ["exp.toml", "min_temperature", "initial_temperature"],
         ),
         ("device = 'tpu'\n", ["exp.toml", "device", "cuda:N"]),
+        (
+            "[search]\nbudget_minutes = 60\nfinal_epochs = 0\n",
+            ["exp.toml", "search.budget_minutes", "search.final_epochs"],
+        ),
         ("[data]\naugment = 1\n", ["exp.toml", "data.augment", "true or false"]),
         ("seed = \n", ["exp.toml", "TOML"]),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import time
 
 import pytest
 import torch
@@ -378,6 +379,82 @@ def test_final_stage_checkpoints_only_when_the_last_one_is_old(tiny_cfg, tmp_pat
     assert [(c.phase, c.stage_epoch) for c in rec.of("checkpoint") if c.phase == "final"] == [
         ("final", 0)
     ]
+
+
+def test_a_budget_fits_the_final_stage_to_the_minutes_left(tiny_cfg):
+    """After the final stage's first epoch, search.budget_minutes fixes how many epochs
+    like it fit in what is left, the evaluation's share kept back, within final_epochs."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 20, "search.budget_minutes": 10.0})
+    rec = Recorder()
+    r = Runner(cfg, [rec])
+    images, evaluated = len(r.data.full_train), len(r.data.val) + len(r.data.test)
+    assert 0 < evaluated / images < 1  # the reserve: under one epoch here
+    r._elapsed, r._started = 100.0, time.perf_counter()  # 100 s of the 600 spent
+    r._fit_final(100.0)  # 500 s left minus the reserve: the first epoch and 4 more
+    assert r.final_epochs == r.state.final_epochs == 5
+    plan = rec.of("final_plan")[0]
+    assert (plan.epochs, plan.most, plan.budget_minutes, plan.seconds_per_epoch) == (5, 20, 10, 100)
+    assert 400 / 60 < plan.minutes_left < 500 / 60
+    # never more than final_epochs, never fewer than the one already trained
+    r = Runner(cfg.replace(**{"search.final_epochs": 3}))
+    r._elapsed, r._started = 100.0, time.perf_counter()
+    r._fit_final(100.0)
+    assert r.final_epochs == 3
+    r = Runner(cfg)
+    r._elapsed, r._started = 700.0, time.perf_counter()  # over the budget already
+    r._fit_final(100.0)
+    assert r.final_epochs == 1
+
+
+def test_a_fitted_final_stage_is_stretched_over_the_same_schedule(tiny_cfg):
+    """Fitted to fewer epochs than final_epochs, the final stage covers the same part of
+    the cosine schedule: its epoch e runs at the learning rate of epoch e * F / N."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 6, "search.budget_minutes": 1.0})
+    nominal, fitted = Runner(cfg), Runner(cfg)
+    fitted.state.final_epochs = 2
+    search = nominal.weight_epochs - 6
+    for e in range(2):
+        nominal.state.position.weight_epoch = search + 3 * e
+        fitted.state.position.weight_epoch = search + e
+        assert fitted.weight_lr() == pytest.approx(nominal.weight_lr())
+    nominal.state.position.weight_epoch = fitted.state.position.weight_epoch = search
+    assert fitted.weight_lr() == nominal.weight_lr()  # the search's schedule is the same
+    fitted.state.position.weight_epoch = search + 2
+    assert fitted.weight_lr() == pytest.approx(cfg.search.weight_lr_min)
+
+
+def test_a_run_over_its_budget_trains_one_final_epoch_records_it_and_resumes(tiny_cfg, tmp_path):
+    """A search that used the whole budget leaves the final stage one epoch; the count is
+    announced (event, progress line), returned, and checkpointed: a run killed during its
+    evaluation resumes there, its position checked against the fitted count."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 3, "search.budget_minutes": 0.0001})
+    rec, screen = Recorder(), io.StringIO()
+    full = Runner(cfg, [rec, ProgressObserver(screen)]).run()
+    assert [e.phase for e in rec.of("epoch_end")].count("final") == 1
+    assert full.final_epochs == 1
+    assert [(p.epochs, p.most) for p in rec.of("final_plan")] == [(1, 3)]
+    assert "final stage: 1 of at most 3 epochs fit the 0.0001-minute budget" in screen.getvalue()
+
+    with pytest.raises(_StopAt):
+        Runner(cfg, [_Stopper(2, "final")], checkpoint_dir=tmp_path).run()
+    rec = Recorder()
+    last = Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
+    assert rec.of("run_start")[0].resumed_from["next"] == "evaluation"
+    assert rec.of("run_start")[0].final_epochs == 1
+    assert (last.genotype, last.test_acc, last.final_epochs) == (full.genotype, full.test_acc, 1)
+
+
+def test_a_budget_that_fits_every_final_epoch_changes_nothing(tiny_cfg):
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 2})
+    plain = Runner(cfg).run()
+    rec = Recorder()
+    budgeted = Runner(cfg.replace(**{"search.budget_minutes": 600.0}), [rec]).run()
+    assert [(p.epochs, p.most) for p in rec.of("final_plan")] == [(2, 2)]
+    assert (budgeted.genotype, budgeted.val_acc, budgeted.test_acc) == (
+        plain.genotype,
+        plain.val_acc,
+        plain.test_acc,
+    )
 
 
 def _save_edited(src, dst, edit):

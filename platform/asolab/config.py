@@ -177,7 +177,23 @@ class SearchConfig:
         2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"
     )
     final_epochs: int = _field(
-        0, ge=0, le=1000, help="extra W-retraining epochs of the final network after the last cycle"
+        0,
+        ge=0,
+        le=1000,
+        help=(
+            "extra W-retraining epochs of the final network after the last cycle (with "
+            "budget_minutes: the most it may train)"
+        ),
+    )
+    budget_minutes: float = _field(
+        0.0,
+        ge=0.0,
+        le=100000.0,
+        help=(
+            "wall-clock minutes for the whole run (0 = off): after its first epoch the final "
+            "stage trains as many of final_epochs as fit in what is left (at least one), "
+            "the learning-rate schedule still ending at weight_lr_min; the count is recorded"
+        ),
     )
     weight_lr: float = _field(
         0.05,
@@ -469,6 +485,11 @@ def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
     if cfg.search.w_epochs + cfg.search.retrain_epochs + cfg.search.final_epochs == 0:
         raise ConfigError(
             f"{source}: at least one of search.w_epochs, retrain_epochs, final_epochs must be > 0"
+        )
+    if cfg.search.budget_minutes and not cfg.search.final_epochs:
+        raise ConfigError(
+            f"{source}: search.budget_minutes sizes the final stage; set search.final_epochs "
+            "(the most epochs it may train) above 0, or budget_minutes = 0"
         )
     dev = cfg.device
     if not (

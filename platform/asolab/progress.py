@@ -13,6 +13,7 @@ from tqdm import tqdm
 from .runner.events import (
     CycleEnd,
     EpochEnd,
+    FinalPlan,
     GrowthEvent,
     MutationEvent,
     Observer,
@@ -48,7 +49,7 @@ class ProgressObserver(Observer):
             "w_train": s.w_epochs,
             "alpha": s.alpha_epochs,
             "retrain": s.retrain_epochs,
-            "final": s.final_epochs,
+            "final": event.final_epochs or s.final_epochs,
         }
         self.warmup = s.warmup_epochs
         d = event.data
@@ -112,6 +113,17 @@ class ProgressObserver(Observer):
             f"cycle {event.cycle + 1}: val_acc {event.val_acc:.4f}, derived params "
             f"{event.derived_params}, rss {event.memory['rss_mb']:.0f} MB  genotype "
             f"{event.genotype}"
+        )
+
+    def on_final_plan(self, event: FinalPlan) -> None:
+        self.epochs["final"] = event.epochs
+        if self.bar is not None and self.key is not None and self.key[1] == "final":
+            self.bar.total = event.epochs
+            self.bar.refresh()
+        self._write(
+            f"final stage: {event.epochs} of at most {event.most} epochs fit the "
+            f"{event.budget_minutes:g}-minute budget ({event.seconds_per_epoch:.0f} s per epoch, "
+            f"{max(0.0, event.minutes_left):.1f} min left after the first)"
         )
 
     def on_run_end(self, event: RunEnd) -> None:

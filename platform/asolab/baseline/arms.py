@@ -13,7 +13,8 @@
 seed, so the same initial weights for the ops it shares) for exactly the
 ASO-SE run's weight epochs, epoch by epoch in the same places -- the
 W-training and W-retraining epochs of every cycle on the search split, then
-``search.final_epochs`` on the whole training split -- with the same SGD
+``search.final_epochs`` on the whole training split (as many as the ASO-SE run
+trained when ``search.budget_minutes`` fitted them) -- with the same SGD
 settings and cosine learning-rate schedule. Alpha epochs train no weights and
 are skipped (the arms have no alphas).
 """
@@ -44,12 +45,16 @@ class FixedGenotypeRunner(Runner):
         observers=(),
         *,
         genotype: Genotype | None = None,
+        final_epochs: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
         self.state.genotype = self.state.derived = (
             genotype if genotype is not None else self.net.derive()
         )
+        # The ASO-SE run's final-stage length when search.budget_minutes fitted it: the
+        # arm trains the same epochs on the same schedule instead of fitting its own.
+        self.state.final_epochs = final_epochs
 
     def _w_train(self) -> None:
         s = self.cfg.search

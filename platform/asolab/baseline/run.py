@@ -238,25 +238,42 @@ def _run_seed(
     if (L.ARM_ASO_SE, seed) in done:
         aso = done[(L.ARM_ASO_SE, seed)]
         found = source.genotype if aso is source.run else _genotype_of(client, aso)
+        final_epochs = _final_epochs(aso, cfg)
         found_earlier(L.ARM_ASO_SE)
     else:
-        found = train(
-            L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner
-        ).genotype
+        res = train(L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner)
+        found, final_epochs = res.genotype, res.final_epochs
     aso_id, aso_params = out[0].run_id, out[0].params
     for arm in arms:
         if (arm, seed) in done:
             found_earlier(arm)
         else:
-            make = functools.partial(_arm_runner, arm, cfg, found, aso_params, data)
+            make = functools.partial(_arm_runner, arm, cfg, found, aso_params, final_epochs, data)
             train(arm, aso_id, make, FixedGenotypeRunner)
     return out
 
 
+def _final_epochs(run: Run, cfg: ExperimentConfig) -> int:
+    """The final epochs a recorded run trained: fitted to search.budget_minutes, or set."""
+    fitted = run.data.params.get(L.PARAM_FINAL_EPOCHS_FITTED)
+    return int(fitted) if fitted else cfg.search.final_epochs
+
+
 def _arm_runner(
-    arm: str, cfg: ExperimentConfig, found: Genotype, params: int, data, observers, **kw
+    arm: str,
+    cfg: ExperimentConfig,
+    found: Genotype,
+    params: int,
+    final_epochs: int,
+    data,
+    observers,
+    **kw,
 ):
-    return arm_runner(arm, cfg, found, params, observers, data=data, **kw)
+    # An arm trains as many final epochs as its ASO-SE run did: with a budget of its own,
+    # an arm (which skips alpha-training) would fit more of them.
+    return arm_runner(
+        arm, cfg, found, params, observers, data=data, final_epochs=final_epochs, **kw
+    )
 
 
 def _train(

@@ -31,9 +31,9 @@ import math
 import time
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,7 @@ from .events import (
     CheckpointSaved,
     CycleEnd,
     EpochEnd,
+    FinalPlan,
     GrowthEvent,
     MutationEvent,
     Observer,
@@ -131,6 +132,12 @@ class RunState:
     # cycle ends, where CycleEnd carries it to observers.
     cycle_edits: int = 0
     cycle_growth: list[GrowthEvent] = field(default_factory=list)
+    # The final stage's epochs once fitted to search.budget_minutes (0: not fitted).
+    final_epochs: int = 0
+
+    # Fields added after checkpoints were first written: an older checkpoint lacks them
+    # and restores them at their defaults (any other missing field is a broken checkpoint).
+    ADDED_LATER: ClassVar[frozenset[str]] = frozenset({"final_epochs"})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: genotypes as JSON text ("" for none), dataclasses as dicts."""
@@ -139,7 +146,13 @@ class RunState:
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> RunState:
         hints = get_type_hints(cls)
-        return cls(**{f.name: _typed(hints[f.name], state[f.name]) for f in fields(cls)})
+        return cls(
+            **{
+                f.name: _typed(hints[f.name], state[f.name])
+                for f in fields(cls)
+                if f.name in state or f.name not in cls.ADDED_LATER
+            }
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -177,6 +190,7 @@ class RunResult:
     supernet_params: int
     seconds: float
     cycle_val_acc: list[float] = field(default_factory=list)
+    final_epochs: int = 0  # the final stage's epochs (fitted to search.budget_minutes if set)
 
 
 class Runner:
@@ -248,8 +262,16 @@ class Runner:
 
     @property
     def weight_epochs(self) -> int:
+        """Weight epochs the learning-rate schedule is laid out on (search.final_epochs
+        for the final stage, whatever a budget fits)."""
         s = self.cfg.search
         return s.warmup_epochs + s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
+
+    @property
+    def final_epochs(self) -> int:
+        """The final stage's epochs: search.final_epochs, or as many of them as fit
+        search.budget_minutes once the stage's first epoch has fitted them."""
+        return self.state.final_epochs or self.cfg.search.final_epochs
 
     def temperature(self) -> float:
         progress = min(1.0, self.state.position.global_epoch / max(1, self.search_epochs - 1))
@@ -257,8 +279,19 @@ class Runner:
 
     def weight_lr(self) -> float:
         s = self.cfg.search
-        q = min(1.0, self.state.position.weight_epoch / max(1, self.weight_epochs))
+        q = min(1.0, self._schedule_epoch() / max(1, self.weight_epochs))
         return s.weight_lr_min + 0.5 * (s.weight_lr - s.weight_lr_min) * (1 + math.cos(math.pi * q))
+
+    def _schedule_epoch(self) -> float:
+        """Where the cosine schedule is, in weight epochs. A final stage fitted to fewer
+        epochs than search.final_epochs is stretched over the same part of the schedule,
+        so that its last epoch still anneals to weight_lr_min."""
+        done = self.state.position.weight_epoch
+        nominal = self.cfg.search.final_epochs
+        search = self.weight_epochs - nominal
+        if done <= search or self.final_epochs == nominal:
+            return done
+        return search + (done - search) * nominal / self.final_epochs
 
     # ------------------------------------------------------------------ events
 
@@ -560,6 +593,7 @@ class Runner:
                     resumed_from=self._resumed_from,
                     total_epochs=self.total_epochs,
                     threads_source=self.threads_source,
+                    final_epochs=self.state.final_epochs,
                 ),
             )
             while self.state.position.cycle < self.cfg.search.cycles:
@@ -618,15 +652,44 @@ class Runner:
     def _train_final(self) -> None:
         """The final epochs on the whole training split. The stage is most of a long
         run, so it also checkpoints between epochs, whenever the last checkpoint is
-        ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch."""
+        ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch.
+        With ``search.budget_minutes``, the first epoch's time fits the stage's length."""
         step = self._genotype_step()
-        epochs = self.cfg.search.final_epochs
-        for e in range(self.state.position.stage_epoch, epochs):
+        while (e := self.state.position.stage_epoch) < self.final_epochs:
+            start = time.perf_counter()
             self._epoch("final", e, self.data.full_train, step, lambda: self.state.genotype)
             self.state.position.stage_epoch = e + 1
-            if e + 1 < epochs and self._checkpoint_due():
+            if e == 0 and self.cfg.search.budget_minutes and not self.state.final_epochs:
+                self._fit_final(time.perf_counter() - start)
+            if e + 1 < self.final_epochs and self._checkpoint_due():
                 self.save_checkpoint("final", self.state.position.cycle)
         self.state.position.stage_epoch = 0
+
+    def _fit_final(self, epoch_seconds: float) -> None:
+        """Fit the final stage to what is left of ``search.budget_minutes``: as many
+        epochs like the first as fit, keeping back the evaluation's share (val and test
+        images at the training cost per image: inference is cheaper, and the rest pays
+        for the last checkpoint and uploads). Fixed once, and checkpointed, so that the
+        schedule and a resume repeat exactly; only the count depends on the machine."""
+        s = self.cfg.search
+        evaluated = len(self.data.val) + len(self.data.test)
+        reserve = epoch_seconds * evaluated / max(1, len(self.data.full_train))
+        left = 60 * s.budget_minutes - self._seconds() - reserve
+        self.state.final_epochs = min(s.final_epochs, 1 + max(0, int(left // epoch_seconds)))
+        if self.state.final_epochs < s.final_epochs:
+            log.info(
+                "final stage: %d of %d epochs fit the %g-minute budget (%.0f s per epoch)",
+                self.state.final_epochs,
+                s.final_epochs,
+                s.budget_minutes,
+                epoch_seconds,
+            )
+        self.emit(
+            "on_final_plan",
+            FinalPlan(
+                self.state.final_epochs, s.final_epochs, s.budget_minutes, epoch_seconds, left / 60
+            ),
+        )
 
     def _finish(self) -> RunResult:
         """The final stage (choose the final network, train it), its checkpoint, the evaluation."""
@@ -666,6 +729,7 @@ class Runner:
             end.supernet_params,
             seconds,
             list(self.state.cycle_val_acc),
+            self.final_epochs,
         )
 
     def _seconds(self) -> float:
@@ -747,7 +811,10 @@ class Runner:
             cfg = from_dict(saved, source=label)
             spec = ArchSpec.from_dict(state["spec"])
             position = Position(**state["position"])
-        ckpt.check_position(position, cls.epochs_at(position, cfg.search), label)
+            # A final stage fitted to search.budget_minutes ends where its fitted count says.
+            fitted = int(state.get("final_epochs", 0))
+            search = replace(cfg.search, final_epochs=fitted) if fitted else cfg.search
+        ckpt.check_position(position, cls.epochs_at(position, search), label)
         source = "resumed" if cfg.threads else "auto"
         if threads and threads != cfg.threads:
             log.warning(

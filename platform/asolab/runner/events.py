@@ -29,6 +29,9 @@ class RunStart:
     # how config.threads was chosen: "auto" (the rule of asolab/threads.py), "set"
     # (the config asked for it) or "resumed" (the count the run started with)
     threads_source: str = "set"
+    # the final stage's epoch count once search.budget_minutes has fitted it (a run
+    # resumed after that); 0: not fitted (yet), search.final_epochs holds
+    final_epochs: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,17 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True)
+class FinalPlan:
+    """The final stage's length, fitted to ``search.budget_minutes`` after its first epoch."""
+
+    epochs: int  # the final stage's epochs, the first included
+    most: int  # search.final_epochs: the most it may have
+    budget_minutes: float
+    seconds_per_epoch: float  # what the first epoch took, its validation pass included
+    minutes_left: float  # of the budget after the first epoch, the evaluation's share kept back
+
+
+@dataclass(frozen=True)
 class RunEnd:
     genotype: Genotype
     derived_params: int
@@ -138,6 +152,7 @@ class Observer:
     def on_growth(self, event: GrowthEvent) -> None: ...
     def on_cycle_end(self, event: CycleEnd) -> None: ...
     def on_checkpoint(self, event: CheckpointSaved) -> None: ...
+    def on_final_plan(self, event: FinalPlan) -> None: ...
     def on_run_end(self, event: RunEnd) -> None: ...
     def on_run_interrupted(self, event: RunInterrupted) -> None: ...
 
@@ -165,6 +180,9 @@ class Recorder(Observer):
 
     def on_checkpoint(self, event: CheckpointSaved) -> None:
         self.events.append(("checkpoint", event))
+
+    def on_final_plan(self, event: FinalPlan) -> None:
+        self.events.append(("final_plan", event))
 
     def on_run_end(self, event: RunEnd) -> None:
         self.events.append(("run_end", event))

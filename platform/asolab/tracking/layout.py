@@ -197,6 +197,9 @@ VIEW_PARAMS = (
     "search.final_epochs",
 )
 VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
+# The final stage's epoch count that search.budget_minutes fitted (a param, logged when
+# fitted; search.final_epochs then holds the most it could have been).
+PARAM_FINAL_EPOCHS_FITTED = "fitted.final_epochs"
 
 # ---------------------------------------------------------------- control arms (asolab baseline)
 # Every run of a baseline set is tagged with its arm ("aso-se" for the search itself; the

@@ -61,6 +61,7 @@ from ..runner.events import (
     CheckpointSaved,
     CycleEnd,
     EpochEnd,
+    FinalPlan,
     GrowthEvent,
     MutationEvent,
     Observer,
@@ -238,6 +239,7 @@ class MlflowTracker(Observer):
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
         self._config: ExperimentConfig | None = None  # for the run's description at its end
+        self._final_epochs = 0  # fitted to search.budget_minutes (0: not fitted)
         self._dataset = ""
 
     # ------------------------------------------------------------------ helpers
@@ -339,6 +341,7 @@ class MlflowTracker(Observer):
         with self._timed():
             cfg = event.config
             self._config, self._dataset = cfg, str(event.data.get("name", cfg.data.name))
+            self._final_epochs = event.final_epochs
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             open_store(self.tracking_uri)  # study workers starting at once on a new store
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -527,6 +530,13 @@ class MlflowTracker(Observer):
 
     # ------------------------------------------------------------------ the end
 
+    def on_final_plan(self, event: FinalPlan) -> None:
+        with self._timed():
+            self._final_epochs = event.epochs
+            self._writer.submit(
+                self._c.log_param, self.run_id, L.PARAM_FINAL_EPOCHS_FITTED, str(event.epochs)
+            )
+
     def on_run_end(self, event: RunEnd) -> None:
         with self._timed():
             step = event.global_epoch
@@ -579,9 +589,15 @@ class MlflowTracker(Observer):
         params: dict[str, Any] = {}
         if cfg is not None:
             s, t = cfg.search, cfg.temperature
+            final = f"{s.final_epochs} final epochs"
+            if self._final_epochs:
+                final = (
+                    f"{self._final_epochs} final epochs (of at most {s.final_epochs}, "
+                    f"fitted to {s.budget_minutes:g} minutes)"
+                )
             facts["budget"] = (
                 f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
-                f"{s.retrain_epochs} retrain epochs), {s.final_epochs} final epochs"
+                f"{s.retrain_epochs} retrain epochs), {final}"
             )
             params = {
                 "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "

@@ -444,6 +444,28 @@ def test_a_run_over_its_budget_trains_one_final_epoch_records_it_and_resumes(tin
     assert (last.genotype, last.test_acc, last.final_epochs) == (full.genotype, full.test_acc, 1)
 
 
+def test_the_progress_bar_counts_the_first_epoch_and_shows_what_is_left(tiny_cfg):
+    """A phase's bar appears after its first epoch: its time and what is left come from
+    the epochs' seconds (tqdm's clock would miss that epoch), and follow a fitted stage."""
+    from asolab.runner.events import EpochEnd, FinalPlan, RunStart
+
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 40, "search.budget_minutes": 57.0})
+    screen = io.StringIO()
+    bar = ProgressObserver(screen)
+    bar.on_run_start(RunStart(cfg, {"name": "digits", "train": 1, "val": 1, "test": 1}, "cpu", {}))
+
+    def epoch(e, seconds):
+        return EpochEnd("final", 2, e, 6 + e, 1.0, 0.5, 1.0, 0.8, 0.5, {}, seconds, 248.0)
+
+    bar.on_epoch_end(epoch(0, 223.0))
+    assert "1/40, " in screen.getvalue() and "epoch=03:43, left=2:24:57" in screen.getvalue()
+    bar.on_final_plan(FinalPlan(13, 40, 57.0, 223.0, 44.6))
+    assert "1/13, " in screen.getvalue() and "left=44:36" in screen.getvalue()
+    bar.on_epoch_end(epoch(1, 219.0))  # the mean of the two epochs, 221 s, times 11
+    assert "2/13, " in screen.getvalue() and "left=40:31" in screen.getvalue()
+    assert "ep/s" not in screen.getvalue()
+
+
 def test_a_budget_that_fits_every_final_epoch_changes_nothing(tiny_cfg):
     cfg = tiny_cfg.replace(**{"search.final_epochs": 2})
     plain = Runner(cfg).run()

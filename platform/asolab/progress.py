@@ -38,6 +38,8 @@ class ProgressObserver(Observer):
         self.bar: tqdm | None = None
         self.key: tuple[int, str] | None = None
         self.epochs: dict[str, int] = {}
+        self.phase_seconds: list[float] = []  # the current bar's epochs, for what is left
+        self.postfix: dict[str, str] = {}
 
     def _write(self, text: str) -> None:
         if self.enabled:
@@ -75,6 +77,9 @@ class ProgressObserver(Observer):
             )
             total = self.epochs[event.phase] + (self.warmup if key == (0, "w_train") else 0)
             # A run resumed inside the final stage starts its bar at the epoch it resumed at.
+            # The bar appears after the phase's first epoch, so tqdm's own clock would miss
+            # that epoch (and show a rate of many epochs per second): the time and what is
+            # left come from the epochs' own seconds instead.
             self.bar = tqdm(
                 total=total,
                 initial=event.epoch,
@@ -83,14 +88,26 @@ class ProgressObserver(Observer):
                 file=self.stream,
                 leave=False,
                 disable=not self.enabled,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}",
             )
+            self.phase_seconds = []
         assert self.bar is not None
-        self.bar.set_postfix(
-            val_acc=f"{event.val_acc:.3f}",
-            tau=f"{event.temperature:.2f}",
-            img_s=f"{event.images_per_sec:.0f}",
-        )
+        self.phase_seconds.append(event.seconds)
+        self.postfix = {
+            "val_acc": f"{event.val_acc:.3f}",
+            "tau": f"{event.temperature:.2f}",
+            "img_s": f"{event.images_per_sec:.0f}",
+            "epoch": tqdm.format_interval(event.seconds),
+        }
         self.bar.update(1)
+        self._show_left()
+
+    def _show_left(self) -> None:
+        """The bar's postfix with the time the phase's remaining epochs will take."""
+        assert self.bar is not None
+        mean = sum(self.phase_seconds) / max(1, len(self.phase_seconds))
+        left = max(0, (self.bar.total or 0) - self.bar.n) * mean
+        self.bar.set_postfix(self.postfix, left=tqdm.format_interval(left))
 
     def on_mutation(self, event: MutationEvent) -> None:
         self._close()
@@ -119,7 +136,7 @@ class ProgressObserver(Observer):
         self.epochs["final"] = event.epochs
         if self.bar is not None and self.key is not None and self.key[1] == "final":
             self.bar.total = event.epochs
-            self.bar.refresh()
+            self._show_left()
         self._write(
             f"final stage: {event.epochs} of at most {event.most} epochs fit the "
             f"{event.budget_minutes:g}-minute budget ({event.seconds_per_epoch:.0f} s per epoch, "

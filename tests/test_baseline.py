@@ -156,6 +156,10 @@ def test_arms_of_a_budgeted_run_train_as_many_final_epochs_as_it_did(tmp_path, c
     (arm,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
     assert _weight_epochs(client, arm.info.run_id) == _weight_epochs(client, source)
     assert _weight_epochs(client, source).count(L.PHASE_INDEX["final"]) == 1
+    # compare shows the epochs the run trained, not the most it could have
+    csv = tmp_path / "runs.csv"
+    assert cli.main(["compare", "--tracking-uri", uri, "--run", source, "--csv", str(csv)]) == 0
+    assert pd.read_csv(csv)["final_epochs"].tolist() == [1]
 
 
 def test_an_arm_given_the_final_epochs_does_not_fit_its_own(tiny_cfg):

@@ -462,7 +462,8 @@ def test_the_progress_bar_counts_the_first_epoch_and_shows_what_is_left(tiny_cfg
     bar.on_final_plan(FinalPlan(13, 40, 57.0, 223.0, 44.6))
     assert "1/13, " in screen.getvalue() and "left=44:36" in screen.getvalue()
     bar.on_epoch_end(epoch(1, 219.0))  # the mean of the two epochs, 221 s, times 11
-    assert "2/13, " in screen.getvalue() and "left=40:31" in screen.getvalue()
+    assert "2/13, val_acc=0.800" in screen.getvalue() and "left=40:31" in screen.getvalue()
+    assert "2/13, val_acc=0.770" not in screen.getvalue()  # never the last epoch's figures
     assert "ep/s" not in screen.getvalue()
 
 

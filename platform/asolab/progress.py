@@ -99,15 +99,17 @@ class ProgressObserver(Observer):
             "img_s": f"{event.images_per_sec:.0f}",
             "epoch": tqdm.format_interval(event.seconds),
         }
+        self._show_left(counting=1, refresh=False)  # never shown beside the old count
         self.bar.update(1)
-        self._show_left()
+        self.bar.refresh()  # tqdm skips an update within 0.1 s of its last print
 
-    def _show_left(self) -> None:
-        """The bar's postfix with the time the phase's remaining epochs will take."""
+    def _show_left(self, counting: int = 0, refresh: bool = True) -> None:
+        """The bar's postfix with the time the phase's remaining epochs will take
+        (``counting``: epochs done but not counted on the bar yet)."""
         assert self.bar is not None
         mean = sum(self.phase_seconds) / max(1, len(self.phase_seconds))
-        left = max(0, (self.bar.total or 0) - self.bar.n) * mean
-        self.bar.set_postfix(self.postfix, left=tqdm.format_interval(left))
+        left = max(0, (self.bar.total or 0) - self.bar.n - counting) * mean
+        self.bar.set_postfix(self.postfix, left=tqdm.format_interval(left), refresh=refresh)
 
     def on_mutation(self, event: MutationEvent) -> None:
         self._close()

@@ -155,6 +155,7 @@ def test_arms_of_a_budgeted_run_train_as_many_final_epochs_as_it_did(tmp_path, c
     assert cli.main([*base, "--arms", "initial"]) == 0
     (arm,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
     assert _weight_epochs(client, arm.info.run_id) == _weight_epochs(client, source)
+    assert arm.data.params[L.PARAM_FINAL_EPOCHS_FITTED] == "1"  # compare shows the same
     assert _weight_epochs(client, source).count(L.PHASE_INDEX["final"]) == 1
     # compare shows the epochs the run trained, not the most it could have
     csv = tmp_path / "runs.csv"

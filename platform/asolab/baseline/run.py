@@ -238,7 +238,7 @@ def _run_seed(
     if (L.ARM_ASO_SE, seed) in done:
         aso = done[(L.ARM_ASO_SE, seed)]
         found = source.genotype if aso is source.run else _genotype_of(client, aso)
-        final_epochs = _final_epochs(aso, cfg)
+        final_epochs = L.final_epochs_trained(aso.data.params) or cfg.search.final_epochs
         found_earlier(L.ARM_ASO_SE)
     else:
         res = train(L.ARM_ASO_SE, None, lambda obs, **kw: Runner(cfg, obs, data=data, **kw), Runner)
@@ -251,12 +251,6 @@ def _run_seed(
             make = functools.partial(_arm_runner, arm, cfg, found, aso_params, final_epochs, data)
             train(arm, aso_id, make, FixedGenotypeRunner)
     return out
-
-
-def _final_epochs(run: Run, cfg: ExperimentConfig) -> int:
-    """The final epochs a recorded run trained: fitted to search.budget_minutes, or set."""
-    fitted = run.data.params.get(L.PARAM_FINAL_EPOCHS_FITTED)
-    return int(fitted) if fitted else cfg.search.final_epochs
 
 
 def _arm_runner(

@@ -142,10 +142,7 @@ class RunRecord:
             "w_epochs": self.param("search.w_epochs", int),
             "alpha_epochs": self.param("search.alpha_epochs", int),
             "retrain_epochs": self.param("search.retrain_epochs", int),
-            # what the run trained: the count search.budget_minutes fitted, else the set one
-            "final_epochs": self.param(
-                layout.PARAM_FINAL_EPOCHS_FITTED, int, self.param("search.final_epochs", int)
-            ),
+            "final_epochs": layout.final_epochs_trained(self.params),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),
             "peak_rss_mb": self.metric(

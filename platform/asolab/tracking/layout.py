@@ -11,6 +11,7 @@ follows.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 # ======================================================= runs (asolab run, a study's trials)
 
@@ -200,6 +201,17 @@ VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
 # The final stage's epoch count that search.budget_minutes fitted (a param, logged when
 # fitted; search.final_epochs then holds the most it could have been).
 PARAM_FINAL_EPOCHS_FITTED = "fitted.final_epochs"
+
+
+def final_epochs_trained(params: Mapping[str, str]) -> int | None:
+    """The final epochs a run with these MLflow params trains: the count a budget
+    fitted, else ``search.final_epochs`` (None if it has neither, or not a number)."""
+    raw = params.get(PARAM_FINAL_EPOCHS_FITTED) or params.get("search.final_epochs")
+    try:
+        return int(float(raw)) if raw else None
+    except ValueError:
+        return None
+
 
 # ---------------------------------------------------------------- control arms (asolab baseline)
 # Every run of a baseline set is tagged with its arm ("aso-se" for the search itself; the

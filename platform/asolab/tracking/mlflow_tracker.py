@@ -386,6 +386,8 @@ class MlflowTracker(Observer):
             Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM])
             for k, v in cfg.flat().items()
         ]
+        if event.final_epochs:  # a control arm trains the count its ASO-SE run fitted
+            params.append(Param(L.PARAM_FINAL_EPOCHS_FITTED, str(event.final_epochs)))
         for i in range(0, len(params), _PARAM_BATCH):
             client.log_batch(self.run_id, params=params[i : i + _PARAM_BATCH])
         self._artifact_text(config_json(cfg), L.CONFIG_ARTIFACT)

@@ -227,6 +227,23 @@ def test_checkpoint_resume_continues_identically(tiny_cfg, tmp_path):
     assert resumed.genotype == full.genotype and resumed.test_acc == full.test_acc
 
 
+def test_fair_w_sampling_changes_the_run_and_resumes_identically(tiny_cfg, tmp_path):
+    cfg = tiny_cfg.replace(**{"search.w_sampling": "fair"})
+    rec = Recorder()
+    full = Runner(cfg, [rec]).run()
+    gumbel = Recorder()
+    Runner(tiny_cfg, [gumbel]).run()
+    w_losses = [e.train_loss for e in rec.of("epoch_end") if e.phase == "w_train"]
+    assert w_losses != [e.train_loss for e in gumbel.of("epoch_end") if e.phase == "w_train"]
+    # killed after cycle 0's W-training: rounds restart with each W-training phase, so
+    # cycle 1's repeats the uninterrupted run's (a round carried over would not)
+    with pytest.raises(_StopAt):
+        Runner(cfg, [_Stopper(0, "w_train")], checkpoint_dir=tmp_path).run()
+    resumed = Runner.resume(tmp_path / "checkpoint.pt").run()
+    assert resumed.genotype == full.genotype and resumed.test_acc == full.test_acc
+    assert resumed.val_acc == full.val_acc
+
+
 def test_every_phase_end_is_saved_and_cycle_ends_are_due(tiny_cfg, tmp_path):
     """Each phase end is saved locally; with search.checkpoint_minutes at its default only
     a cycle's end and the final stage's are due (uploaded at once); with 0, all are."""

@@ -7,7 +7,7 @@ import torch
 
 from asolab.config import TemperatureConfig
 from asolab.evolution.mutation import mutate, num_edits
-from asolab.evolution.sampling import SCHEDULES, gumbel_softmax_st, temperature
+from asolab.evolution.sampling import SCHEDULES, FairPaths, gumbel_softmax_st, temperature
 from asolab.space import PRIMITIVES, Genotype
 
 CFG = TemperatureConfig(initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8)
@@ -68,3 +68,37 @@ def test_mutation_makes_k_edits_never_to_the_same_op_or_none(strength, expected)
     from asolab.space import distance
 
     assert distance(G, after) == expected
+
+
+def test_fair_paths_train_every_op_once_per_round_on_every_edge():
+    torch.manual_seed(0)
+    trainable = [i for i, p in enumerate(PRIMITIVES) if p != "none"]
+    paths = FairPaths(trainable)
+    k = len(trainable)
+    for _ in range(3):  # three rounds
+        rounds = [paths.draw(key, 5) for key in ("normal", "reduce") for _ in range(k)]
+        for key_draws in (rounds[:k], rounds[k:]):
+            for edge in range(5):
+                assert sorted(d[edge] for d in key_draws) == trainable
+    # the order is random, not the same on every edge
+    assert len({tuple(d[e] for d in rounds[:k]) for e in range(5)}) > 1
+
+
+def test_fair_plans_cover_every_alpha_matrix_and_never_run_none():
+    from asolab.config import SpaceConfig
+    from asolab.space.network import SearchNetwork
+    from asolab.space.spec import ArchSpec
+
+    net = SearchNetwork(ArchSpec.from_config(SpaceConfig(init_channels=4), 1, 10))
+    paths = FairPaths(net.trainable_ops())
+    none = PRIMITIVES.index("none")
+    seen = {kind: set() for kind in net.alphas}
+    for _ in range(len(net.trainable_ops())):
+        plans = net.fair_plans(paths)
+        assert set(plans) == set(net.alphas)
+        for kind, plan in plans.items():
+            assert len(plan) == net.spec.num_edges and all(len(c) == 1 for c in plan)
+            seen[kind] |= {(e, c[0][0]) for e, c in enumerate(plan)}
+            assert all(c[0][0] != none for c in plan)
+    assert all(len(s) == net.spec.num_edges * len(net.trainable_ops()) for s in seen.values())
+    net(torch.randn(2, 1, 8, 8), plans)  # the plans run

@@ -42,6 +42,7 @@ EXPERIMENTS_DIR = shipped_dir("experiments")
 DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
 
 FINAL_GENOTYPES = ("best", "last", "derived")
+W_SAMPLINGS = ("gumbel", "fair")  # how W-training picks the path of each step
 
 
 class ConfigError(ValueError):
@@ -172,6 +173,16 @@ class SearchConfig:
         help="extra W-training epochs in the first cycle, before alphas are trained",
     )
     w_epochs: int = _field(2, ge=0, le=1000, help="W-training epochs per cycle")
+    w_sampling: str = _field(
+        "gumbel",
+        choices=W_SAMPLINGS,
+        help=(
+            "W-training's path per step: gumbel = one op per edge drawn by hard Gumbel-softmax "
+            "from the alphas at the current temperature; fair = every op of an edge drawn once "
+            "in each round of as many steps as it has ops, whatever the alphas say "
+            "(docs/concepts.md)"
+        ),
+    )
     alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
     retrain_epochs: int = _field(
         2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"

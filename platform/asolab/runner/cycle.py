@@ -4,7 +4,8 @@ A run is ``search.cycles`` cycles of four phases, then optional final epochs
 and an evaluation:
 
 1. ``w_train``  supernet weights on the train split; one op per edge sampled by
-   hard Gumbel-softmax (no gradient to the alphas, which stay frozen);
+   hard Gumbel-softmax (no gradient to the alphas, which stay frozen), or in
+   fair rounds (``search.w_sampling``);
 2. ``alpha``    alphas on the validation split with Adam, straight-through
    Gumbel-softmax; weights frozen (``requires_grad`` off, so no weight
    gradients are even computed);
@@ -43,6 +44,7 @@ from ..config import ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
+from ..evolution.sampling import FairPaths
 from ..evolution.sampling import temperature as temperature_at
 from ..space.genotype import Genotype
 from ..space.network import Plans, SearchNetwork
@@ -411,7 +413,12 @@ class Runner:
         return self._calibrate(self.net.derive())
 
     def _w_train(self) -> None:
+        # Fair rounds restart with each phase, so a resume at its boundary repeats them.
+        fair = FairPaths(self.net.trainable_ops()) if self.cfg.search.w_sampling == "fair" else None
+
         def step(x, y, tau):
+            if fair is not None:
+                return self._weight_step(x, y, self.net.fair_plans(fair))
             return self._weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
 
         epochs = self.cfg.search.w_epochs + (

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..evolution.sampling import gumbel_softmax_st
+from ..evolution.sampling import FairPaths, gumbel_softmax_st
 from .cells import Plan, SearchCell, edge_index
 from .genotype import CELL_TYPES, Genotype, Node
 from .spec import ArchSpec
@@ -124,6 +124,17 @@ class SearchNetwork(nn.Module):
                     _, index = gumbel_softmax_st(self.alphas[kind] + self._none_mask, temperature)
                 plans[kind] = [[(int(i), None)] for i in index.tolist()]
         return plans
+
+    def trainable_ops(self) -> list[int]:
+        """Indices of the primitives W-training may sample (all but 'none')."""
+        return [i for i, p in enumerate(self.spec.primitives) if p != "none"]
+
+    def fair_plans(self, paths: FairPaths) -> Plans:
+        """One op per edge and alpha matrix, each edge's ops in fair rounds (W-training)."""
+        return {
+            kind: [[(i, None)] for i in paths.draw(kind, self.spec.num_edges)]
+            for kind in self.alphas
+        }
 
     def genotype_nodes(self, genotype: Genotype, key: str) -> tuple[Node, ...]:
         """The nodes ``genotype`` gives the cells of alpha key ``key``.

@@ -76,7 +76,9 @@ class SearchNetwork(nn.Module):
             {key: nn.Parameter(1e-3 * torch.randn(n_edges, n_ops)) for key in spec.alpha_keys}
         )
         self._plan_keys = [spec.alpha_key(i) for i in range(len(spec.cells))]
-        none_mask = torch.tensor([float("-inf") if p == "none" else 0.0 for p in spec.primitives])
+        # W-training never samples an op without weights ('none'): -inf on its logits.
+        none_mask = torch.full((n_ops,), float("-inf"))
+        none_mask[self.trainable_ops()] = 0.0
         self.register_buffer("_none_mask", none_mask, persistent=False)
 
     # ------------------------------------------------------------------ parameters

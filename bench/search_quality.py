@@ -36,7 +36,7 @@ import sys
 import torch
 from _common import machine
 
-from asolab.baseline.arms import ARMS
+from asolab.baseline.arms import ARMS, DEFAULT_ARMS
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_lines, arm_view
 from asolab.compare.select import load_selection
@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--arms",
-        default=",".join(ARMS),
-        help=f"comma-separated control arms (default {','.join(ARMS)})",
+        default=",".join(DEFAULT_ARMS),
+        help=f"comma-separated control arms, of {','.join(ARMS)} "
+        f"(default {','.join(DEFAULT_ARMS)})",
     )
     ap.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)"

@@ -15,7 +15,7 @@ from conftest import TINY
 from mlflow.tracking import MlflowClient
 
 from asolab import cli
-from asolab.baseline.arms import PARAM_TOLERANCE, FixedGenotypeRunner
+from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
 from asolab.baseline.ranking import measure, sample_genotype
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_summary, paired_ci
@@ -171,6 +171,47 @@ def test_an_arm_given_the_final_epochs_does_not_fit_its_own(tiny_cfg):
     result = FixedGenotypeRunner(cfg, [rec], final_epochs=2).run()
     assert [e.phase for e in rec.of("epoch_end")].count("final") == 2
     assert rec.of("final_plan") == [] and result.final_epochs == 2
+
+
+def test_a_final_arm_trains_only_the_final_epochs_on_their_schedule(tiny_cfg):
+    """random-final's runner trains the final stage alone, with the learning rates
+    the full arm's final epochs have; the search's epochs pass untrained."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 2, "search.warmup_epochs": 1})
+    full, final = Recorder(), Recorder()
+    FixedGenotypeRunner(cfg, [full]).run()
+    result = FinalOnlyRunner(cfg, [final]).run()
+    assert {e.phase for e in full.of("epoch_end")} == {"w_train", "retrain", "final"}
+    assert [e.phase for e in final.of("epoch_end")] == ["final", "final"]
+
+    def final_epochs(rec):
+        return [(e.global_epoch, e.lrs["weight_lr"]) for e in rec.of("epoch_end")][-2:]
+
+    assert final_epochs(final) == final_epochs(full)
+    assert final_epochs(final)[0][1] < cfg.search.weight_lr  # mid-schedule, not a restart
+    assert len(final.of("cycle_end")) == cfg.search.cycles and result.final_epochs == 2
+
+
+class _KillAtCycleEnd(Observer):
+    """Stops the run like Ctrl-C as its first cycle ends (inside the W-retraining phase)."""
+
+    def on_cycle_end(self, event) -> None:
+        raise KeyboardInterrupt
+
+
+def test_final_arm_is_paired_with_the_same_random_genotype_and_resumes_as_one(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys, **{"search.cycles": 2, "search.final_epochs": 1})
+    with pytest.raises(KeyboardInterrupt):
+        run_set(uri, source, ["random-final"], observers=lambda: [_KillAtCycleEnd()])
+    out = {r.arm: r for r in run_set(uri, source, ["random", "random-final"])}
+    client = MlflowClient(tracking_uri=uri)
+    full, final = (client.get_run(out[a].run_id) for a in ("random", "random-final"))
+    assert final.data.tags[L.TAG_RESUMED] == "1"  # resumed as a final-only run, not a full one
+    assert _weight_epochs(client, final.info.run_id) == [L.PHASE_INDEX["final"]]
+    assert _weight_epochs(client, full.info.run_id) == _weight_epochs(client, source)
+    assert final.data.tags[L.TAG_FINAL_GENOTYPE] == full.data.tags[L.TAG_FINAL_GENOTYPE]
+    assert final.data.tags[L.TAG_CONTROLS] == source
+    assert out["random-final"].test_acc != out["random"].test_acc
 
 
 class _KillRetrain(Observer):

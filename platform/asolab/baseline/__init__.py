@@ -6,6 +6,6 @@ as ordinary tracked runs; ``ranking`` measures how well the supernet ranks
 architectures; ``cli`` is ``asolab baseline`` and ``asolab rank``.
 """
 
-from .arms import ARMS, FixedGenotypeRunner, matched_random, random_genotype
+from .arms import ARMS, DEFAULT_ARMS, FixedGenotypeRunner, matched_random, random_genotype
 
-__all__ = ["ARMS", "FixedGenotypeRunner", "matched_random", "random_genotype"]
+__all__ = ["ARMS", "DEFAULT_ARMS", "FixedGenotypeRunner", "matched_random", "random_genotype"]

@@ -17,6 +17,15 @@ W-training and W-retraining epochs of every cycle on the search split, then
 trained when ``search.budget_minutes`` fitted them) -- with the same SGD
 settings and cosine learning-rate schedule. Alpha epochs train no weights and
 are skipped (the arms have no alphas).
+
+Each arm also comes with the ``-final`` budget (``scratch-final``,
+``random-final``, ``initial-final``): the same genotype trained from scratch for
+the final stage only -- the ASO-SE run's final epochs, with the learning rates
+its final stage had -- while the search's epochs pass untrained. That is the
+NAS literature's protocol (the searched and the baseline architecture get the
+same final training) and the question "is the search, weights included, worth
+its time?"; the default budget asks the stricter "is it better than spending
+the search's weight epochs on one fixed network?".
 """
 
 from __future__ import annotations
@@ -30,7 +39,10 @@ from ..runner import Runner
 from ..runner.cycle import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 
-ARMS = ("scratch", "random", "initial")  # the registry of control arms
+GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
+FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
+ARMS = (*GENOTYPES, *(g + FINAL_ONLY for g in GENOTYPES))  # the registry of control arms
+DEFAULT_ARMS = GENOTYPES
 PARAM_TOLERANCE = 0.10  # the random arm's parameter count: within 10% of the ASO-SE network's
 
 
@@ -77,6 +89,21 @@ class FixedGenotypeRunner(Runner):
         return self.state.genotype
 
 
+class FinalOnlyRunner(FixedGenotypeRunner):
+    """A fixed-genotype runner that trains the final stage only: the warm-up,
+    W-training and W-retraining epochs pass untrained (counted, so the final
+    epochs keep their places and learning rates in the schedule)."""
+
+    def _retrain(self, phase: str, epochs: int, split) -> None:
+        self.state.position.global_epoch += epochs
+        self.state.position.weight_epoch += epochs
+
+
+def arm_class(arm: str) -> type[FixedGenotypeRunner]:
+    """The runner class of ``arm`` (a resumed arm run is rebuilt with it)."""
+    return FinalOnlyRunner if arm.endswith(FINAL_ONLY) else FixedGenotypeRunner
+
+
 def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int) -> Genotype:
     """A uniformly random genotype: per node two distinct inputs, each with a non-none op."""
     ops = [p for p in primitives if p != "none"]
@@ -115,17 +142,16 @@ def arm_runner(
 ) -> FixedGenotypeRunner:
     """The runner of one control arm for an ASO-SE run of ``cfg`` that ended with
     genotype ``found`` of ``found_params`` derived parameters."""
-    if arm == "initial":
-        return FixedGenotypeRunner(cfg, observers, **kwargs)
-    if arm == "scratch":
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+    kind, genotype = arm_class(arm), arm.removesuffix(FINAL_ONLY)
+    if genotype == "initial":
+        return kind(cfg, observers, **kwargs)
+    if genotype == "scratch":
         # On the fresh, ungrown network: cells that growth inserted (and their own
         # cells in the genotype) are left out.
-        return FixedGenotypeRunner(
-            cfg, observers, genotype=dataclasses.replace(found, own_cells=()), **kwargs
-        )
-    if arm == "random":
-        data = kwargs.get("data")
-        probe = FixedGenotypeRunner(cfg, data=data)  # seeded: the fresh supernet of this seed
-        genotype, _ = matched_random(probe, found_params, cfg.seed)
-        return FixedGenotypeRunner(cfg, observers, genotype=genotype, **kwargs)
-    raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+        return kind(cfg, observers, genotype=dataclasses.replace(found, own_cells=()), **kwargs)
+    data = kwargs.get("data")
+    probe = FixedGenotypeRunner(cfg, data=data)  # seeded: the fresh supernet of this seed
+    drawn, _ = matched_random(probe, found_params, cfg.seed)
+    return kind(cfg, observers, genotype=drawn, **kwargs)

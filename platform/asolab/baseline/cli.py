@@ -8,14 +8,16 @@ import os
 import sys
 
 from ..config import ConfigError
-from .arms import ARMS
+from .arms import ARMS, DEFAULT_ARMS
 
 BASELINE_TEXT = (
     "For each ASO-SE run and seed: the ASO-SE run itself (a new run of the same config for "
     "another seed) and its control arms -- scratch (the found genotype from scratch), random "
     "(a random genotype with the same parameter count, +-10%%), initial (the unevolved "
     "genotype) -- each with the same config, seed and weight-training budget, tagged with its "
-    "arm and the run it controls for. Compare them with: asolab compare --baseline RUN_ID. "
+    "arm and the run it controls for; scratch-final, random-final and initial-final train the "
+    "same genotypes for the final stage's epochs only (the NAS literature's protocol). "
+    "Compare them with: asolab compare --baseline RUN_ID. "
     "Running it again goes on where it stopped."
 )
 RANK_TEXT = (
@@ -71,8 +73,9 @@ def add_baseline(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_ID", help="recorded, finished ASO-SE run(s)")
     p.add_argument(
         "--arms",
-        default=",".join(ARMS),
-        help=f"comma-separated control arms (default {','.join(ARMS)})",
+        default=",".join(DEFAULT_ARMS),
+        help=f"comma-separated control arms, of {','.join(ARMS)} (default "
+        f"{','.join(DEFAULT_ARMS)}; an arm ending in -final trains the final stage's epochs only)",
     )
     p.add_argument(
         "--seeds", default="", help="comma-separated seeds (default: the run's own seed)"

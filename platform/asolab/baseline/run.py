@@ -31,7 +31,7 @@ from ..runner.cycle import RunResult, resolve_device
 from ..runner.events import Observer
 from ..space.genotype import Genotype
 from ..tracking import layout as L
-from .arms import ARMS, FixedGenotypeRunner, arm_runner
+from .arms import ARMS, DEFAULT_ARMS, arm_class, arm_runner
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _finished(arm: str, seed: int, run: Run) -> SetRun:
 def run_set(
     tracking_uri: str,
     run_id: str,
-    arms: Sequence[str] = ARMS,
+    arms: Sequence[str] = DEFAULT_ARMS,
     seeds: Sequence[int] | None = None,
     *,
     overrides: dict | None = None,
@@ -249,7 +249,7 @@ def _run_seed(
             found_earlier(arm)
         else:
             make = functools.partial(_arm_runner, arm, cfg, found, aso_params, final_epochs, data)
-            train(arm, aso_id, make, FixedGenotypeRunner)
+            train(arm, aso_id, make, arm_class(arm))
     return out
 
 

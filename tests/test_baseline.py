@@ -18,7 +18,7 @@ from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
 from asolab.baseline.ranking import measure, sample_genotype
 from asolab.baseline.run import run_set
-from asolab.compare.arms import arm_summary, paired_ci
+from asolab.compare.arms import arm_lines, arm_summary, paired_ci
 from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.runner.events import Observer, Recorder
@@ -289,6 +289,10 @@ def test_paired_difference_and_its_confidence_interval():
     )
     assert random_row["per_seed_diff"] == "s0:+2.00 s1:+4.00 s2:+3.00"
     assert all(math.isnan(v) for v in paired_ci([0.1]))
+    # the terminal view keeps its columns when an arm name is longer than the others
+    runs = pd.concat([runs, runs[runs["arm"] == "random"].assign(arm="random-final")])
+    lines = [line for line in arm_lines(arm_summary(runs)) if "run(s)" in line]
+    assert len(lines) == 6 and len({line.index("run(s)") for line in lines}) == 1
 
 
 def test_sampled_genotypes_follow_the_alphas(tiny_cfg, digits):

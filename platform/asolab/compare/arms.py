@@ -130,12 +130,13 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
         return "-" if math.isnan(v) else f"{100 * v:.2f}"
 
     lines = []
+    width = max((len(a) for a in summary["arm"]), default=8)
     for metric, _ in ARM_METRICS:
         lines.append(
             f"{metric} by arm (mean ± std %, ASO-SE minus arm in points, paired over seeds):"
         )
         for _, r in summary[summary["metric"] == metric].iterrows():
-            text = f"  {r['arm']:<8} {r['runs']} run(s)  {pct(r['mean'])} ± {pct(r['std'])}"
+            text = f"  {r['arm']:<{width}} {r['runs']} run(s)  {pct(r['mean'])} ± {pct(r['std'])}"
             if r["arm"] != L.ARM_ASO_SE:
                 ci = (
                     ""

@@ -351,6 +351,38 @@ def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg
     assert last.seconds > saved > again.seconds - saved > 0
 
 
+def test_fresh_final_weights_retrain_the_genotype_from_scratch_and_resume(tiny_cfg, tmp_path):
+    """search.final_weights = "fresh": the final network starts from new weights (its
+    first epoch learns from chance level, not from what the search trained), alphas and
+    genotype unchanged; killed before the final stage, the resume repeats the run."""
+    cfg = tiny_cfg.replace(**{"search.final_epochs": 1})
+    inherit, fresh = Recorder(), Recorder()
+    kept = Runner(cfg, [inherit]).run()
+    fresh_cfg = cfg.replace(**{"search.final_weights": "fresh"})
+    runner = Runner(fresh_cfg, [fresh])
+    full = runner.run()
+    assert full.genotype == kept.genotype and full.test_acc != kept.test_acc
+    (first_inherited,) = [e for e in inherit.of("epoch_end") if e.phase == "final"]
+    (first_fresh,) = [e for e in fresh.of("epoch_end") if e.phase == "final"]
+    assert first_fresh.train_loss > first_inherited.train_loss
+    # every weight is reached by a module's reset_parameters (none is left as trained)
+    reset = {
+        id(p)
+        for m in runner.net.modules()
+        if m is not runner.net and hasattr(m, "reset_parameters")
+        for p in m.parameters(recurse=False)
+    }
+    assert all(id(p) in reset for p in runner.net.weight_parameters())
+    with pytest.raises(_StopAt):
+        Runner(fresh_cfg, [_Stopper(1, "retrain")], checkpoint_dir=tmp_path).run()
+    again = Runner.resume(tmp_path / "checkpoint.pt").run()
+    assert (again.genotype, again.test_acc, again.val_acc) == (
+        full.genotype,
+        full.test_acc,
+        full.val_acc,
+    )
+
+
 def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, tmp_path):
     """A long final stage is checkpointed between its epochs (search.checkpoint_minutes):
     killed after its second epoch, the run resumes at the third and ends as if never stopped."""

@@ -43,6 +43,7 @@ DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
 
 FINAL_GENOTYPES = ("best", "last", "derived")
 W_SAMPLINGS = ("gumbel", "fair")  # how W-training picks the path of each step
+FINAL_WEIGHTS = ("inherit", "fresh")  # what the final network starts from
 
 
 class ConfigError(ValueError):
@@ -245,6 +246,16 @@ class SearchConfig:
             "the network trained in the final epochs: best = the cycle genotype with the highest "
             "validation accuracy, last = the last cycle's mutated genotype, derived = derive() "
             "of the final alphas, unmutated"
+        ),
+    )
+    final_weights: str = _field(
+        "inherit",
+        choices=FINAL_WEIGHTS,
+        help=(
+            "what the final network's training starts from: inherit = the weights the search "
+            "trained (ASO-SE's function-preserving hand-over), fresh = newly initialised weights "
+            "(the NAS protocol of re-training the search's result); the final epochs and their "
+            "learning rates are the same"
         ),
     )
 

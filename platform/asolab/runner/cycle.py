@@ -656,6 +656,15 @@ class Runner:
                 return self._calibrate(self.state.cycle_genotypes[best])
         return self.state.genotype
 
+    def _fresh_weights(self) -> None:
+        """search.final_weights = "fresh": every weight (BatchNorm statistics included)
+        initialised anew from the run's RNG and the momentum dropped, so the final stage
+        trains the chosen genotype from scratch; the alphas are kept (they chose it)."""
+        for m in self.net.modules():
+            if m is not self.net and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+        self.weight_opt.state.clear()
+
     def _train_final(self) -> None:
         """The final epochs on the whole training split. The stage is most of a long
         run, so it also checkpoints between epochs, whenever the last checkpoint is
@@ -705,6 +714,8 @@ class Runner:
                 self.state.position.stage_epoch == 0
             ):  # else resumed inside the stage: the network is chosen
                 self.state.genotype = self._final_genotype()
+                if self.cfg.search.final_weights == "fresh":
+                    self._fresh_weights()
             self._train_final()
             self.state.position.phase = FINAL_DONE
             # The stored checkpoint then holds the trained final network, and a run

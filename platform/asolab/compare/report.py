@@ -401,7 +401,8 @@ def _arms_html(comparison: Comparison) -> list[str]:
     return [
         "<h2>Control arms</h2>",
         "<p>Runs made by <code>asolab baseline</code>: each control arm trains a fixed genotype "
-        "for the ASO-SE run's weight-training budget and seed. Differences are ASO-SE minus the "
+        "with the ASO-SE run's seed, for its weight-training budget (an arm ending in "
+        "<code>-final</code>: for its final epochs only). Differences are ASO-SE minus the "
         "arm, paired by seed, with a 95% paired-t confidence interval; test accuracy is "
         "reported, never used to select.</p>",
         "<pre>" + html.escape("\n".join(arm_lines(comparison.arms))) + "</pre>",

@@ -173,6 +173,15 @@ def test_an_arm_given_the_final_epochs_does_not_fit_its_own(tiny_cfg):
     assert rec.of("final_plan") == [] and result.final_epochs == 2
 
 
+def test_an_arm_keeps_its_weights_when_its_source_starts_the_final_stage_fresh(tiny_cfg):
+    """search.final_weights is the search's hand-over; an arm of a source with "fresh"
+    still trains its genotype through all its weight epochs, like one with "inherit"."""
+    cfg = tiny_cfg.replace(**{"search.cycles": 1, "search.final_epochs": 1})
+    kept = FixedGenotypeRunner(cfg).run()
+    fresh = FixedGenotypeRunner(cfg.replace(**{"search.final_weights": "fresh"})).run()
+    assert (fresh.val_acc, fresh.test_acc) == (kept.val_acc, kept.test_acc)
+
+
 def test_a_final_arm_trains_only_the_final_epochs_on_their_schedule(tiny_cfg):
     """random-final's runner trains the final stage alone, with the learning rates
     the full arm's final epochs have; the search's epochs pass untrained."""

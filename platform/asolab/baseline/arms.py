@@ -88,6 +88,11 @@ class FixedGenotypeRunner(Runner):
         assert self.state.genotype is not None
         return self.state.genotype
 
+    def _fresh_weights(self) -> None:
+        # An arm's weights are its own from the start: search.final_weights (the search's
+        # hand-over to the final network) would discard the arm's search-split epochs.
+        pass
+
 
 class FinalOnlyRunner(FixedGenotypeRunner):
     """A fixed-genotype runner that trains the final stage only: the warm-up,

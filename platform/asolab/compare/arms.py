@@ -130,7 +130,7 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
         return "-" if math.isnan(v) else f"{100 * v:.2f}"
 
     lines = []
-    width = max((len(a) for a in summary["arm"]), default=8)
+    width = max([8, *(len(a) for a in summary["arm"])])  # 8: the built-in arms' column
     for metric, _ in ARM_METRICS:
         lines.append(
             f"{metric} by arm (mean ± std %, ASO-SE minus arm in points, paired over seeds):"

@@ -38,6 +38,7 @@ if not CHROMIUM or not DRIVER:
         allow_module_level=True,
     )
 
+from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -260,10 +261,13 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     ][0]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert not any(n in body for n in names), body[:2000]
-    expander = browser.find_elements(
-        By.CSS_SELECTOR,
-        f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button",
-    )
+    expander_css = f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button"
+    try:  # the grid shows the row's text before it renders the row's buttons
+        expander = WebDriverWait(browser, 40, poll_frequency=0.5).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, expander_css)
+        )
+    except TimeoutException:
+        expander = []
     assert expander, "no expander on the study's row"
     expander[0].click()
     body = _wait_text(browser, *names)

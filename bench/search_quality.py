@@ -41,6 +41,7 @@ from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_lines, arm_view
 from asolab.compare.select import load_selection
 from asolab.config import load, parse_override
+from asolab.interrupt import Terminated, sigterm_as_interrupt
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker, resolve_tracking_uri
 from asolab.tracking import layout as L
@@ -234,4 +235,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        with sigterm_as_interrupt():  # a killed run ends KILLED with its checkpoint
+            sys.exit(main())
+    except KeyboardInterrupt as exc:
+        print(
+            "search_quality: stopped; the same command continues it (finished runs are kept, "
+            "the stopped one resumes from its checkpoint)",
+            file=sys.stderr,
+        )
+        sys.exit(143 if isinstance(exc, Terminated) else 130)

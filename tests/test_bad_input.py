@@ -278,6 +278,18 @@ def test_memory_estimate_counts_every_parameter_of_the_supernet():
     assert estimate_supernet(spec, 64, 8).activation_bytes == 2 * est.activation_bytes
 
 
+def test_memory_estimate_follows_the_stem_stride():
+    """A stride-2 stem keeps every parameter and about a quarter of the activations."""
+    from asolab.space.network import SearchNetwork
+
+    one, two = (
+        ArchSpec.from_config(load(None, {"space.stem_stride": s}).space, 1, 10) for s in (1, 2)
+    )
+    e1, e2 = estimate_supernet(one, 32, 28), estimate_supernet(two, 32, 28)
+    assert e2.params == e1.params == sum(p.numel() for p in SearchNetwork(two).parameters())
+    assert 0.2 < e2.activation_bytes / e1.activation_bytes < 0.3
+
+
 def test_a_supernet_that_cannot_fit_is_refused_before_it_is_allocated():
     cfg = load(None, {"space.init_channels": 1024, "space.layers": 64, "space.steps": 8})
     spec = ArchSpec.from_config(cfg.space, 1, 10)

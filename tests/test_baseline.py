@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import random
+import shlex
 
 import pandas as pd
 import pytest
@@ -381,3 +382,54 @@ def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):
     fixed = FixedGenotypeRunner(tiny_cfg, data=digits)
     result = fixed.run()
     assert result.genotype.canonical == found.canonical  # same seed: the same initial alphas
+
+
+def test_sigterm_stops_baseline_like_ctrl_c_and_the_same_command_continues(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGTERM (a scheduler's time limit) while an arm trains: the arm ends KILLED,
+    `asolab baseline` exits 143 printing the command that continues, and that command
+    resumes the same run from its checkpoint."""
+    import os
+    import signal
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    source = _source(uri, capsys)
+    capsys.readouterr()
+
+    class Terminate(Observer):
+        epochs = 0
+
+        def on_epoch_end(self, event):
+            Terminate.epochs += 1
+            if Terminate.epochs == 2:  # after the first phase's checkpoint
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    init = Runner.__init__
+
+    def with_terminate(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.observers.append(Terminate())
+
+    def unhandled(signum, frame):
+        raise AssertionError("SIGTERM reached the test's handler: baseline left it unhandled")
+
+    monkeypatch.setattr(Runner, "__init__", with_terminate)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        argv = ["baseline", source, "--arms", "initial", "--threads", "1", "--quiet"]
+        rc = cli.main([*argv, "--tracking-uri", uri])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert rc == 143, err
+    client = MlflowClient(tracking_uri=uri)
+    (killed,) = [r for r in _set_runs(client, source) if r.data.tags[L.TAG_ARM] == "initial"]
+    assert killed.info.status == "KILLED"
+    again = shlex.split(err.split("continues it")[1].split(": ", 1)[1].splitlines()[0])
+    assert again[:2] == ["asolab", "baseline"] and uri in again
+    monkeypatch.undo()
+    assert cli.main(again[1:]) == 0
+    resumed = client.get_run(killed.info.run_id)
+    assert resumed.info.status == "FINISHED" and resumed.data.tags[L.TAG_RESUMED] == "1"
+    assert _weight_epochs(client, killed.info.run_id) == _weight_epochs(client, source)

@@ -333,3 +333,31 @@ def test_cell_picture_labels_are_inside_and_never_overlap():
         # state names are c_{k-2}, c_{k-1} (subscripts), 0.., c_k: never the literal LaTeX
         assert "c_{k" not in genotype_dot(g)
         assert genotype_png(g).startswith(b"\x89PNG")
+
+
+def test_stem_stride_two_halves_the_resolution_every_cell_runs_at():
+    """``space.stem_stride = 2``: the stem convolution downsamples, so each cell sees
+    half the side it sees with stride 1, and the network still classifies (supernet
+    and derived genotype alike) with the same weights shapes."""
+    sides: dict[int, list[int]] = {}
+    for stride in (1, 2):
+        torch.manual_seed(0)
+        spec = ArchSpec.from_config(SpaceConfig(init_channels=4, stem_stride=stride), 1, 10)
+        net = SearchNetwork(spec)
+        seen: list[int] = []
+        for cell in net.cells:
+            cell.register_forward_hook(lambda m, args, out, seen=seen: seen.append(out.shape[-1]))
+        x = torch.randn(2, 1, 28, 28)
+        assert net(x, net.sample_plans(1.0, False)).shape == (2, 10)
+        assert net(x, net.genotype_plans(G)).shape == (2, 10)
+        sides[stride] = seen
+        assert spec.stem_stride == stride
+    assert sides[1][:3] == [28, 14, 7]
+    assert sides[2][:3] == [14, 7, 4]
+
+
+def test_stem_stride_round_trips_and_older_specs_read_as_stride_one():
+    spec = ArchSpec.from_config(SpaceConfig(init_channels=4, stem_stride=2), 1, 10)
+    assert ArchSpec.from_dict(spec.to_dict()) == spec
+    older = {k: v for k, v in spec.to_dict().items() if k != "stem_stride"}
+    assert ArchSpec.from_dict(older).stem_stride == 1

@@ -8,13 +8,10 @@ unreachable tracking server, a diverging loss) ends with one line on stderr,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from . import threads as _threads
@@ -27,6 +24,7 @@ from .baseline.cli import add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
 from .config import ConfigError, load
 from .data import DataError
+from .interrupt import Terminated, sigterm_as_interrupt
 from .runner.checkpoint import CheckpointError
 from .study.cli import add_parser as _add_study
 from .tracking.store import TrackingError
@@ -135,7 +133,7 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         else:
             runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
         try:
-            with _sigterm_as_interrupt():
+            with sigterm_as_interrupt():
                 runner.run()
         except KeyboardInterrupt:
             if tracker.run_id:
@@ -159,29 +157,6 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         print(f"  this run:   {run_url(DEFAULT_UI, tracker.experiment_id, tracker.run_id)}")
         print(f"  all runs:   {runs_url(DEFAULT_UI, tracker.experiment_id)}")
     return 0
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a batch scheduler's time limit, ``kill``): stopped like Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while a run trains: the run uploads its latest
-    checkpoint, ends KILLED and prints how to continue it, instead of dying as after
-    ``kill -9`` (RUNNING, with only the last cycle's checkpoint)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def stop(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: int = 0):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 
 from ..config import ConfigError
+from ..interrupt import sigterm_as_interrupt
 from .arms import ARMS, DEFAULT_ARMS
 
 BASELINE_TEXT = (
@@ -108,18 +110,37 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     for run_id in args.runs:
         print(f"control arms of run {run_id}:", flush=True)
-        run_set(
-            uri,
-            run_id,
-            arms,
-            seeds,
-            overrides=overrides,
-            on_done=done,
-            observers=lambda: [ProgressObserver(enabled=not args.quiet)],
-        )
+        try:
+            with sigterm_as_interrupt():
+                run_set(
+                    uri,
+                    run_id,
+                    arms,
+                    seeds,
+                    overrides=overrides,
+                    on_done=done,
+                    observers=lambda: [ProgressObserver(enabled=not args.quiet)],
+                )
+        except KeyboardInterrupt:
+            print(
+                "asolab: baseline stopped; the same command continues it (finished runs are "
+                f"kept, the stopped one resumes from its checkpoint): {_again(args, uri)}",
+                file=sys.stderr,
+            )
+            raise
         tracking = "" if not args.tracking_uri else f" --tracking-uri {args.tracking_uri}"
         print(f"compare the arms: asolab compare --baseline {run_id}{tracking}")
     return 0
+
+
+def _again(args: argparse.Namespace, uri: str) -> str:
+    """The ``asolab baseline`` command line that continues this one."""
+    argv = ["asolab", "baseline", *args.runs, "--arms", args.arms]
+    if args.seeds:
+        argv += ["--seeds", args.seeds]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return shlex.join([*argv, "--tracking-uri", uri])
 
 
 def add_rank(sub: argparse._SubParsersAction) -> None:

@@ -146,8 +146,9 @@ def estimate_supernet(spec: ArchSpec, batch_size: int, image_size: int) -> Memor
     prims = [p for p in spec.primitives if p != "none"]
     stem = spec.stem_channels
     params = spec.in_channels * stem * 9 + 2 * stem
-    elements = 2 * stem * image_size**2
-    c_pp, c_p, h_pp, h_p, reduction_prev = stem, stem, image_size, image_size, False
+    h_stem = (image_size - 1) // spec.stem_stride + 1  # a 3x3 convolution with padding 1
+    elements = 2 * stem * h_stem**2
+    c_pp, c_p, h_pp, h_p, reduction_prev = stem, stem, h_stem, h_stem, False
     for cs in spec.cells:
         c, h_out = cs.channels, (h_p + 1) // 2 if cs.reduction else h_p
         for c_in, h, reduce in ((c_pp, h_pp, reduction_prev), (c_p, h_p, False)):

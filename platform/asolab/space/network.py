@@ -40,7 +40,14 @@ class SearchNetwork(nn.Module):
         super().__init__()
         self.spec = spec
         self.stem = nn.Sequential(
-            nn.Conv2d(spec.in_channels, spec.stem_channels, 3, padding=1, bias=False),
+            nn.Conv2d(
+                spec.in_channels,
+                spec.stem_channels,
+                3,
+                stride=spec.stem_stride,
+                padding=1,
+                bias=False,
+            ),
             nn.BatchNorm2d(spec.stem_channels),
         )
         self.cells = nn.ModuleList()

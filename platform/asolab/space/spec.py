@@ -47,6 +47,7 @@ class ArchSpec:
     steps: int
     stem_channels: int
     cells: tuple[CellSpec, ...]
+    stem_stride: int = 1
 
     @classmethod
     def from_config(cls, space: SpaceConfig, in_channels: int, num_classes: int) -> ArchSpec:
@@ -64,6 +65,7 @@ class ArchSpec:
             steps=space.steps,
             stem_channels=space.stem_multiplier * space.init_channels,
             cells=tuple(cells),
+            stem_stride=space.stem_stride,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,9 @@ The network the final epochs train (a derived genotype run on the supernet, as
 at the shape of ``experiments/fashion_mnist.toml`` (``init_channels`` 12, 3
 cells, 2 nodes, batch 128, 1x28x28 images; random images, since speed does not
 depend on them). Variants, interleaved in one process, medians over repeats:
-eager, channels-last, bf16 autocast. FLOPs per step are counted with
+eager, channels-last, bf16 autocast, and ``space.stem_stride = 2`` (channels-last,
+the same weights, every cell at half the side). FLOPs per step are counted, per
+variant, with
 ``torch.utils.flop_counter`` (convolutions and matrix products, forward and
 backward); achieved GFLOP/s is that over the step time, set against the CPU's
 fp32 peak given by ``--peak-gflops`` (default: 2 cores x 2.45 GHz x 32 FLOP per
@@ -32,12 +34,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from asolab.config import SpaceConfig
 from asolab.space import ArchSpec, Genotype, SearchNetwork
 
-VARIANTS = ("eager", "channels-last", "bf16 autocast")
+VARIANTS = ("eager", "channels-last", "bf16 autocast", "stride-2 stem")
+CHANNELS_LAST = ("channels-last", "stride-2 stem")
 
 
 def step_fn(net: SearchNetwork, plans, x: torch.Tensor, y: torch.Tensor, variant: str):
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    if variant == "channels-last":
+    if variant in CHANNELS_LAST:
         x = x.contiguous(memory_format=torch.channels_last)
 
     def step() -> None:
@@ -78,24 +81,27 @@ def main(argv: list[str] | None = None) -> int:
         args.channels, args.batch, args.steps, args.repeats = 4, 8, 1, 1
     use_threads(args.threads)
     torch.manual_seed(0)
-    spec = ArchSpec.from_config(SpaceConfig(init_channels=args.channels, layers=args.layers), 1, 10)
+    spaces = {
+        stride: SpaceConfig(init_channels=args.channels, layers=args.layers, stem_stride=stride)
+        for stride in (1, 2)
+    }
     x = torch.randn(args.batch, 1, args.size, args.size)
     y = torch.randint(0, 10, (args.batch,))
-    fns, flops = {}, 0
+    fns, flops = {}, {}
     for variant in VARIANTS:
         torch.manual_seed(0)  # every variant trains the same network from the same weights
-        net = SearchNetwork(spec)
-        if variant == "channels-last":
+        space = spaces[2 if variant == "stride-2 stem" else 1]
+        net = SearchNetwork(ArchSpec.from_config(space, 1, 10))
+        if variant in CHANNELS_LAST:
             net = net.to(memory_format=torch.channels_last)
         net.train()
         genotype = Genotype.parse(args.genotype) if args.genotype else net.derive()
         plans = net.genotype_plans(genotype)
         step = step_fn(net, plans, x, y, variant)
-        if variant == "eager":
-            counter = FlopCounterMode(display=False)
-            with counter:
-                step()
-            flops = counter.get_total_flops()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step()
+        flops[variant] = counter.get_total_flops()
 
         def run(step=step) -> None:
             for _ in range(args.steps):
@@ -112,16 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                 variant,
                 images / seconds[variant],
                 f"{seconds['eager'] / seconds[variant]:.2f}x",
-                flops / per_step / 1e9,
+                flops[variant] / 1e9,
+                flops[variant] / per_step / 1e9,
             ]
         )
     print(
         f"# final network training step, init_channels {args.channels}, {args.layers} cells, "
         f"batch {args.batch}, "
-        f"1x{args.size}x{args.size}; {flops / 1e9:.3f} GFLOP per step; {machine()}"
+        f"1x{args.size}x{args.size}; {machine()}"
     )
-    print(table(["variant", "img/s", "vs eager", "GFLOP/s"], rows))
-    eager_share = 100 * flops / (seconds["eager"] / args.steps) / 1e9 / args.peak_gflops
+    print(table(["variant", "img/s", "vs eager", "GFLOP/step", "GFLOP/s"], rows))
+    eager_share = 100 * flops["eager"] / (seconds["eager"] / args.steps) / 1e9 / args.peak_gflops
     print(
         "final training speed-up over eager: "
         + ", ".join(f"{v} {seconds['eager'] / seconds[v]:.2f}x" for v in VARIANTS[1:])

@@ -303,6 +303,12 @@ def test_paired_difference_and_its_confidence_interval():
     runs = pd.concat([runs, runs[runs["arm"] == "random"].assign(arm="random-final")])
     lines = [line for line in arm_lines(arm_summary(runs)) if "run(s)" in line]
     assert len(lines) == 6 and len({line.index("run(s)") for line in lines}) == 1
+    # ... and when an arm has one seed, whose std prints as "-"
+    one = runs[(runs["arm"] != "initial") | (runs["seed"] == 0)]
+    one = pd.concat([one, runs[runs["arm"] == "random"].head(1).assign(arm="initial")])
+    lines = [line for line in arm_lines(arm_summary(one)) if "ASO-SE - " in line]
+    assert any(" ± -" in line for line in lines)
+    assert len(lines) == 6 and len({line.index("ASO-SE - ") for line in lines}) == 1
 
 
 def test_sampled_genotypes_follow_the_alphas(tiny_cfg, digits):

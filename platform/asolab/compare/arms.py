@@ -135,8 +135,11 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
         lines.append(
             f"{metric} by arm (mean ± std %, ASO-SE minus arm in points, paired over seeds):"
         )
-        for _, r in summary[summary["metric"] == metric].iterrows():
-            text = f"  {r['arm']:<{width}} {r['runs']} run(s)  {pct(r['mean'])} ± {pct(r['std'])}"
+        rows = summary[summary["metric"] == metric]
+        stats = [f"{pct(r['mean'])} ± {pct(r['std'])}" for _, r in rows.iterrows()]
+        stat_width = max(map(len, stats), default=0)  # a one-seed arm's std is "-"
+        for (_, r), stat in zip(rows.iterrows(), stats):
+            text = f"  {r['arm']:<{width}} {r['runs']} run(s)  {stat:<{stat_width}}"
             if r["arm"] != L.ARM_ASO_SE:
                 ci = (
                     ""

@@ -217,12 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 arms,
                 seeds,
                 overrides=overrides,
-                on_done=lambda r: print(
-                    f"  seed {r.seed} {r.arm:<8} run {r.run_id}  "
-                    f"val {r.val_acc:.4f}  test {r.test_acc:.4f}  "
-                    f"params {r.params}{'' if r.trained else '  (recorded earlier)'}",
-                    flush=True,
-                ),
+                on_done=lambda r: print(r.line(), flush=True),
             )
         summary = arm_view(load_selection(uri, baseline=[source]).records)
         print("\n".join(arm_lines(summary)))

@@ -439,3 +439,12 @@ def test_sigterm_stops_baseline_like_ctrl_c_and_the_same_command_continues(
     resumed = client.get_run(killed.info.run_id)
     assert resumed.info.status == "FINISHED" and resumed.data.tags[L.TAG_RESUMED] == "1"
     assert _weight_epochs(client, killed.info.run_id) == _weight_epochs(client, source)
+
+
+def test_set_run_lines_keep_their_columns_for_every_arm():
+    from asolab.baseline.arms import ARMS
+    from asolab.baseline.run import SetRun
+
+    lines = [SetRun(a, 0, "f" * 32, 0.9, 0.9, 123, True).line() for a in ("aso-se", *ARMS)]
+    assert len({line.index(" run ") for line in lines}) == 1
+    assert lines[0].endswith("(trained)")

@@ -100,13 +100,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     overrides = {"threads": args.threads} if args.threads else {}
 
     def done(r) -> None:
-        how = "trained" if r.trained else "recorded earlier"
-        print(
-            f"  seed {r.seed} {r.arm:<8} run {r.run_id}  val {r.val_acc:.4f}  "
-            f"test {r.test_acc:.4f}  "
-            f"params {r.params}  ({how})",
-            flush=True,
-        )
+        print(r.line(), flush=True)
 
     for run_id in args.runs:
         print(f"control arms of run {run_id}:", flush=True)

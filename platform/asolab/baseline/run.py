@@ -48,6 +48,15 @@ class SetRun:
     params: int
     trained: bool  # False: found FINISHED from an earlier invocation
 
+    def line(self) -> str:
+        """The run as one terminal line, columns aligned for every arm name."""
+        width = max(len(a) for a in (L.ARM_ASO_SE, *ARMS))
+        how = "trained" if self.trained else "recorded earlier"
+        return (
+            f"  seed {self.seed} {self.arm:<{width}} run {self.run_id}  "
+            f"val {self.val_acc:.4f}  test {self.test_acc:.4f}  params {self.params}  ({how})"
+        )
+
 
 @dataclass(frozen=True)
 class Source:

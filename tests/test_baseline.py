@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
-from asolab.baseline.ranking import measure, sample_genotype
+from asolab.baseline.ranking import Pair, correlations, measure, p_text, sample_genotype
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_lines, arm_summary, paired_ci
 from asolab.data import load_data
@@ -358,7 +358,8 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
         uri,
     ]
     assert cli.main(argv) == 0
-    assert "Kendall tau" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Kendall tau" in out and "(p: two-sided" in out
     client = MlflowClient(tracking_uri=uri)
     metrics = client.get_run(source).data.metrics
     assert metrics["ranking_genotypes"] == 6
@@ -378,6 +379,27 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     assert "ranking diagnostic" in capsys.readouterr().out
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Ranking diagnostic" in page and "one point per genotype" in page
+
+
+def test_ranking_figures_carry_kendalls_p_value():
+    """A perfect ranking of 8 genotypes is far beyond chance; a shuffled one is not;
+    the p-value is logged beside each tau and printed after it."""
+
+    def pairs(source, standalone):
+        return [Pair(source, f"g{i}", i / 10, acc) for i, acc in enumerate(standalone)]
+
+    figures = correlations(
+        pairs("alphas", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+        + pairs("random", [0.5, 0.1, 0.8, 0.3, 0.2, 0.7, 0.4, 0.6])
+    )
+    assert figures["ranking_kendall_tau"] == pytest.approx(1.0)
+    assert figures["ranking_kendall_p"] < 0.001  # exact: 2 / 8! = 5e-5
+    assert abs(figures["ranking_kendall_tau_random"]) < 0.3
+    assert figures["ranking_kendall_p_random"] > 0.3
+    assert 0 <= figures["ranking_kendall_p_all"] <= 1
+    assert {f"ranking_kendall_p{s}" for s in ("", "_random", "_all")} <= set(L.RANKING_METRICS)
+    assert p_text(figures["ranking_kendall_p_random"]).startswith(" (p 0.")
+    assert p_text(math.nan) == ""  # an undefined tau (tied accuracies) has no p either
 
 
 def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):

@@ -166,7 +166,7 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import rank_run
+    from .ranking import p_text, rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
@@ -193,9 +193,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
     print(f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes):")
     for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
         print(
-            f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}  "
+            f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}"
+            f"{p_text(figures[f'ranking_kendall_p{suffix}'])}  "
             f"Spearman rho {_fig(figures[f'ranking_spearman_rho{suffix}'])}"
         )
+    print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     return 0
 
 

@@ -162,7 +162,10 @@ def measure(
 
 
 def correlations(pairs: list[Pair]) -> dict[str, float]:
-    """Kendall's tau and Spearman's rho per source and over all pairs (NaN where undefined)."""
+    """Kendall's tau, its two-sided p-value (no association as the null hypothesis) and
+    Spearman's rho per source and over all pairs (NaN where undefined). A handful of
+    genotypes leaves tau uncertain by several tenths; the p-value says how often a tau
+    this far from zero comes by chance."""
     from scipy.stats import kendalltau, spearmanr
 
     out: dict[str, float] = {"ranking_genotypes": float(len(pairs))}
@@ -173,12 +176,21 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     ):
         a = [p.one_shot_val_acc for p in chosen]
         b = [p.standalone_val_acc for p in chosen]
-        tau = rho = math.nan
+        tau = p = rho = math.nan
         if len(chosen) >= 2 and len(set(a)) > 1 and len(set(b)) > 1:
-            tau, rho = float(kendalltau(a, b).statistic), float(spearmanr(a, b).statistic)
+            kendall = kendalltau(a, b)
+            tau, p = float(kendall.statistic), float(kendall.pvalue)
+            rho = float(spearmanr(a, b).statistic)
         out[f"ranking_kendall_tau{suffix}"] = tau
+        out[f"ranking_kendall_p{suffix}"] = p
         out[f"ranking_spearman_rho{suffix}"] = rho
     return out
+
+
+def p_text(p: float) -> str:
+    """Kendall's tau's p-value as printed after the tau: " (p 0.14)", or nothing
+    when the tau has none (undefined, or a run ranked before p-values were logged)."""
+    return "" if math.isnan(p) else f" (p {p:.2f})"
 
 
 def scatter_png(pairs: list[dict], title: str) -> bytes | None:

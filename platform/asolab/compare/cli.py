@@ -213,20 +213,20 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for line in arm_lines(comparison.arms):
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
+        from ..baseline.ranking import p_text
+
         print(
-            "\nranking diagnostic (asolab rank): Kendall tau / Spearman rho, one-shot vs "
-            "stand-alone val acc",
+            "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
+            "one-shot vs stand-alone val acc",
             file=out,
         )
         for _, r in comparison.rankings.iterrows():
-            print(
-                f"  {r['run_name']}: alphas {r['ranking_kendall_tau']:+.3f} / "
-                f"{r['ranking_spearman_rho']:+.3f}, random "
-                f"{r['ranking_kendall_tau_random']:+.3f} / "
-                f"{r['ranking_spearman_rho_random']:+.3f}, all "
-                f"{r['ranking_kendall_tau_all']:+.3f} / {r['ranking_spearman_rho_all']:+.3f}",
-                file=out,
+            groups = (
+                f"{name} {r[f'ranking_kendall_tau{s}']:+.3f}{p_text(r[f'ranking_kendall_p{s}'])} / "
+                f"{r[f'ranking_spearman_rho{s}']:+.3f}"
+                for name, s in (("alphas", ""), ("random", "_random"), ("all", "_all"))
             )
+            print(f"  {r['run_name']}: " + ", ".join(groups), file=out)
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:

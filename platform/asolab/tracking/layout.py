@@ -223,15 +223,19 @@ TAG_BASELINE_OF = "asolab.baseline_of"
 ARM_ASO_SE = "aso-se"
 
 # ---------------------------------------------------------------- ranking diagnostic (asolab rank)
-# Metrics of the run whose supernet is ranked (step 0): Kendall's tau and Spearman's rho
-# between one-shot (supernet) and stand-alone validation accuracy, over the genotypes
-# sampled from the final alphas, over the random ones, and over both together.
+# Metrics of the run whose supernet is ranked (step 0): Kendall's tau (and its two-sided
+# p-value) and Spearman's rho between one-shot (supernet) and stand-alone validation
+# accuracy, over the genotypes sampled from the final alphas, over the random ones, and
+# over both together.
 RANKING_METRICS = (
     "ranking_kendall_tau",
+    "ranking_kendall_p",
     "ranking_spearman_rho",
     "ranking_kendall_tau_random",
+    "ranking_kendall_p_random",
     "ranking_spearman_rho_random",
     "ranking_kendall_tau_all",
+    "ranking_kendall_p_all",
     "ranking_spearman_rho_all",
     "ranking_genotypes",
 )

@@ -731,3 +731,38 @@ def test_cli_diff_with_an_ambiguous_run_name_is_one_error_line(store, scratch_ex
     )
     assert all(run_id in err[0] for run_id in same_name)
     assert captured.out == ""  # resolved before anything is printed
+
+
+def test_warm_up_is_part_of_the_budget_and_the_ranking_table_reads_tau_with_its_p():
+    """A run with a warm-up did not train like one without: the table carries the warm-up
+    (0 for runs recorded before it existed) and the report's budget check names it; the
+    report shows each Kendall tau with its p-value, two decimals."""
+    from asolab.compare.analysis import ranking_table
+    from asolab.compare.report import budget_differences, ranking_display
+
+    common = {"search.cycles": "3", "search.w_epochs": "2", "search.final_epochs": "0"}
+    older = RunRecord("a" * 32, "older", "exp", "FINISHED", common, {}, {}, BASE)
+    ranked = {f"ranking_kendall_tau{s}": 0.5 for s in ("", "_random", "_all")}
+    ranked |= {f"ranking_spearman_rho{s}": 0.6 for s in ("", "_random", "_all")}
+    ranked |= {"ranking_kendall_p": 0.1234, "ranking_genotypes": 16.0}
+    warm = RunRecord(
+        "b" * 32,
+        "warm",
+        "exp",
+        "FINISHED",
+        {**common, "search.warmup_epochs": "12"},
+        {},
+        ranked,
+        BASE,
+    )
+    table = Selection("sqlite:///unused.db", [older, warm]).table()
+    assert table["warmup_epochs"].tolist() == [0, 12]
+    assert budget_differences(table) == {"warmup_epochs": [0, 12]}
+
+    shown = ranking_display(ranking_table([older, warm]))
+    assert shown["run"].tolist() == ["warm"]
+    row = shown.iloc[0]
+    assert row["genotypes"] == "16"
+    assert row["from alphas: tau (p)"] == "+0.50 (0.12)"
+    assert row["random: tau (p)"] == "+0.50"  # a run ranked before p-values were logged
+    assert row["all: rho"] == "+0.60"

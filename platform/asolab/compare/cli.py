@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
 
 # The terminal shows the report's columns (compare.select.COLUMNS) but these wide ones;
 # the CSV and the report keep them.
-_WIDE = ("anneal_fraction", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")
+_WIDE = ("anneal_fraction", "warmup_epochs", "w_epochs", "alpha_epochs", "retrain_epochs")
+_WIDE += ("final_epochs",)
 _WIDE += ("genotype", "status", "experiment_id")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
 _SHORT = {

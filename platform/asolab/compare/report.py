@@ -67,6 +67,7 @@ _PAGE_COLUMNS = (
     ("anneal_fraction", "anneal"),
     ("mutation_strength", "mutation"),
     ("cycles", "cycles"),
+    ("warmup_epochs", "warm-up ep."),
     ("epochs", "epochs W/α/re"),
     ("final_epochs", "final ep."),
     ("cluster", "genotype"),
@@ -410,6 +411,25 @@ def _arms_html(comparison: Comparison) -> list[str]:
     ]
 
 
+def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
+    """The ranking figures as the report shows them: per run and genotype group, Kendall's
+    tau with its two-sided p-value in brackets, and Spearman's rho, two decimals each."""
+    from ..baseline.ranking import p_text
+
+    def fig(v: float) -> str:
+        return "–" if math.isnan(v) else f"{v:+.2f}"
+
+    rows = []
+    for _, r in rankings.iterrows():
+        row = {"run": r["run_name"], "genotypes": _fmt(r["ranking_genotypes"])}
+        for group, s in (("from alphas", ""), ("random", "_random"), ("all", "_all")):
+            tau, p = r[f"ranking_kendall_tau{s}"], r[f"ranking_kendall_p{s}"]
+            row[f"{group}: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
+            row[f"{group}: rho"] = fig(r[f"ranking_spearman_rho{s}"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _ranking_html(comparison: Comparison) -> list[str]:
     """The ranking diagnostic: figures per run and a scatter of its pairs."""
     if comparison.rankings is None:
@@ -422,7 +442,7 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         "random ones), their one-shot validation accuracy on the supernet against their "
         "validation accuracy after a short stand-alone training; Kendall's tau and Spearman's "
         "rho.</p>",
-        _frame_html(comparison.rankings),
+        _frame_html(ranking_display(comparison.rankings)),
     ]
     for rid, pairs in comparison.ranking_pairs.items():
         name = next((r.run_name for r in comparison.records if r.run_id == rid), rid[:8])

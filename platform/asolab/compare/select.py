@@ -51,6 +51,7 @@ COLUMNS = (
     "anneal_fraction",
     "mutation_strength",
     "cycles",
+    "warmup_epochs",
     "w_epochs",
     "alpha_epochs",
     "retrain_epochs",
@@ -64,7 +65,14 @@ COLUMNS = (
     "experiment_id",
 )
 # The training budget: runs that differ here are not compared like for like.
-BUDGET_COLUMNS = ("cycles", "w_epochs", "alpha_epochs", "retrain_epochs", "final_epochs")
+BUDGET_COLUMNS = (
+    "cycles",
+    "warmup_epochs",
+    "w_epochs",
+    "alpha_epochs",
+    "retrain_epochs",
+    "final_epochs",
+)
 
 
 class CompareError(ConfigError):
@@ -139,6 +147,8 @@ class RunRecord:
             "anneal_fraction": self.param("temperature.anneal_fraction", float, math.nan),
             "mutation_strength": self.param("mutation.strength", float, math.nan),
             "cycles": self.param("search.cycles", int),
+            # Runs from before search.warmup_epochs existed had no warm-up.
+            "warmup_epochs": self.param("search.warmup_epochs", int, 0),
             "w_epochs": self.param("search.w_epochs", int),
             "alpha_epochs": self.param("search.alpha_epochs", int),
             "retrain_epochs": self.param("search.retrain_epochs", int),

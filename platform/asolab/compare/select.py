@@ -38,6 +38,15 @@ COMPARISON_EXPERIMENT = "asolab-comparisons"
 VAL_ACC_METRICS = (layout.FINAL_VAL_ACC, layout.CYCLE_VAL_ACC, layout.VAL_ACC)
 _CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 
+# The training budget: runs that differ here are not compared like for like.
+BUDGET_COLUMNS = (
+    "cycles",
+    "warmup_epochs",
+    "w_epochs",
+    "alpha_epochs",
+    "retrain_epochs",
+    "final_epochs",
+)
 # Table columns, in order: (column, where it comes from).
 COLUMNS = (
     "run_name",
@@ -50,12 +59,7 @@ COLUMNS = (
     "min_temperature",
     "anneal_fraction",
     "mutation_strength",
-    "cycles",
-    "warmup_epochs",
-    "w_epochs",
-    "alpha_epochs",
-    "retrain_epochs",
-    "final_epochs",
+    *BUDGET_COLUMNS,
     "genotype",
     "params",
     "peak_rss_mb",
@@ -63,15 +67,6 @@ COLUMNS = (
     "test_acc",
     "status",
     "experiment_id",
-)
-# The training budget: runs that differ here are not compared like for like.
-BUDGET_COLUMNS = (
-    "cycles",
-    "warmup_epochs",
-    "w_epochs",
-    "alpha_epochs",
-    "retrain_epochs",
-    "final_epochs",
 )
 
 

@@ -255,6 +255,10 @@ def test_baseline_bad_input_is_one_line(tmp_path, capsys):
         (["baseline", "0123456789abcdef", "--tracking-uri", uri], "not found"),
         (["baseline", source, "--seeds", "0,x", "--tracking-uri", uri], "--seeds"),
         (["rank", source, "--samples", "1", "--tracking-uri", uri], "--samples must be at least 2"),
+        (
+            ["rank", source, "--standalone-seeds", "0", "--tracking-uri", uri],
+            "--standalone-seeds must be at least 1",
+        ),
     ]
     for argv, words in cases:
         assert cli.main(argv) == 2
@@ -353,13 +357,15 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
         "1",
         "--threads",
         "1",
+        "--standalone-seeds",
+        "2",
         "--quiet",
         "--tracking-uri",
         uri,
     ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "Kendall tau" in out and "(p: two-sided" in out
+    assert "Kendall tau" in out and "(p: two-sided" in out and "proxy (seed vs seed)" in out
     client = MlflowClient(tracking_uri=uri)
     metrics = client.get_run(source).data.metrics
     assert metrics["ranking_genotypes"] == 6
@@ -369,6 +375,12 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     with open(local) as f:
         pairs = json.load(f)["pairs"]
     assert sorted(p["source"] for p in pairs) == ["alphas"] * 3 + ["random"] * 3
+    # two stand-alone seeds per genotype; the pair's stand-alone accuracy is their mean,
+    # and the seeds do train differently
+    assert all(len(p["standalone_by_seed"]) == 2 for p in pairs)
+    for p in pairs:
+        assert p["standalone_val_acc"] == pytest.approx(sum(p["standalone_by_seed"]) / 2)
+    assert any(p["standalone_by_seed"][0] != p["standalone_by_seed"][1] for p in pairs)
     assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
     assert (
         cli.main(
@@ -376,9 +388,11 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
         )
         == 0
     )
-    assert "ranking diagnostic" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ranking diagnostic" in out and "proxy seed vs seed" in out
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Ranking diagnostic" in page and "one point per genotype" in page
+    assert "proxy seed vs seed: tau (p)" in page
 
 
 def test_ranking_figures_carry_kendalls_p_value():
@@ -400,6 +414,26 @@ def test_ranking_figures_carry_kendalls_p_value():
     assert {f"ranking_kendall_p{s}" for s in ("", "_random", "_all")} <= set(L.RANKING_METRICS)
     assert p_text(figures["ranking_kendall_p_random"]).startswith(" (p 0.")
     assert p_text(math.nan) == ""  # an undefined tau (tied accuracies) has no p either
+
+
+def test_ranking_measures_the_stand_alone_proxy_against_itself():
+    """With two stand-alone seeds, the proxy's reliability is tau between them over all
+    genotypes; with one seed there is no such figure."""
+
+    def pairs(first, second):
+        return [
+            Pair("alphas" if i % 2 else "random", f"g{i}", i / 10, (a + b) / 2, (a, b))
+            for i, (a, b) in enumerate(zip(first, second))
+        ]
+
+    agree = correlations(pairs([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.2, 0.3, 0.4, 0.5, 0.6, 0.7]))
+    assert agree["ranking_proxy_kendall_tau"] == pytest.approx(1.0)
+    assert agree["ranking_proxy_kendall_p"] < 0.01
+    reverse = correlations(pairs([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.6, 0.5, 0.4, 0.3, 0.2, 0.1]))
+    assert reverse["ranking_proxy_kendall_tau"] == pytest.approx(-1.0)
+    assert {"ranking_proxy_kendall_tau", "ranking_proxy_kendall_p"} <= set(L.RANKING_METRICS)
+    one_seed = [Pair("alphas", f"g{i}", i / 10, i / 10) for i in range(4)]
+    assert "ranking_proxy_kendall_tau" not in correlations(one_seed)
 
 
 def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):

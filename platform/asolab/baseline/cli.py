@@ -158,6 +158,17 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
         metavar="E",
         help="stand-alone training epochs per genotype (default 2)",
     )
+    p.add_argument(
+        "--standalone-seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help=(
+            "stand-alone trainings per genotype, at the run's seed and the next ones; with 2 "
+            "or more the stand-alone accuracy is their mean and the proxy's own reliability "
+            "(Kendall tau between its first two seeds) is recorded too (default 1)"
+        ),
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's seed)")
     _common(p)
     p.set_defaults(func=cmd_rank)
@@ -173,9 +184,14 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
     def pair(p) -> None:
         if not args.quiet:
+            seeds = (
+                " (" + " ".join(f"{a:.4f}" for a in p.standalone_by_seed) + ")"
+                if len(p.standalone_by_seed) > 1
+                else ""
+            )
             print(
                 f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
-                f"stand-alone {p.standalone_val_acc:.4f}  "
+                f"stand-alone {p.standalone_val_acc:.4f}{seeds}  "
                 f"{p.genotype}",
                 file=sys.stderr,
                 flush=True,
@@ -189,6 +205,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
         args.seed,
         overrides={"threads": args.threads} if args.threads else None,
         on_pair=pair,
+        standalone_seeds=args.standalone_seeds,
     )
     print(f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes):")
     for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
@@ -196,6 +213,13 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}"
             f"{p_text(figures[f'ranking_kendall_p{suffix}'])}  "
             f"Spearman rho {_fig(figures[f'ranking_spearman_rho{suffix}'])}"
+        )
+    if "ranking_proxy_kendall_tau" in figures:
+        print(
+            f"  {'proxy (seed vs seed)':<20} Kendall tau "
+            f"{_fig(figures['ranking_proxy_kendall_tau'])}"
+            f"{p_text(figures['ranking_proxy_kendall_p'])}  "
+            "(the stand-alone proxy against itself: the most a one-shot tau can show)"
         )
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     return 0

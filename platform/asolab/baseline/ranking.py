@@ -10,11 +10,17 @@ genotypes of the same space each get
   (as the runner does for every derived network), and
 * a stand-alone validation accuracy: the genotype trained from scratch for a
   few epochs on the search split (same seed, same SGD settings), evaluated on
-  the validation split.
+  the validation split; with several stand-alone seeds, the mean over them.
 
 Kendall's tau and Spearman's rho between the two (over the sampled
 genotypes, the random ones, and both) become metrics of the run; the pairs
 and a scatter plot become artifacts (names in :mod:`asolab.tracking.layout`).
+
+A short stand-alone training is itself a noisy judge. With two or more
+stand-alone seeds the diagnostic also measures the proxy's own reliability:
+Kendall's tau between the first two seeds' accuracies over all genotypes. A
+one-shot tau cannot be expected to exceed it; a near-zero one-shot tau under a
+near-zero proxy tau says the proxy, not the supernet, is what cannot rank.
 The supernet is the one in the run's last checkpoint: for a search-only run
 (``search.final_epochs = 0``, as studies run) that is the supernet at the end
 of the search; after final epochs its weights have also trained along the
@@ -50,7 +56,8 @@ class Pair:
     source: str  # "alphas" | "random"
     genotype: str
     one_shot_val_acc: float
-    standalone_val_acc: float
+    standalone_val_acc: float  # the mean over the stand-alone seeds
+    standalone_by_seed: tuple[float, ...] = ()  # one accuracy per stand-alone seed
 
 
 def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float = 1.0) -> Genotype:
@@ -128,15 +135,19 @@ def measure(
     epochs: int,
     seed: int,
     on_pair: Callable[[Pair], None] = lambda p: None,
+    standalone_seeds: int = 1,
 ) -> list[Pair]:
     """The pairs of up to ``samples`` genotypes from the runner's alphas and ``samples``
-    random ones."""
+    random ones; each genotype trains alone once per stand-alone seed (the run's seed,
+    then the next ones)."""
     if samples < 2:
         raise ConfigError(
             f"--samples must be at least 2 (got {samples}): a rank correlation needs two genotypes"
         )
     if epochs < 1:
         raise ConfigError(f"--epochs must be at least 1 (got {epochs})")
+    if standalone_seeds < 1:
+        raise ConfigError(f"--standalone-seeds must be at least 1 (got {standalone_seeds})")
     rng = random.Random(seed)
     spec = runner.spec
     drawn = {
@@ -151,22 +162,36 @@ def measure(
         for g in gs
     }
     cfg = standalone_config(runner.cfg, epochs)
+    seeds = [cfg.seed + i for i in range(standalone_seeds)]
     pairs = []
     for src, gs in drawn.items():
         for g in gs:
-            alone = standalone_val_acc(cfg, g, runner.data)
-            pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], alone)
+            alone = tuple(standalone_val_acc(cfg.replace(seed=s), g, runner.data) for s in seeds)
+            mean = sum(alone) / len(alone)
+            pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], mean, alone)
             pairs.append(pair)
             on_pair(pair)
     return pairs
+
+
+def _kendall(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Kendall's tau and its two-sided p-value, NaN when undefined (under two values,
+    or one side all tied)."""
+    from scipy.stats import kendalltau
+
+    if len(a) < 2 or len(set(a)) < 2 or len(set(b)) < 2:
+        return math.nan, math.nan
+    kendall = kendalltau(a, b)
+    return float(kendall.statistic), float(kendall.pvalue)
 
 
 def correlations(pairs: list[Pair]) -> dict[str, float]:
     """Kendall's tau, its two-sided p-value (no association as the null hypothesis) and
     Spearman's rho per source and over all pairs (NaN where undefined). A handful of
     genotypes leaves tau uncertain by several tenths; the p-value says how often a tau
-    this far from zero comes by chance."""
-    from scipy.stats import kendalltau, spearmanr
+    this far from zero comes by chance. With two or more stand-alone seeds, also the
+    proxy's reliability: tau (and p) between the first two seeds over all genotypes."""
+    from scipy.stats import spearmanr
 
     out: dict[str, float] = {"ranking_genotypes": float(len(pairs))}
     for suffix, chosen in (
@@ -176,14 +201,18 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     ):
         a = [p.one_shot_val_acc for p in chosen]
         b = [p.standalone_val_acc for p in chosen]
-        tau = p = rho = math.nan
-        if len(chosen) >= 2 and len(set(a)) > 1 and len(set(b)) > 1:
-            kendall = kendalltau(a, b)
-            tau, p = float(kendall.statistic), float(kendall.pvalue)
-            rho = float(spearmanr(a, b).statistic)
+        tau, p = _kendall(a, b)
         out[f"ranking_kendall_tau{suffix}"] = tau
         out[f"ranking_kendall_p{suffix}"] = p
-        out[f"ranking_spearman_rho{suffix}"] = rho
+        out[f"ranking_spearman_rho{suffix}"] = (
+            math.nan if math.isnan(tau) else float(spearmanr(a, b).statistic)
+        )
+    if pairs and all(len(p.standalone_by_seed) >= 2 for p in pairs):
+        tau, p = _kendall(
+            [p.standalone_by_seed[0] for p in pairs], [p.standalone_by_seed[1] for p in pairs]
+        )
+        out["ranking_proxy_kendall_tau"] = tau
+        out["ranking_proxy_kendall_p"] = p
     return out
 
 
@@ -235,6 +264,7 @@ def rank_run(
     overrides: dict | None = None,
     data: DataBundle | None = None,
     on_pair: Callable[[Pair], None] = lambda p: None,
+    standalone_seeds: int = 1,
 ) -> dict[str, float]:
     """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts
     in the run."""
@@ -261,7 +291,14 @@ def rank_run(
         runner.cfg = runner.cfg.replace(**overrides)
         if runner.cfg.threads:
             torch.set_num_threads(runner.cfg.threads)
-    pairs = measure(runner, samples, epochs, runner.cfg.seed if seed is None else seed, on_pair)
+    pairs = measure(
+        runner,
+        samples,
+        epochs,
+        runner.cfg.seed if seed is None else seed,
+        on_pair,
+        standalone_seeds,
+    )
     figures = correlations(pairs)
     step = 0
     for k, v in figures.items():
@@ -270,7 +307,15 @@ def rank_run(
     records = [asdict(p) for p in pairs]
     client.log_text(
         run_id,
-        json.dumps({"samples": samples, "epochs": epochs, "pairs": records}, indent=1),
+        json.dumps(
+            {
+                "samples": samples,
+                "epochs": epochs,
+                "standalone_seeds": standalone_seeds,
+                "pairs": records,
+            },
+            indent=1,
+        ),
         L.RANKING_PAIRS_ARTIFACT,
     )
     png = scatter_png(

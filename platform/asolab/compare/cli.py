@@ -227,7 +227,13 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 f"{r[f'ranking_spearman_rho{s}']:+.3f}"
                 for name, s in (("alphas", ""), ("random", "_random"), ("all", "_all"))
             )
-            print(f"  {r['run_name']}: " + ", ".join(groups), file=out)
+            proxy = r["ranking_proxy_kendall_tau"]
+            reliability = (
+                ""
+                if math.isnan(proxy)
+                else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
+            )
+            print(f"  {r['run_name']}: " + ", ".join(groups) + reliability, file=out)
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:

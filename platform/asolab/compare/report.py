@@ -413,7 +413,8 @@ def _arms_html(comparison: Comparison) -> list[str]:
 
 def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
     """The ranking figures as the report shows them: per run and genotype group, Kendall's
-    tau with its two-sided p-value in brackets, and Spearman's rho, two decimals each."""
+    tau with its two-sided p-value in brackets, and Spearman's rho, two decimals each; and,
+    where any run measured it, the stand-alone proxy's tau between two of its seeds."""
     from ..baseline.ranking import p_text
 
     def fig(v: float) -> str:
@@ -426,6 +427,10 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
             tau, p = r[f"ranking_kendall_tau{s}"], r[f"ranking_kendall_p{s}"]
             row[f"{group}: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
             row[f"{group}: rho"] = fig(r[f"ranking_spearman_rho{s}"])
+        if rankings["ranking_proxy_kendall_tau"].notna().any():
+            # the stand-alone proxy against itself (two seeds): the ceiling for the taus above
+            tau, p = r["ranking_proxy_kendall_tau"], r["ranking_proxy_kendall_p"]
+            row["proxy seed vs seed: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -441,7 +446,8 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         "<p>Recorded by <code>asolab rank</code>: genotypes sampled from the final alphas (and "
         "random ones), their one-shot validation accuracy on the supernet against their "
         "validation accuracy after a short stand-alone training; Kendall's tau and Spearman's "
-        "rho.</p>",
+        "rho. With two stand-alone seeds, the proxy's tau between them is the most a one-shot "
+        "tau can show.</p>",
         _frame_html(ranking_display(comparison.rankings)),
     ]
     for rid, pairs in comparison.ranking_pairs.items():

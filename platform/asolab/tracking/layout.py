@@ -226,7 +226,8 @@ ARM_ASO_SE = "aso-se"
 # Metrics of the run whose supernet is ranked (step 0): Kendall's tau (and its two-sided
 # p-value) and Spearman's rho between one-shot (supernet) and stand-alone validation
 # accuracy, over the genotypes sampled from the final alphas, over the random ones, and
-# over both together.
+# over both together; with two or more stand-alone seeds (--standalone-seeds), the
+# stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes.
 RANKING_METRICS = (
     "ranking_kendall_tau",
     "ranking_kendall_p",
@@ -237,6 +238,8 @@ RANKING_METRICS = (
     "ranking_kendall_tau_all",
     "ranking_kendall_p_all",
     "ranking_spearman_rho_all",
+    "ranking_proxy_kendall_tau",
+    "ranking_proxy_kendall_p",
     "ranking_genotypes",
 )
 RANKING_DIR = "ranking"

@@ -17,7 +17,14 @@ from mlflow.tracking import MlflowClient
 
 from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
-from asolab.baseline.ranking import Pair, correlations, measure, p_text, sample_genotype
+from asolab.baseline.ranking import (
+    Pair,
+    correlations,
+    measure,
+    p_text,
+    proxy_warning,
+    sample_genotype,
+)
 from asolab.baseline.run import run_set
 from asolab.compare.arms import arm_lines, arm_summary, paired_ci
 from asolab.data import load_data
@@ -434,6 +441,13 @@ def test_ranking_measures_the_stand_alone_proxy_against_itself():
     assert {"ranking_proxy_kendall_tau", "ranking_proxy_kendall_p"} <= set(L.RANKING_METRICS)
     one_seed = [Pair("alphas", f"g{i}", i / 10, i / 10) for i in range(4)]
     assert "ranking_proxy_kendall_tau" not in correlations(one_seed)
+    # asolab rank warns when the proxy is no better than chance against itself
+    assert proxy_warning(agree) is None
+    assert "raise --epochs" in proxy_warning(reverse)
+    assert "raise --epochs" in proxy_warning(
+        {"ranking_proxy_kendall_tau": 0.3, "ranking_proxy_kendall_p": 0.2}
+    )
+    assert proxy_warning(correlations(one_seed)) is None
 
 
 def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):

@@ -177,7 +177,7 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import p_text, rank_run
+    from .ranking import p_text, proxy_warning, rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
@@ -221,6 +221,9 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"{p_text(figures['ranking_proxy_kendall_p'])}  "
             "(the stand-alone proxy against itself: the most a one-shot tau can show)"
         )
+        warning = proxy_warning(figures)
+        if warning:
+            print(f"  {warning}")
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     return 0
 

@@ -222,6 +222,23 @@ def p_text(p: float) -> str:
     return "" if math.isnan(p) else f" (p {p:.2f})"
 
 
+def proxy_warning(figures: dict[str, float]) -> str | None:
+    """A line for when the stand-alone proxy does not agree with itself beyond chance
+    (its seed-vs-seed tau not positive at p < 0.05): then no one-shot tau can show a
+    ranking, and the fix is a longer stand-alone training. None when it agrees, or was
+    not measured."""
+    if "ranking_proxy_kendall_tau" not in figures:
+        return None
+    tau, p = figures["ranking_proxy_kendall_tau"], figures["ranking_proxy_kendall_p"]
+    if not math.isnan(tau) and tau > 0 and p < 0.05:
+        return None
+    told = "undefined (tied accuracies)" if math.isnan(tau) else f"{tau:+.2f}{p_text(p)}"
+    return (
+        f"the stand-alone proxy does not agree with itself (seed vs seed tau {told}): "
+        "the one-shot taus above cannot show a ranking; raise --epochs"
+    )
+
+
 def scatter_png(pairs: list[dict], title: str) -> bytes | None:
     """One-shot against stand-alone validation accuracy, one colour per source."""
     if not pairs:

@@ -223,9 +223,9 @@ def p_text(p: float) -> str:
 
 
 def proxy_warning(figures: dict[str, float]) -> str | None:
-    """A line for when the stand-alone proxy does not agree with itself beyond chance
-    (its seed-vs-seed tau not positive at p < 0.05): then no one-shot tau can show a
-    ranking, and the fix is a longer stand-alone training. None when it agrees, or was
+    """A line for when the stand-alone proxy is not shown to agree with itself (its
+    seed-vs-seed tau not positive at p < 0.05): then a one-shot tau may be the proxy's
+    noise, and the fix is a longer stand-alone training. None when it agrees, or was
     not measured."""
     if "ranking_proxy_kendall_tau" not in figures:
         return None
@@ -234,8 +234,8 @@ def proxy_warning(figures: dict[str, float]) -> str | None:
         return None
     told = "undefined (tied accuracies)" if math.isnan(tau) else f"{tau:+.2f}{p_text(p)}"
     return (
-        f"the stand-alone proxy does not agree with itself (seed vs seed tau {told}): "
-        "the one-shot taus above cannot show a ranking; raise --epochs"
+        f"the stand-alone proxy is not shown to agree with itself (seed vs seed tau {told}): "
+        "the one-shot taus above may be its noise; raise --epochs"
     )
 
 

@@ -376,8 +376,12 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     client = MlflowClient(tracking_uri=uri)
     metrics = client.get_run(source).data.metrics
     assert metrics["ranking_genotypes"] == 6
-    for name in L.RANKING_METRICS:  # recorded unless undefined (tied accuracies)
-        assert name not in metrics or -1 <= metrics[name] <= 1 or name == "ranking_genotypes"
+    # the proxy's size is recorded with its figures, and printed
+    assert metrics["ranking_standalone_epochs"] == 1 and metrics["ranking_standalone_seeds"] == 2
+    assert "stand-alone 1 epoch x 2 seeds" in out
+    sizes = {"ranking_genotypes", "ranking_standalone_epochs", "ranking_standalone_seeds"}
+    for name in set(L.RANKING_METRICS) - sizes:  # recorded unless undefined (tied accuracies)
+        assert name not in metrics or -1 <= metrics[name] <= 1
     local = client.download_artifacts(source, L.RANKING_PAIRS_ARTIFACT, str(tmp_path))
     with open(local) as f:
         pairs = json.load(f)["pairs"]
@@ -397,9 +401,11 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "ranking diagnostic" in out and "proxy seed vs seed" in out
+    assert "(stand-alone 1 epoch x 2 seeds)" in out
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Ranking diagnostic" in page and "one point per genotype" in page
     assert "proxy seed vs seed: tau (p)" in page
+    assert "1 epoch x 2 seeds" in page
 
 
 def test_ranking_figures_carry_kendalls_p_value():

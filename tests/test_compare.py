@@ -766,3 +766,5 @@ def test_warm_up_is_part_of_the_budget_and_the_ranking_table_reads_tau_with_its_
     assert row["from alphas: tau (p)"] == "+0.50 (0.12)"
     assert row["random: tau (p)"] == "+0.50"  # a run ranked before p-values were logged
     assert row["all: rho"] == "+0.60"
+    assert row["proxy"] == "size not recorded"  # ranked before the proxy's size was logged
+    assert "proxy seed vs seed: tau (p)" not in shown  # nobody measured the proxy

@@ -177,7 +177,7 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import p_text, proxy_warning, rank_run
+    from .ranking import p_text, proxy_text, proxy_warning, rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
@@ -207,7 +207,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
         on_pair=pair,
         standalone_seeds=args.standalone_seeds,
     )
-    print(f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes):")
+    print(
+        f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes, "
+        f"{proxy_text(figures)}):"
+    )
     for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
         print(
             f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}"

@@ -222,6 +222,17 @@ def p_text(p: float) -> str:
     return "" if math.isnan(p) else f" (p {p:.2f})"
 
 
+def proxy_text(figures: dict[str, float]) -> str:
+    """The stand-alone proxy's size: "stand-alone 6 epochs x 2 seeds" (or "stand-alone
+    size not recorded" for a run ranked before it was logged)."""
+    epochs = figures.get("ranking_standalone_epochs", math.nan)
+    seeds = figures.get("ranking_standalone_seeds", math.nan)
+    if math.isnan(epochs):
+        return "stand-alone size not recorded"
+    seeds_text = "" if math.isnan(seeds) else f" x {int(seeds)} seed{'s' if seeds != 1 else ''}"
+    return f"stand-alone {int(epochs)} epoch{'s' if epochs != 1 else ''}{seeds_text}"
+
+
 def proxy_warning(figures: dict[str, float]) -> str | None:
     """A line for when the stand-alone proxy is not shown to agree with itself (its
     seed-vs-seed tau not positive at p < 0.05): then a one-shot tau may be the proxy's
@@ -317,6 +328,9 @@ def rank_run(
         standalone_seeds,
     )
     figures = correlations(pairs)
+    # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
+    figures["ranking_standalone_epochs"] = float(epochs)
+    figures["ranking_standalone_seeds"] = float(standalone_seeds)
     step = 0
     for k, v in figures.items():
         if not math.isnan(v):

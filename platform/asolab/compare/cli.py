@@ -214,7 +214,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for line in arm_lines(comparison.arms):
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
-        from ..baseline.ranking import p_text
+        from ..baseline.ranking import p_text, proxy_text
 
         print(
             "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
@@ -233,7 +233,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 if math.isnan(proxy)
                 else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
             )
-            print(f"  {r['run_name']}: " + ", ".join(groups) + reliability, file=out)
+            print(
+                f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability,
+                file=out,
+            )
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:

@@ -415,14 +415,18 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
     """The ranking figures as the report shows them: per run and genotype group, Kendall's
     tau with its two-sided p-value in brackets, and Spearman's rho, two decimals each; and,
     where any run measured it, the stand-alone proxy's tau between two of its seeds."""
-    from ..baseline.ranking import p_text
+    from ..baseline.ranking import p_text, proxy_text
 
     def fig(v: float) -> str:
         return "–" if math.isnan(v) else f"{v:+.2f}"
 
     rows = []
     for _, r in rankings.iterrows():
-        row = {"run": r["run_name"], "genotypes": _fmt(r["ranking_genotypes"])}
+        row = {
+            "run": r["run_name"],
+            "genotypes": _fmt(r["ranking_genotypes"]),
+            "proxy": proxy_text(r).removeprefix("stand-alone "),
+        }
         for group, s in (("from alphas", ""), ("random", "_random"), ("all", "_all")):
             tau, p = r[f"ranking_kendall_tau{s}"], r[f"ranking_kendall_p{s}"]
             row[f"{group}: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")

@@ -241,6 +241,8 @@ RANKING_METRICS = (
     "ranking_proxy_kendall_tau",
     "ranking_proxy_kendall_p",
     "ranking_genotypes",
+    "ranking_standalone_epochs",  # the stand-alone proxy: epochs per training (--epochs)
+    "ranking_standalone_seeds",  # ... and trainings per genotype (--standalone-seeds)
 )
 RANKING_DIR = "ranking"
 RANKING_PAIRS_ARTIFACT = (

@@ -19,7 +19,10 @@ from asolab import cli
 from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
 from asolab.baseline.ranking import (
     Pair,
+    alphas_lead,
     correlations,
+    lead_text,
+    lead_warning,
     measure,
     p_text,
     proxy_warning,
@@ -380,7 +383,10 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     assert metrics["ranking_standalone_epochs"] == 1 and metrics["ranking_standalone_seeds"] == 2
     assert "stand-alone 1 epoch x 2 seeds" in out
     sizes = {"ranking_genotypes", "ranking_standalone_epochs", "ranking_standalone_seeds"}
-    for name in set(L.RANKING_METRICS) - sizes:  # recorded unless undefined (tied accuracies)
+    # the lead's interval (Welch's t on 3 + 3 genotypes) may reach beyond +-1
+    interval = {"ranking_alphas_lead_low", "ranking_alphas_lead_high"}
+    # recorded unless undefined (tied accuracies)
+    for name in set(L.RANKING_METRICS) - sizes - interval:
         assert name not in metrics or -1 <= metrics[name] <= 1
     local = client.download_artifacts(source, L.RANKING_PAIRS_ARTIFACT, str(tmp_path))
     with open(local) as f:
@@ -392,6 +398,14 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     for p in pairs:
         assert p["standalone_val_acc"] == pytest.approx(sum(p["standalone_by_seed"]) / 2)
     assert any(p["standalone_by_seed"][0] != p["standalone_by_seed"][1] for p in pairs)
+    # the alphas' lead is the difference of the groups' stand-alone means, and printed
+    means = [
+        sum(p["standalone_val_acc"] for p in pairs if p["source"] == s) / 3
+        for s in ("alphas", "random")
+    ]
+    assert metrics["ranking_standalone_mean"] == pytest.approx(means[0])
+    assert metrics["ranking_alphas_lead"] == pytest.approx(means[0] - means[1])
+    assert "stand-alone val acc, mean: from alphas" in out
     assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
     assert (
         cli.main(
@@ -402,10 +416,12 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ranking diagnostic" in out and "proxy seed vs seed" in out
     assert "(stand-alone 1 epoch x 2 seeds)" in out
+    assert "alphas lead" in out
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Ranking diagnostic" in page and "one point per genotype" in page
     assert "proxy seed vs seed: tau (p)" in page
     assert "1 epoch x 2 seeds" in page
+    assert "alphas lead, stand-alone" in page
 
 
 def test_ranking_figures_carry_kendalls_p_value():
@@ -454,6 +470,35 @@ def test_ranking_measures_the_stand_alone_proxy_against_itself():
         {"ranking_proxy_kendall_tau": 0.3, "ranking_proxy_kendall_p": 0.2}
     )
     assert proxy_warning(correlations(one_seed)) is None
+
+
+def test_ranking_measures_the_alphas_lead_over_random_genotypes():
+    """The lead is the alphas' mean stand-alone accuracy minus the random genotypes', with
+    Welch's 95% interval; rank warns when the interval reaches zero, and the lead is
+    undefined while a group has a single genotype (alphas that have converged)."""
+
+    def pairs(alphas, random_):
+        return [Pair("alphas", f"a{i}", 0.5, a) for i, a in enumerate(alphas)] + [
+            Pair("random", f"r{i}", 0.5, r) for i, r in enumerate(random_)
+        ]
+
+    ahead = alphas_lead(pairs([0.80, 0.82, 0.84, 0.83], [0.70, 0.72, 0.74, 0.71]))
+    assert ahead["ranking_standalone_mean"] == pytest.approx(0.8225)
+    assert ahead["ranking_alphas_lead"] == pytest.approx(0.8225 - 0.7175)
+    assert 0 < ahead["ranking_alphas_lead_low"] < 0.105 < ahead["ranking_alphas_lead_high"]
+    assert lead_text(ahead) == "+10.50 points (95% CI " + (
+        f"{100 * ahead['ranking_alphas_lead_low']:+.2f} .. "
+        f"{100 * ahead['ranking_alphas_lead_high']:+.2f})"
+    )
+    assert lead_warning(ahead) is None
+    level = alphas_lead(pairs([0.80, 0.82, 0.79, 0.81], [0.81, 0.79, 0.82, 0.80]))
+    assert level["ranking_alphas_lead_low"] < 0 < level["ranking_alphas_lead_high"]
+    assert "search.alpha_lr" in lead_warning(level)
+    converged = alphas_lead(pairs([0.80], [0.81, 0.79]))
+    assert converged["ranking_standalone_mean"] == pytest.approx(0.80)
+    assert math.isnan(converged["ranking_alphas_lead"]) and lead_text(converged) == ""
+    assert lead_warning(converged) is None
+    assert set(ahead) <= set(L.RANKING_METRICS)
 
 
 def test_fixed_genotype_runner_keeps_its_genotype(tiny_cfg):

@@ -768,3 +768,4 @@ def test_warm_up_is_part_of_the_budget_and_the_ranking_table_reads_tau_with_its_
     assert row["all: rho"] == "+0.60"
     assert row["proxy"] == "size not recorded"  # ranked before the proxy's size was logged
     assert "proxy seed vs seed: tau (p)" not in shown  # nobody measured the proxy
+    assert "alphas lead, stand-alone" not in shown  # ... nor the alphas' lead

@@ -177,7 +177,7 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import p_text, proxy_text, proxy_warning, rank_run
+    from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning, rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
@@ -228,6 +228,14 @@ def cmd_rank(args: argparse.Namespace) -> int:
         if warning:
             print(f"  {warning}")
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
+    print(
+        f"  stand-alone val acc, mean: from alphas {figures['ranking_standalone_mean']:.4f}, "
+        f"random {figures['ranking_standalone_mean_random']:.4f}"
+        + (f"; the alphas lead by {lead_text(figures)}" if lead_text(figures) else "")
+    )
+    warning = lead_warning(figures)
+    if warning:
+        print(f"  {warning}")
     return 0
 
 

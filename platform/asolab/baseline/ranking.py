@@ -216,6 +216,57 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     return out
 
 
+def alphas_lead(pairs: list[Pair]) -> dict[str, float]:
+    """Do the alphas gather on genotypes that train better alone than random ones? Each
+    group's mean stand-alone accuracy, the difference (alphas minus random) and its 95%
+    interval by Welch's t (the groups are independent draws whose spreads may differ);
+    the difference and interval are NaN while a group has fewer than two genotypes. A
+    supernet that ranks well does not help the search if the alphas do not follow it."""
+    from scipy.stats import ttest_ind
+
+    groups = [[p.standalone_val_acc for p in pairs if p.source == s] for s in SOURCES]
+    out = {
+        f"ranking_standalone_mean{suffix}": (sum(g) / len(g) if g else math.nan)
+        for suffix, g in zip(("", "_random"), groups)
+    }
+    lead = low = high = math.nan
+    if all(len(g) >= 2 for g in groups):
+        lead = out["ranking_standalone_mean"] - out["ranking_standalone_mean_random"]
+        if any(len(set(g)) > 1 for g in groups):  # Welch's interval needs some spread
+            interval = ttest_ind(*groups, equal_var=False).confidence_interval(0.95)
+            low, high = float(interval.low), float(interval.high)
+    return out | {
+        "ranking_alphas_lead": lead,
+        "ranking_alphas_lead_low": low,
+        "ranking_alphas_lead_high": high,
+    }
+
+
+def lead_text(figures: dict[str, float]) -> str:
+    """The alphas' lead in points with its interval: "+0.30 points (95% CI -0.61 ..
+    +1.21)", or "" for a run ranked before it was logged."""
+    lead = figures.get("ranking_alphas_lead", math.nan)
+    if math.isnan(lead):
+        return ""
+    low = figures.get("ranking_alphas_lead_low", math.nan)
+    high = figures.get("ranking_alphas_lead_high", math.nan)
+    interval = "" if math.isnan(low) else f" (95% CI {100 * low:+.2f} .. {100 * high:+.2f})"
+    return f"{100 * lead:+.2f} points{interval}"
+
+
+def lead_warning(figures: dict[str, float]) -> str | None:
+    """A line for when the alphas' genotypes are not shown to train better alone than
+    random ones (the interval of the lead reaches zero): the search's choice then rests
+    on the alpha phase, whatever the supernet's ranking. None otherwise."""
+    low = figures.get("ranking_alphas_lead_low", math.nan)
+    if math.isnan(low) or low > 0:
+        return None
+    return (
+        "the alphas' genotypes are not shown to train better alone than random ones: "
+        "look at the alpha phase (search.alpha_lr, search.alpha_epochs, temperature.*)"
+    )
+
+
 def p_text(p: float) -> str:
     """Kendall's tau's p-value as printed after the tau: " (p 0.14)", or nothing
     when the tau has none (undefined, or a run ranked before p-values were logged)."""
@@ -327,7 +378,7 @@ def rank_run(
         on_pair,
         standalone_seeds,
     )
-    figures = correlations(pairs)
+    figures = correlations(pairs) | alphas_lead(pairs)
     # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
     figures["ranking_standalone_epochs"] = float(epochs)
     figures["ranking_standalone_seeds"] = float(standalone_seeds)

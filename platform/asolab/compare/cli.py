@@ -214,7 +214,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for line in arm_lines(comparison.arms):
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
-        from ..baseline.ranking import p_text, proxy_text
+        from ..baseline.ranking import lead_text, p_text, proxy_text
 
         print(
             "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
@@ -233,8 +233,9 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 if math.isnan(proxy)
                 else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
             )
+            lead = f"; alphas lead {lead_text(r)}" if lead_text(r) else ""
             print(
-                f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability,
+                f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
                 file=out,
             )
     if selection.skipped:

@@ -415,7 +415,7 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
     """The ranking figures as the report shows them: per run and genotype group, Kendall's
     tau with its two-sided p-value in brackets, and Spearman's rho, two decimals each; and,
     where any run measured it, the stand-alone proxy's tau between two of its seeds."""
-    from ..baseline.ranking import p_text, proxy_text
+    from ..baseline.ranking import lead_text, p_text, proxy_text
 
     def fig(v: float) -> str:
         return "–" if math.isnan(v) else f"{v:+.2f}"
@@ -435,6 +435,9 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
             # the stand-alone proxy against itself (two seeds): the ceiling for the taus above
             tau, p = r["ranking_proxy_kendall_tau"], r["ranking_proxy_kendall_p"]
             row["proxy seed vs seed: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
+        if rankings["ranking_alphas_lead"].notna().any():
+            # do the alphas gather on genotypes that train better alone than random ones?
+            row["alphas lead, stand-alone"] = lead_text(r).replace("points ", "") or "–"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -451,7 +454,8 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         "random ones), their one-shot validation accuracy on the supernet against their "
         "validation accuracy after a short stand-alone training; Kendall's tau and Spearman's "
         "rho. With two stand-alone seeds, the proxy's tau between them is the most a one-shot "
-        "tau can show.</p>",
+        "tau can show. The alphas' lead is how much better (in points of stand-alone "
+        "accuracy) the genotypes from the alphas train than the random ones.</p>",
         _frame_html(ranking_display(comparison.rankings)),
     ]
     for rid, pairs in comparison.ranking_pairs.items():

@@ -227,7 +227,8 @@ ARM_ASO_SE = "aso-se"
 # p-value) and Spearman's rho between one-shot (supernet) and stand-alone validation
 # accuracy, over the genotypes sampled from the final alphas, over the random ones, and
 # over both together; with two or more stand-alone seeds (--standalone-seeds), the
-# stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes.
+# stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes;
+# and whether the alphas' genotypes train better alone than random ones (their lead).
 RANKING_METRICS = (
     "ranking_kendall_tau",
     "ranking_kendall_p",
@@ -243,6 +244,11 @@ RANKING_METRICS = (
     "ranking_genotypes",
     "ranking_standalone_epochs",  # the stand-alone proxy: epochs per training (--epochs)
     "ranking_standalone_seeds",  # ... and trainings per genotype (--standalone-seeds)
+    "ranking_standalone_mean",  # mean stand-alone val acc of the genotypes from the alphas
+    "ranking_standalone_mean_random",  # ... and of the random ones
+    "ranking_alphas_lead",  # the first minus the second ...
+    "ranking_alphas_lead_low",  # ... and its 95% interval (Welch's t)
+    "ranking_alphas_lead_high",
 )
 RANKING_DIR = "ranking"
 RANKING_PAIRS_ARTIFACT = (

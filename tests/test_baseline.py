@@ -406,6 +406,7 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     assert metrics["ranking_standalone_mean"] == pytest.approx(means[0])
     assert metrics["ranking_alphas_lead"] == pytest.approx(means[0] - means[1])
     assert "stand-alone val acc, mean: from alphas" in out
+    assert 0 < metrics["ranking_alpha_entropy"] <= 1  # tiny runs barely move their alphas
     assert L.RANKING_PLOT_ARTIFACT in [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
     assert (
         cli.main(
@@ -494,6 +495,7 @@ def test_ranking_measures_the_alphas_lead_over_random_genotypes():
     level = alphas_lead(pairs([0.80, 0.82, 0.79, 0.81], [0.81, 0.79, 0.82, 0.80]))
     assert level["ranking_alphas_lead_low"] < 0 < level["ranking_alphas_lead_high"]
     assert "search.alpha_lr" in lead_warning(level)
+    assert "entropy is 0.98 of uniform" in lead_warning(level | {"ranking_alpha_entropy": 0.98})
     converged = alphas_lead(pairs([0.80], [0.81, 0.79]))
     assert converged["ranking_standalone_mean"] == pytest.approx(0.80)
     assert math.isnan(converged["ranking_alphas_lead"]) and lead_text(converged) == ""

@@ -176,6 +176,7 @@ def test_run_records_everything(tracked, store, tmp_path):
         "rss_mb",
         "peak_rss_mb",
         "mutation_edits",
+        "alpha_entropy",
     ):
         hist = _history(client, tracker.run_id, key)
         assert [m.step for m in hist] == [c.global_epoch for c in cycles], key
@@ -184,6 +185,7 @@ def test_run_records_everything(tracked, store, tmp_path):
         "supernet_params": [c.supernet_params for c in cycles],
         "cycle_val_loss": [c.val_loss for c in cycles],
         "mutation_edits": [c.mutation_edits for c in cycles],
+        "alpha_entropy": [c.alpha_entropy for c in cycles],
     }
     for key, expected in per_cycle.items():
         assert [m.value for m in _history(client, tracker.run_id, key)] == pytest.approx(

@@ -261,9 +261,11 @@ def lead_warning(figures: dict[str, float]) -> str | None:
     low = figures.get("ranking_alphas_lead_low", math.nan)
     if math.isnan(low) or low > 0:
         return None
+    entropy = figures.get("ranking_alpha_entropy", math.nan)
+    moved = "" if math.isnan(entropy) else f" (their entropy is {entropy:.2f} of uniform)"
     return (
-        "the alphas' genotypes are not shown to train better alone than random ones: "
-        "look at the alpha phase (search.alpha_lr, search.alpha_epochs, temperature.*)"
+        "the alphas' genotypes are not shown to train better alone than random ones"
+        f"{moved}: look at the alpha phase (search.alpha_lr, search.alpha_epochs, temperature.*)"
     )
 
 
@@ -379,6 +381,8 @@ def rank_run(
         standalone_seeds,
     )
     figures = correlations(pairs) | alphas_lead(pairs)
+    # alphas that have not moved from uniform cannot gather on anything: say how far they did
+    figures["ranking_alpha_entropy"] = runner.net.alpha_entropy()
     # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
     figures["ranking_standalone_epochs"] = float(epochs)
     figures["ranking_standalone_seeds"] = float(standalone_seeds)

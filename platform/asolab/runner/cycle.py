@@ -575,6 +575,7 @@ class Runner:
                 global_epoch=self.state.position.global_epoch,
                 mutation_edits=self.state.cycle_edits,
                 growth=tuple(self.state.cycle_growth),
+                alpha_entropy=self.net.alpha_entropy(),
             ),
         )
 

@@ -94,6 +94,7 @@ class CycleEnd:
     global_epoch: int
     mutation_edits: int = 0  # how many edits this cycle's mutation made
     growth: tuple[GrowthEvent, ...] = ()  # this cycle's growth steps, in order
+    alpha_entropy: float = 1.0  # SearchNetwork.alpha_entropy() at the cycle's end
 
 
 @dataclass(frozen=True)

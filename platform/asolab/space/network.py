@@ -187,6 +187,18 @@ class SearchNetwork(nn.Module):
 
     # ------------------------------------------------------------------ derivation
 
+    def alpha_entropy(self) -> float:
+        """How undecided the alphas are: the entropy of each edge's softmax over its ops,
+        divided by that of the uniform distribution (log of the op count), averaged over
+        every edge of every alpha matrix. 1 means the alphas have not moved from where
+        they started (derive() then picks by small differences); 0 means one op per edge."""
+        entropies = []
+        for a in self.alphas.values():
+            p = a.detach().float().softmax(-1)
+            h = -(p * p.clamp_min(1e-12).log()).sum(-1) / torch.log(torch.tensor(a.shape[-1]))
+            entropies.append(h)
+        return torch.cat(entropies).mean().item()
+
     def derive(self) -> Genotype:
         """DARTS rule: per node keep the two inputs whose strongest non-none op
         weighs most (softmax over the edge's alphas), each with that op; one

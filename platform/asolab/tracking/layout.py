@@ -77,6 +77,8 @@ EPOCH_METRICS = (
 CYCLE_VAL_ACC, CYCLE_VAL_LOSS = "cycle_val_acc", "cycle_val_loss"
 SUPERNET_PARAMS, DERIVED_PARAMS = "supernet_params", "derived_params"
 MUTATION_EDITS = "mutation_edits"
+# the alphas' mean per-edge softmax entropy over log(ops): 1 = not moved from uniform
+ALPHA_ENTROPY = "alpha_entropy"
 RSS_MB, PEAK_RSS_MB = "rss_mb", "peak_rss_mb"
 CUDA_ALLOCATED_MB, CUDA_PEAK_MB = "cuda_allocated_mb", "cuda_peak_mb"
 MEMORY_METRICS = (RSS_MB, PEAK_RSS_MB, CUDA_ALLOCATED_MB, CUDA_PEAK_MB)
@@ -87,6 +89,7 @@ CYCLE_METRICS = (
     DERIVED_PARAMS,
     *MEMORY_METRICS,
     MUTATION_EDITS,
+    ALPHA_ENTROPY,
 )
 # per cycle with growth (step = global epoch at the cycle's end)
 GROWTH_EVENTS, GROWTH_PRESERVATION_ERROR, GROWTH_PARAMS_AFTER = (
@@ -249,6 +252,7 @@ RANKING_METRICS = (
     "ranking_alphas_lead",  # the first minus the second ...
     "ranking_alphas_lead_low",  # ... and its 95% interval (Welch's t)
     "ranking_alphas_lead_high",
+    "ranking_alpha_entropy",  # the ranked supernet's alpha_entropy (1 = alphas never moved)
 )
 RANKING_DIR = "ranking"
 RANKING_PAIRS_ARTIFACT = (

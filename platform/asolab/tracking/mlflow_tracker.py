@@ -511,6 +511,7 @@ class MlflowTracker(Observer):
             # From the event, not from on_mutation / on_growth: after a resume in
             # mid-cycle this process never saw the mutation.
             self._metric(L.MUTATION_EDITS, event.mutation_edits, step)
+            self._metric(L.ALPHA_ENTROPY, event.alpha_entropy, step)
             if event.growth:
                 self._log_growth(event.growth, step)
             # written with the retrain phase's metrics at its checkpoint (or the next flush)

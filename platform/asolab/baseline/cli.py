@@ -228,10 +228,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
         if warning:
             print(f"  {warning}")
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
+    lead = lead_text(figures)
     print(
         f"  stand-alone val acc, mean: from alphas {figures['ranking_standalone_mean']:.4f}, "
         f"random {figures['ranking_standalone_mean_random']:.4f}"
-        + (f"; the alphas lead by {lead_text(figures)}" if lead_text(figures) else "")
+        + (f"; the alphas lead by {lead}" if lead else "")
     )
     warning = lead_warning(figures)
     if warning:

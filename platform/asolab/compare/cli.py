@@ -233,7 +233,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 if math.isnan(proxy)
                 else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
             )
-            lead = f"; alphas lead {lead_text(r)}" if lead_text(r) else ""
+            lead = lead_text(r)
+            lead = f"; alphas lead {lead}" if lead else ""
             print(
                 f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
                 file=out,

@@ -18,6 +18,7 @@ copy only for export.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -195,7 +196,7 @@ class SearchNetwork(nn.Module):
         entropies = []
         for a in self.alphas.values():
             p = a.detach().float().softmax(-1)
-            h = -(p * p.clamp_min(1e-12).log()).sum(-1) / torch.log(torch.tensor(a.shape[-1]))
+            h = -(p * p.clamp_min(1e-12).log()).sum(-1) / math.log(a.shape[-1])
             entropies.append(h)
         return torch.cat(entropies).mean().item()
 

@@ -101,6 +101,11 @@ CASES = {
     "run section as value": (["run", "--set", "space=3"], "must be a table"),
     "run no primitives": (["run", "--set", "space.primitives=[]"], "at least one"),
     "run only none": (["run", "--set", 'space.primitives=["none"]'], "besides 'none'"),
+    "run cap without weighted ops": (
+        ["run", "--set", "search.param_free_cap=1", "--set", 'space.primitives=["skip_connect"]'],
+        "param_free_cap needs an operation with weights",
+    ),
+    "run cap below -1": (["run", "--set", "search.param_free_cap=-2"], "param_free_cap"),
     "run unknown device": (["run", "--set", "device=tpu"], "cuda:N"),
     "run unknown data set": (["run", "--set", "data.name=imagenet"], "data.name"),
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),

@@ -15,8 +15,14 @@ import torch
 from conftest import TINY
 from mlflow.tracking import MlflowClient
 
-from asolab import cli
-from asolab.baseline.arms import PARAM_TOLERANCE, FinalOnlyRunner, FixedGenotypeRunner
+from asolab import cli, config
+from asolab.baseline.arms import (
+    PARAM_TOLERANCE,
+    FinalOnlyRunner,
+    FixedGenotypeRunner,
+    matched_random,
+    random_genotype,
+)
 from asolab.baseline.ranking import (
     Pair,
     alphas_lead,
@@ -33,6 +39,7 @@ from asolab.compare.arms import arm_lines, arm_summary, paired_ci
 from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.runner.events import Observer, Recorder
+from asolab.space import PRIMITIVES
 from asolab.tracking import layout as L
 
 SMALL = {
@@ -471,6 +478,24 @@ def test_ranking_measures_the_stand_alone_proxy_against_itself():
         {"ranking_proxy_kendall_tau": 0.3, "ranking_proxy_kendall_p": 0.2}
     )
     assert proxy_warning(correlations(one_seed)) is None
+
+
+def test_random_arm_draws_from_the_capped_space_the_search_derives_in():
+    """With search.param_free_cap the random genotypes (the random arm's and rank's)
+    keep every cell within the cap, as the search's own genotypes do."""
+    rng = random.Random(0)
+    free = [random_genotype(rng, PRIMITIVES, 2).most_param_free() for _ in range(200)]
+    assert max(free) >= 2  # the uncapped space has cells of pools and skips
+    rng = random.Random(0)
+    assert all(random_genotype(rng, PRIMITIVES, 2, 0).most_param_free() == 0 for _ in range(200))
+    cfg = config.load(None, {**TINY, "search.param_free_cap": 1})
+    probe = FixedGenotypeRunner(cfg)
+    target = probe.net.count_derived(probe.net.derive())
+    drawn, n = matched_random(probe, target, seed=0)
+    assert drawn.most_param_free() <= 1 and abs(n / target - 1) <= PARAM_TOLERANCE
+    only_free = ("none", "skip_connect", "max_pool_3x3")
+    with pytest.raises(config.ConfigError, match="param_free_cap"):
+        random_genotype(random.Random(0), only_free, 2, 0)
 
 
 def test_ranking_measures_the_alphas_lead_over_random_genotypes():

@@ -205,6 +205,29 @@ def test_events_cover_every_phase_and_cycle(tiny_cfg):
     assert epochs[0].temperature > epochs[-1].temperature
 
 
+def test_param_free_cap_holds_for_every_genotype_of_the_run(tiny_cfg):
+    """Alphas pushed to pools and skips: uncapped the derived cells are all parameter-free;
+    with search.param_free_cap = 1 every derived, mutated and final genotype keeps within it."""
+    free = [tiny_cfg.space.primitives.index(p) for p in ("skip_connect", "avg_pool_3x3")]
+
+    def run(cap):
+        cfg = tiny_cfg.replace(**{"search.param_free_cap": cap, "mutation.strength": 1.0})
+        rec = Recorder()
+        runner = Runner(cfg, [rec])
+        with torch.no_grad():
+            for a in runner.net.alpha_parameters():
+                a[:, free] = 20.0
+        runner.run()
+        return (
+            [m.before for m in rec.of("mutation")]
+            + [m.after for m in rec.of("mutation")]
+            + [rec.of("run_end")[0].genotype]
+        )
+
+    assert max(g.most_param_free() for g in run(-1)) == 4
+    assert max(g.most_param_free() for g in run(1)) == 1
+
+
 @pytest.mark.parametrize("choice", ["best", "last", "derived"])
 def test_final_genotype_follows_the_configured_choice(tiny_cfg, choice):
     cfg = dataclasses.replace(

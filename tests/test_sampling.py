@@ -70,6 +70,26 @@ def test_mutation_makes_k_edits_never_to_the_same_op_or_none(strength, expected)
     assert distance(G, after) == expected
 
 
+def test_mutation_never_takes_a_cell_past_the_param_free_cap():
+    """Alphas that want a pool on every edge: uncapped, mutation fills the cells with
+    parameter-free ops; with a cap it draws them only while a cell is below it."""
+    pool = PRIMITIVES.index("avg_pool_3x3")
+    alphas = {k: torch.zeros(5, len(PRIMITIVES)) for k in ("normal", "reduce")}
+    for a in alphas.values():
+        a[:, pool] = 8.0
+    start = G.replace_op("reduce", 0, 0, "sep_conv_5x5").replace_op("reduce", 0, 1, "dil_conv_3x3")
+    start = start.replace_op("reduce", 1, 2, "sep_conv_3x3")  # one pool left in each cell
+    torch.manual_seed(0)
+    uncapped = [mutate(start, alphas, PRIMITIVES, 1.0, 0.5)[0] for _ in range(20)]
+    assert max(g.most_param_free() for g in uncapped) >= 3
+    for cap in (0, 1, 2):
+        for _ in range(20):
+            after, edits = mutate(start, alphas, PRIMITIVES, 1.0, 0.5, cap)
+            assert after.most_param_free() <= max(cap, 1) and len(edits) == 8
+        if cap == 0:  # the pool already there is swapped away, none comes in
+            assert after.most_param_free() == 0
+
+
 def test_fair_paths_train_every_op_once_per_round_on_every_edge():
     torch.manual_seed(0)
     trainable = [i for i, p in enumerate(PRIMITIVES) if p != "none"]

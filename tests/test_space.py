@@ -109,6 +109,35 @@ def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
     assert g.reduce == g.normal and g.normal_concat == (2, 3)
 
 
+def test_param_free_cap_swaps_the_cheapest_parameter_free_ops_for_weighted_ones():
+    """derive(cap): a cell keeps at most ``cap`` pools/skips; the edge that loses the
+    least softmax weight by the swap takes its strongest op with weights first."""
+    net = _net()
+    p = list(PRIMITIVES)
+    with torch.no_grad():
+        for kind in ("normal", "reduce"):
+            a = net.alphas[kind]
+            a.zero_()
+            a[edge_index(0, 0), p.index("sep_conv_3x3")] = 3.0
+            a[edge_index(0, 1), p.index("skip_connect")] = 2.0
+            a[edge_index(0, 1), p.index("dil_conv_3x3")] = 1.9  # the cheap swap
+            a[edge_index(1, 1), p.index("dil_conv_5x5")] = 4.0
+            a[edge_index(1, 2), p.index("avg_pool_3x3")] = 5.0
+            a[edge_index(1, 2), p.index("sep_conv_5x5")] = 1.0  # the dear one
+    uncapped = net.derive()
+    assert uncapped == net.derive(2) and uncapped.most_param_free() == 2
+    assert uncapped.normal[0] == (("sep_conv_3x3", 0), ("skip_connect", 1))
+    one = net.derive(1)
+    assert one.normal == (
+        (("sep_conv_3x3", 0), ("dil_conv_3x3", 1)),
+        (("dil_conv_5x5", 1), ("avg_pool_3x3", 2)),
+    )
+    assert one.reduce == one.normal and one.most_param_free() == 1
+    none_left = net.derive(0)
+    assert none_left.normal[1] == (("dil_conv_5x5", 1), ("sep_conv_5x5", 2))
+    assert none_left.most_param_free() == 0
+
+
 def _count_calls(net: SearchNetwork) -> dict[int, int]:
     counts: dict[int, int] = {}
     for cell in net.cells:

@@ -96,6 +96,7 @@ def _field(default: Any, **check: Any) -> Any:
 
 DATASETS = Registered("asolab.data", "REGISTRY")
 PRIMITIVES = Registered("asolab.space.ops", "OPS")
+PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
 
@@ -193,6 +194,17 @@ class SearchConfig:
         ),
     )
     alpha_epochs: int = _field(1, ge=0, le=1000, help="alpha-training epochs per cycle")
+    param_free_cap: int = _field(
+        -1,
+        ge=-1,
+        le=1000,
+        help=(
+            "the most parameter-free ops (skip_connect, max/avg pool) a cell of a derived or "
+            "mutated genotype may have: derive() swaps the cheapest ones for their edge's "
+            "strongest op with weights, mutation draws none past it, and the random control arm "
+            "draws from the same capped space (-1 = no cap; docs/concepts.md)"
+        ),
+    )
     retrain_epochs: int = _field(
         2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"
     )
@@ -510,6 +522,12 @@ def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
         )
     if not [p for p in cfg.space.primitives if p != "none"]:
         raise ConfigError(f"{source}: space.primitives needs at least one operation besides 'none'")
+    weighted = set(cfg.space.primitives) - {"none", *PARAMETER_FREE()}
+    if cfg.search.param_free_cap >= 0 and not weighted:
+        raise ConfigError(
+            f"{source}: search.param_free_cap needs an operation with weights in space.primitives "
+            "(a conv); add one or set the cap to -1"
+        )
     if cfg.search.weight_lr_min > cfg.search.weight_lr:
         raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")
     if cfg.search.w_epochs + cfg.search.retrain_epochs + cfg.search.final_epochs == 0:

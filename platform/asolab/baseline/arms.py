@@ -34,10 +34,11 @@ import dataclasses
 import random
 from typing import Any
 
-from ..config import ExperimentConfig
+from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
 from ..runner.cycle import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
+from ..space.ops import PARAMETER_FREE
 
 GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
 FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
@@ -109,9 +110,25 @@ def arm_class(arm: str) -> type[FixedGenotypeRunner]:
     return FinalOnlyRunner if arm.endswith(FINAL_ONLY) else FixedGenotypeRunner
 
 
-def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int) -> Genotype:
-    """A uniformly random genotype: per node two distinct inputs, each with a non-none op."""
+def random_genotype(
+    rng: random.Random, primitives: tuple[str, ...], steps: int, param_free_cap: int = -1
+) -> Genotype:
+    """A uniformly random genotype: per node two distinct inputs, each with a non-none op;
+    with ``param_free_cap`` >= 0, uniform over those whose cells keep within the cap
+    (drawn again until one does)."""
     ops = [p for p in primitives if p != "none"]
+    while True:
+        g = _uniform_genotype(rng, ops, steps)
+        if param_free_cap < 0 or g.most_param_free() <= param_free_cap:
+            return g
+        if all(op in PARAMETER_FREE for op in ops):
+            raise ConfigError(
+                f"search.param_free_cap = {param_free_cap}: space.primitives has no op with "
+                "weights to fill the cells; add one or set the cap to -1"
+            )
+
+
+def _uniform_genotype(rng: random.Random, ops: list[str], steps: int) -> Genotype:
     cells = {
         kind: tuple(
             tuple((rng.choice(ops), j) for j in rng.sample(range(k + 2), 2)) for k in range(steps)
@@ -127,11 +144,14 @@ def random_genotype(rng: random.Random, primitives: tuple[str, ...], steps: int)
 def matched_random(
     runner: Runner, target: int, seed: int, tolerance: float = PARAM_TOLERANCE, tries: int = 5000
 ) -> tuple[Genotype, int]:
-    """A random genotype whose derived parameter count is within ``tolerance`` of ``target``."""
+    """A random genotype whose derived parameter count is within ``tolerance`` of ``target``,
+    from the space the search draws from: with ``search.param_free_cap`` no cell has
+    more parameter-free ops than the cap."""
     rng = random.Random(1000 + seed)
+    cap = runner.cfg.search.param_free_cap
     best: tuple[float, Genotype, int] | None = None
     for _ in range(tries):
-        g = random_genotype(rng, runner.spec.primitives, runner.spec.steps)
+        g = random_genotype(rng, runner.spec.primitives, runner.spec.steps, cap)
         n = runner.net.count_derived(g)
         gap = abs(n - target) / target
         if best is None or gap < best[0]:

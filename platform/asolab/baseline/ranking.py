@@ -44,6 +44,7 @@ from ..runner import Runner
 from ..space.cells import edge_index
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.network import SearchNetwork
+from ..space.ops import PARAMETER_FREE
 from .arms import FixedGenotypeRunner, random_genotype
 
 SOURCES = ("alphas", "random")
@@ -60,16 +61,21 @@ class Pair:
     standalone_by_seed: tuple[float, ...] = ()  # one accuracy per stand-alone seed
 
 
-def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float = 1.0) -> Genotype:
+def sample_genotype(
+    net: SearchNetwork, rng: random.Random, temperature: float = 1.0, param_free_cap: int = -1
+) -> Genotype:
     """A genotype drawn from the alphas' softmax: per node two distinct inputs, each
     drawn with probability proportional to its strongest non-none op's weight (the
-    quantity derive() ranks by), and each kept edge's op drawn among the non-none ops."""
+    quantity derive() ranks by), and each kept edge's op drawn among the non-none ops;
+    with ``param_free_cap`` >= 0, among the ops with weights once a cell has that many
+    parameter-free ones (as mutation does)."""
     prims = net.spec.primitives
     allowed = [i for i, p in enumerate(prims) if p != "none"]
     cells = {}
     for kind in CELL_TYPES:
         w = (net.alphas[kind].detach().cpu() / temperature).softmax(-1)
         nodes = []
+        free = 0  # parameter-free ops drawn into this cell so far
         for k in range(net.spec.steps):
             inputs = list(range(k + 2))
             strength = [max(w[edge_index(k, j), i].item() for i in allowed) for j in inputs]
@@ -83,7 +89,11 @@ def sample_genotype(net: SearchNetwork, rng: random.Random, temperature: float =
             node = []
             for j in chosen:
                 row = w[edge_index(k, j)]
-                op = rng.choices(allowed, [row[i].item() for i in allowed])[0]
+                ops = allowed
+                if 0 <= param_free_cap <= free:
+                    ops = [i for i in allowed if prims[i] not in PARAMETER_FREE] or allowed
+                op = rng.choices(ops, [row[i].item() for i in ops])[0]
+                free += prims[op] in PARAMETER_FREE
                 node.append((prims[op], j))
             nodes.append(tuple(node))
         cells[kind] = tuple(nodes)
@@ -150,9 +160,12 @@ def measure(
         raise ConfigError(f"--standalone-seeds must be at least 1 (got {standalone_seeds})")
     rng = random.Random(seed)
     spec = runner.spec
+    cap = runner.cfg.search.param_free_cap  # both groups from the space the search derives in
     drawn = {
-        "alphas": _distinct(lambda: sample_genotype(runner.net, rng), samples),
-        "random": _distinct(lambda: random_genotype(rng, spec.primitives, spec.steps), samples),
+        "alphas": _distinct(lambda: sample_genotype(runner.net, rng, param_free_cap=cap), samples),
+        "random": _distinct(
+            lambda: random_genotype(rng, spec.primitives, spec.steps, cap), k=samples
+        ),
     }
     # One-shot first, while the supernet is as the run left it (calibration only touches BN
     # statistics).

@@ -5,7 +5,9 @@ included) the phase makes ``k = max(1, round(s * E))`` edits on distinct edges
 chosen uniformly. Each edit re-samples the edge's op by Gumbel-softmax over
 that edge's alphas (the cell's own matrix for an own-alpha cell) at the
 current temperature, excluding the current op and ``none``; so a hot
-temperature explores, a cold one follows the alphas.
+temperature explores, a cold one follows the alphas. With a cap on
+parameter-free ops per cell (``search.param_free_cap``) an edit never takes a
+cell past it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from ..space.cells import edge_index
 from ..space.genotype import Genotype
+from ..space.ops import PARAMETER_FREE
 from .sampling import gumbel_softmax_st
 
 
@@ -43,19 +46,25 @@ def mutate(
     primitives: tuple[str, ...],
     strength: float,
     temperature: float,
+    param_free_cap: int = -1,
 ) -> tuple[Genotype, list[Edit]]:
     """Apply ``num_edits(strength, E)`` alpha-guided op edits; returns the new genotype and the
     edits.
 
     ``alphas`` maps every cell name of ``genotype`` (``normal``, ``reduce``,
-    ``cellN``) to its alpha matrix, as ``SearchNetwork.alphas`` does."""
+    ``cellN``) to its alpha matrix, as ``SearchNetwork.alphas`` does. With
+    ``param_free_cap`` >= 0 an edit draws no parameter-free op into a cell that
+    already has that many on its other edges."""
     edges = list(genotype.edges())
     chosen = torch.randperm(len(edges))[: num_edits(strength, len(edges))].tolist()
     edits: list[Edit] = []
     for n in sorted(chosen):
         kind, node, op, j = edges[n]
         logits = alphas[kind][edge_index(node, j)].detach().float().clone()
-        excluded = [primitives.index(p) for p in (op, "none") if p in primitives]
+        banned = {op, "none"}
+        if param_free_cap >= 0 and _param_free_elsewhere(genotype, kind, node, j) >= param_free_cap:
+            banned |= PARAMETER_FREE
+        excluded = [primitives.index(p) for p in banned if p in primitives]
         if len(excluded) >= len(primitives):
             continue  # no other op to switch to
         logits[excluded] = float("-inf")
@@ -64,3 +73,13 @@ def mutate(
         genotype = genotype.replace_op(kind, node, j, new_op)
         edits.append(Edit(kind, node, j, op, new_op))
     return genotype, edits
+
+
+def _param_free_elsewhere(genotype: Genotype, kind: str, node: int, input_: int) -> int:
+    """Parameter-free ops in cell ``kind`` on every edge but ``(node, input_)``."""
+    return sum(
+        op in PARAMETER_FREE
+        for k, n in enumerate(genotype.cell(kind))
+        for op, i in n
+        if (k, i) != (node, input_)
+    )

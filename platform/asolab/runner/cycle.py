@@ -410,7 +410,7 @@ class Runner:
         return genotype
 
     def _derive_calibrated(self) -> Genotype:
-        return self._calibrate(self.net.derive())
+        return self._calibrate(self.net.derive(self.cfg.search.param_free_cap))
 
     def _w_train(self) -> None:
         # Fair rounds restart with each phase, so a resume at its boundary repeats them.
@@ -447,10 +447,11 @@ class Runner:
 
     def _mutate(self) -> None:
         tau = self.temperature()
-        self.state.derived = self.net.derive()
+        cap = self.cfg.search.param_free_cap
+        self.state.derived = self.net.derive(cap)
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
-            self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau
+            self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau, cap
         )
         self.state.cycle_edits, self.state.cycle_growth = len(edits), []
         self._calibrate(self.state.genotype)

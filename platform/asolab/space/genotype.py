@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .ops import PARAMETER_FREE
 
 Edge = tuple[str, int]
 Node = tuple[Edge, ...]
@@ -149,6 +152,11 @@ class Genotype:
     @property
     def num_edges(self) -> int:
         return sum(1 for _ in self.edges())
+
+    def most_param_free(self) -> int:
+        """The most parameter-free ops (``ops.PARAMETER_FREE``) any one cell has."""
+        counts = Counter(kind for kind, _, op, _ in self.edges() if op in PARAMETER_FREE)
+        return max(counts.values(), default=0)
 
     def replace_op(self, kind: str, node: int, input_: int, new_op: str) -> Genotype:
         """A copy with the op of edge ``(kind, node, input_)`` swapped for ``new_op``

@@ -29,6 +29,7 @@ import torch.nn as nn
 from ..evolution.sampling import FairPaths, gumbel_softmax_st
 from .cells import Plan, SearchCell, edge_index
 from .genotype import CELL_TYPES, Genotype, Node
+from .ops import PARAMETER_FREE
 from .spec import ArchSpec
 
 Plans = dict[str, Plan]
@@ -200,12 +201,17 @@ class SearchNetwork(nn.Module):
             entropies.append(h)
         return torch.cat(entropies).mean().item()
 
-    def derive(self) -> Genotype:
+    def derive(self, param_free_cap: int = -1) -> Genotype:
         """DARTS rule: per node keep the two inputs whose strongest non-none op
         weighs most (softmax over the edge's alphas), each with that op; one
-        cell per alpha matrix, the own-alpha cells in ``own_cells``."""
+        cell per alpha matrix, the own-alpha cells in ``own_cells``.
+
+        With ``param_free_cap`` >= 0 a cell keeps at most that many parameter-free
+        ops (``PARAMETER_FREE``): the kept edges where the swap costs least
+        weight take their strongest op with weights instead (-1: no cap)."""
         prims = self.spec.primitives
         allowed = [i for i, p in enumerate(prims) if p != "none"]
+        weighted = [i for i in allowed if prims[i] not in PARAMETER_FREE]
         cells = {}
         for kind in self.alphas:
             w = self.alphas[kind].detach().softmax(-1).cpu()
@@ -217,8 +223,10 @@ class SearchNetwork(nn.Module):
                     best = max(allowed, key=lambda i: row[i].item())
                     candidates.append((row[best].item(), j, prims[best]))
                 top = sorted(candidates, key=lambda c: -c[0])[:2]
-                nodes.append(tuple((op, j) for _, j, op in top))
-            cells[kind] = tuple(nodes)
+                nodes.append([[op, j] for _, j, op in top])
+            if param_free_cap >= 0 and weighted:
+                _cap_param_free(nodes, w, prims, weighted, param_free_cap)
+            cells[kind] = tuple(tuple((op, j) for op, j in node) for node in nodes)
         concat = tuple(range(2, self.spec.steps + 2))
         own = tuple(
             (i, cells[key], concat)
@@ -341,3 +349,23 @@ def extract(supernet: SearchNetwork, genotype: Genotype) -> DerivedNetwork:
     memo: dict[int, Any] = {id(ops[i]): nn.Identity() for ops, i in _unused_ops(supernet, genotype)}
     clone = copy.deepcopy(supernet, memo).cpu()
     return DerivedNetwork(clone, genotype).eval()
+
+
+def _cap_param_free(
+    nodes: list[list[list]], w: torch.Tensor, prims: tuple[str, ...], weighted: list[int], cap: int
+) -> None:
+    """Swap parameter-free ops of kept edges (``[op, input]`` per node, in place)
+    for the edge's strongest weighted op until at most ``cap`` remain, cheapest
+    swap (smallest loss of softmax weight) first."""
+    swaps = []
+    for k, node in enumerate(nodes):
+        for entry in node:
+            op, j = entry
+            if op in PARAMETER_FREE:
+                row = w[edge_index(k, j)]
+                best = max(weighted, key=lambda i: row[i].item())
+                cost = row[prims.index(op)].item() - row[best].item()
+                swaps.append((cost, entry, prims[best]))
+    swaps.sort(key=lambda s: s[0])
+    for _, entry, op in swaps[: max(0, len(swaps) - cap)]:
+        entry[0] = op

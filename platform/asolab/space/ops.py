@@ -139,3 +139,9 @@ OPS: dict[str, OpFactory] = {
 }
 
 PRIMITIVES: tuple[str, ...] = tuple(OPS)
+
+# The ops a DARTS-style search collapses to when its alphas decide early: no
+# spatial filter to train, so they win the supernet's first epochs. A reducing
+# skip_connect carries a 1x1 factorized reduction but is counted with them, as
+# in the literature (``search.param_free_cap``).
+PARAMETER_FREE: frozenset[str] = frozenset({"skip_connect", "max_pool_3x3", "avg_pool_3x3"})

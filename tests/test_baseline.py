@@ -493,6 +493,14 @@ def test_random_arm_draws_from_the_capped_space_the_search_derives_in():
     target = probe.net.count_derived(probe.net.derive())
     drawn, n = matched_random(probe, target, seed=0)
     assert drawn.most_param_free() <= 1 and abs(n / target - 1) <= PARAM_TOLERANCE
+    # the initial arm: derive() of the fresh alphas under the same cap
+    assert FixedGenotypeRunner(config.load(None, TINY)).state.genotype.most_param_free() >= 1
+    assert (
+        FixedGenotypeRunner(
+            cfg.replace(**{"search.param_free_cap": 0})
+        ).state.genotype.most_param_free()
+        == 0
+    )
     only_free = ("none", "skip_connect", "max_pool_3x3")
     with pytest.raises(config.ConfigError, match="param_free_cap"):
         random_genotype(random.Random(0), only_free, 2, 0)

@@ -9,6 +9,9 @@
 * ``initial``  the genotype derive() reads from the freshly initialised alphas
   of the same seed (search without evolution).
 
+With ``search.param_free_cap`` the space is the capped one: the random and
+initial genotypes keep within the cap, as the search's do.
+
 "Same budget" means: each arm trains its fixed genotype from scratch (same
 seed, so the same initial weights for the ops it shares) for exactly the
 ASO-SE run's weight epochs, epoch by epoch in the same places -- the
@@ -63,7 +66,7 @@ class FixedGenotypeRunner(Runner):
     ) -> None:
         super().__init__(cfg, observers, **kwargs)  # Runner.resume() builds it this way
         self.state.genotype = self.state.derived = (
-            genotype if genotype is not None else self.net.derive()
+            genotype if genotype is not None else self.net.derive(cfg.search.param_free_cap)
         )
         # The ASO-SE run's final-stage length when search.budget_minutes fitted it: the
         # arm trains the same epochs on the same schedule instead of fitting its own.

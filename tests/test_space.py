@@ -87,19 +87,28 @@ def _net(primitives=PRIMITIVES, steps=2) -> SearchNetwork:
     return SearchNetwork(spec)
 
 
-def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
+def _net_with_alphas(entries) -> SearchNetwork:
+    """A network whose normal and reduce alphas are zero but for ``(row, op, value)``."""
     net = _net()
-    p = list(PRIMITIVES)
     with torch.no_grad():
         for kind in ("normal", "reduce"):
-            a = net.alphas[kind]
-            a.zero_()
-            a[:, p.index("none")] = 10.0  # 'none' is never chosen, however strong
-            a[edge_index(0, 0), p.index("sep_conv_3x3")] = 3.0
-            a[edge_index(0, 1), p.index("skip_connect")] = 2.0
-            a[edge_index(1, 0), p.index("max_pool_3x3")] = 1.0
-            a[edge_index(1, 1), p.index("dil_conv_5x5")] = 4.0
-            a[edge_index(1, 2), p.index("avg_pool_3x3")] = 5.0
+            net.alphas[kind].zero_()
+            for row, op, value in entries:
+                net.alphas[kind][row, PRIMITIVES.index(op)] = value
+    return net
+
+
+def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
+    net = _net_with_alphas(
+        [
+            (slice(None), "none", 10.0),  # 'none' is never chosen, however strong
+            (edge_index(0, 0), "sep_conv_3x3", 3.0),
+            (edge_index(0, 1), "skip_connect", 2.0),
+            (edge_index(1, 0), "max_pool_3x3", 1.0),
+            (edge_index(1, 1), "dil_conv_5x5", 4.0),
+            (edge_index(1, 2), "avg_pool_3x3", 5.0),
+        ]
+    )
     g = net.derive()
     expected = (
         (("sep_conv_3x3", 0), ("skip_connect", 1)),
@@ -112,18 +121,16 @@ def test_derive_keeps_top_two_inputs_by_strongest_non_none_op():
 def test_param_free_cap_swaps_the_cheapest_parameter_free_ops_for_weighted_ones():
     """derive(cap): a cell keeps at most ``cap`` pools/skips; the edge that loses the
     least softmax weight by the swap takes its strongest op with weights first."""
-    net = _net()
-    p = list(PRIMITIVES)
-    with torch.no_grad():
-        for kind in ("normal", "reduce"):
-            a = net.alphas[kind]
-            a.zero_()
-            a[edge_index(0, 0), p.index("sep_conv_3x3")] = 3.0
-            a[edge_index(0, 1), p.index("skip_connect")] = 2.0
-            a[edge_index(0, 1), p.index("dil_conv_3x3")] = 1.9  # the cheap swap
-            a[edge_index(1, 1), p.index("dil_conv_5x5")] = 4.0
-            a[edge_index(1, 2), p.index("avg_pool_3x3")] = 5.0
-            a[edge_index(1, 2), p.index("sep_conv_5x5")] = 1.0  # the dear one
+    net = _net_with_alphas(
+        [
+            (edge_index(0, 0), "sep_conv_3x3", 3.0),
+            (edge_index(0, 1), "skip_connect", 2.0),
+            (edge_index(0, 1), "dil_conv_3x3", 1.9),  # the cheap swap
+            (edge_index(1, 1), "dil_conv_5x5", 4.0),
+            (edge_index(1, 2), "avg_pool_3x3", 5.0),
+            (edge_index(1, 2), "sep_conv_5x5", 1.0),  # the dear one
+        ]
+    )
     uncapped = net.derive()
     assert uncapped == net.derive(2) and uncapped.most_param_free() == 2
     assert uncapped.normal[0] == (("sep_conv_3x3", 0), ("skip_connect", 1))

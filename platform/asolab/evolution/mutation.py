@@ -62,7 +62,8 @@ def mutate(
         kind, node, op, j = edges[n]
         logits = alphas[kind][edge_index(node, j)].detach().float().clone()
         banned = {op, "none"}
-        if param_free_cap >= 0 and _param_free_elsewhere(genotype, kind, node, j) >= param_free_cap:
+        elsewhere = genotype.param_free(kind) - (op in PARAMETER_FREE)  # the cell's other edges
+        if 0 <= param_free_cap <= elsewhere:
             banned |= PARAMETER_FREE
         excluded = [primitives.index(p) for p in banned if p in primitives]
         if len(excluded) >= len(primitives):
@@ -73,13 +74,3 @@ def mutate(
         genotype = genotype.replace_op(kind, node, j, new_op)
         edits.append(Edit(kind, node, j, op, new_op))
     return genotype, edits
-
-
-def _param_free_elsewhere(genotype: Genotype, kind: str, node: int, input_: int) -> int:
-    """Parameter-free ops in cell ``kind`` on every edge but ``(node, input_)``."""
-    return sum(
-        op in PARAMETER_FREE
-        for k, n in enumerate(genotype.cell(kind))
-        for op, i in n
-        if (k, i) != (node, input_)
-    )

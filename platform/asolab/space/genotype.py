@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,10 +152,13 @@ class Genotype:
     def num_edges(self) -> int:
         return sum(1 for _ in self.edges())
 
+    def param_free(self, kind: str) -> int:
+        """The parameter-free ops (``ops.PARAMETER_FREE``) of cell ``kind``."""
+        return sum(op in PARAMETER_FREE for node in self.cell(kind) for op, _ in node)
+
     def most_param_free(self) -> int:
-        """The most parameter-free ops (``ops.PARAMETER_FREE``) any one cell has."""
-        counts = Counter(kind for kind, _, op, _ in self.edges() if op in PARAMETER_FREE)
-        return max(counts.values(), default=0)
+        """The most parameter-free ops any one cell has."""
+        return max((self.param_free(kind) for kind in self.cell_names), default=0)
 
     def replace_op(self, kind: str, node: int, input_: int, new_op: str) -> Genotype:
         """A copy with the op of edge ``(kind, node, input_)`` swapped for ``new_op``

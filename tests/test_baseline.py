@@ -88,7 +88,9 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
     source = _source(uri, capsys)
     base = ["baseline", source, "--threads", "1", "--quiet", "--tracking-uri", uri]
     assert cli.main(base) == 0
-    assert cli.main([*base, "--seeds", "1", "--arms", "initial"]) == 0
+    # the short id that the tables print names the source run too
+    short = ["baseline", source[:8], "--threads", "1", "--quiet", "--tracking-uri", uri]
+    assert cli.main([*short, "--seeds", "1", "--arms", "initial"]) == 0
     out = capsys.readouterr().out
     client = MlflowClient(tracking_uri=uri)
     runs = {
@@ -127,7 +129,7 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
             [
                 "compare",
                 "--baseline",
-                source,
+                source[:8],
                 "--tracking-uri",
                 uri,
                 "--csv",

@@ -39,7 +39,7 @@ from asolab.tracking import (
     resolve_tracking_uri,
 )
 from asolab.tracking import layout as L
-from asolab.tracking.store import ensure_experiment
+from asolab.tracking.store import RunNotFound, ensure_experiment, find_run
 
 # Tiny but complete: 2 cycles of every phase, growth in each mutation, 1 final epoch.
 TINY = [
@@ -440,6 +440,21 @@ def test_resume_command_names_the_file_and_the_store():
     )
 
 
+def test_a_run_is_found_by_its_id_an_id_prefix_or_its_name(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("find-run")
+    one, twin_a, twin_b = (client.create_run(exp, run_name=n) for n in ("one", "twin", "twin"))
+    rid = one.info.run_id
+    for ref in (rid, rid[:8], rid[:4], f" {rid[:8]} ", "one"):
+        assert find_run(client, ref).info.run_id == rid
+    with pytest.raises(RunNotFound, match=r"^run 'zz' not found in the tracking store$"):
+        find_run(client, "zz")
+    with pytest.raises(RunNotFound, match="give the full id") as err:
+        find_run(client, "twin", "store X")
+    assert "'twin' names 2 runs in store X" in str(err.value)
+    assert twin_a.info.run_id in str(err.value) and twin_b.info.run_id in str(err.value)
+
+
 def test_resume_looks_in_the_given_store_only(store, capsys, monkeypatch):
     """A run of another store is not found in the default one: the error says how to point at it."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -782,7 +797,8 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
     assert stopped.info.status == "FAILED"
     assert stopped.data.tags[L.TAG_PHASE] == "final stage / after epoch 2"
 
-    assert main(["run", "--quiet", "--resume", tracker.run_id, *_set_args(overrides)]) == 0
+    # the short id the tables print names the run too
+    assert main(["run", "--quiet", "--resume", tracker.run_id[:8], *_set_args(overrides)]) == 0
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags[L.TAG_RESUMED_FROM].startswith("final stage / before epoch 3 (epoch ")

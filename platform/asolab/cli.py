@@ -75,8 +75,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="RUN_ID",
         help=(
-            "continue this MLflow run from its last checkpoint (give the FILE / tracking URI it "
-            "was started with; the run keeps its own config)"
+            "continue this MLflow run (its id, an id prefix or its name) from its last "
+            "checkpoint (give the FILE / tracking URI it was started with; the run keeps its "
+            "own config)"
         ),
     )
     p.set_defaults(func=cmd_run)
@@ -119,6 +120,11 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     if args.resume:
         _warn_ignored_overrides(args.overrides)
     check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
+    if args.resume:
+        from .tracking.store import client, resumable_run
+
+        # An id prefix or a run name names the run too; everything below uses the full id.
+        args.resume = resumable_run(client(uri), uri, args.resume).info.run_id
     tracker = MlflowTracker(
         tracking_uri=uri,
         experiment=args.experiment,

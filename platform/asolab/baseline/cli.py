@@ -72,7 +72,12 @@ def add_baseline(sub: argparse._SubParsersAction) -> None:
         help="train the control arms of recorded ASO-SE runs as tracked runs",
         description=BASELINE_TEXT,
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_ID", help="recorded, finished ASO-SE run(s)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_ID",
+        help="recorded, finished ASO-SE run(s): ids, id prefixes or run names",
+    )
     p.add_argument(
         "--arms",
         default=",".join(DEFAULT_ARMS),
@@ -143,7 +148,9 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
         help="measure how well a run's supernet ranks architectures (Kendall tau, Spearman rho)",
         description=RANK_TEXT,
     )
-    p.add_argument("run", metavar="RUN_ID", help="a recorded run with a checkpoint")
+    p.add_argument(
+        "run", metavar="RUN_ID", help="a recorded run with a checkpoint (id, id prefix or name)"
+    )
     p.add_argument(
         "--samples",
         type=int,

@@ -372,6 +372,7 @@ def rank_run(
 
     client = MlflowClient(tracking_uri=tracking_uri)
     run = _get_run(client, run_id)
+    run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
     with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
         try:
             path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Run, ViewType
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ..config import ConfigError, ExperimentConfig, from_dict
@@ -84,12 +83,15 @@ def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
 
 
 def _get_run(client: MlflowClient, run_id: str) -> Run:
+    """The run ``run_id`` names (an id, an id prefix or a run name)."""
+    from ..tracking.store import RunNotFound, find_run
+
     try:
-        return client.get_run(run_id)
-    except MlflowException:
+        return find_run(client, run_id)
+    except RunNotFound as exc:
         raise ConfigError(
-            f"run {run_id!r} not found in the tracking store; give the run id that "
-            "'asolab run' printed (and --tracking-uri if it is not the default store)"
+            f"{exc}; give the run id that 'asolab run' printed (and --tracking-uri if it is "
+            "not the default store)"
         ) from None
 
 
@@ -98,6 +100,7 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
     from ..compare.select import final_genotype
 
     run = _get_run(client, run_id)
+    run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
     arm = run.data.tags.get(L.TAG_ARM, L.ARM_ASO_SE)
     if arm != L.ARM_ASO_SE:
         raise ConfigError(

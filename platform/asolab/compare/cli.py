@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="RUN_ID",
-        help="a run id (repeatable)",
+        help="a run: its id, an id prefix or its name (repeatable)",
     )
     p.add_argument(
         "--filter",
@@ -67,7 +67,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="RUN_ID",
-        help="an ASO-SE run and its control arms (made by 'asolab baseline RUN_ID'); repeatable",
+        help=(
+            "an ASO-SE run (id, id prefix or name) and its control arms (made by "
+            "'asolab baseline RUN_ID'); repeatable"
+        ),
     )
     p.add_argument(
         "--top",

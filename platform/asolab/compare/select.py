@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from ..config import ConfigError
 from ..space.genotype import Genotype
 from ..tracking import layout
+from ..tracking.store import RunNotFound, find_run
 from ..tracking.store import resolve_tracking_uri as store_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -263,10 +264,11 @@ def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: 
 
 
 def _get_run(client: MlflowClient, run_id: str) -> Run:
+    """The run ``run_id`` names: an id, an id prefix (as the tables print them) or a name."""
     try:
-        return client.get_run(run_id)
-    except MlflowException:
-        raise CompareError(f"run {run_id!r} not found in {_store_name(client)}") from None
+        return find_run(client, run_id, _store_name(client))
+    except RunNotFound as exc:
+        raise CompareError(str(exc)) from None
 
 
 def _and(*parts: str) -> str:
@@ -300,7 +302,8 @@ def find_runs(
     experiment is named), which leaves out comparison and study-parent runs.
     """
     runs: list[Run] = [_get_run(client, rid) for rid in run_ids]
-    for source in baseline:  # a baseline set: the ASO-SE run and its control arms (asolab baseline)
+    for ref in baseline:  # a baseline set: the ASO-SE run and its control arms (asolab baseline)
+        source = _get_run(client, ref).info.run_id  # the arms are tagged with the full id
         exp_ids = _experiment_ids(client, experiments)
         found = _search(
             client,
@@ -506,11 +509,15 @@ def describe(
     baseline: Sequence[str] = (),
 ) -> str:
     """The selection in words (report title, comparison-run param)."""
-    parts = [f"control arms of {b[:8]}" for b in baseline]
+
+    def short(ref: str) -> str:  # a full run id as the tables print it; a prefix or name as given
+        return ref[:8] if re.fullmatch(r"[0-9a-f]{32}", ref) else ref
+
+    parts = [f"control arms of {short(b)}" for b in baseline]
     if experiments:
         parts.append("experiments " + ", ".join(experiments))
     if run_ids:
-        parts.append("runs " + ", ".join(r[:8] for r in run_ids))
+        parts.append("runs " + ", ".join(short(r) for r in run_ids))
     if study:
         parts.append(f"study {study}")
     if filter_string:

@@ -345,22 +345,64 @@ def ensure_experiment(mlflow_client: MlflowClient, uri: str, name: str) -> str:
         return exp.experiment_id
 
 
-def resumable_run(mlflow_client: MlflowClient, uri: str, run_id: str) -> Any:
-    """The MLflow run ``run_id`` if it can be resumed; TrackingError if it is
-    not in the store, or has FINISHED (resuming would train and log it again)."""
+class RunNotFound(LookupError):
+    """No run, or more than one, answers to what the user typed; the message says which."""
+
+
+_ID_PREFIX = re.compile(r"[0-9a-f]{4,32}")
+
+
+def find_run(mlflow_client: MlflowClient, ref: str, where: str = "the tracking store") -> Any:
+    """The run ``ref`` names: its id, a unique prefix of its id (the short ids that
+    ``asolab compare`` and the summaries print) or its run name.
+
+    RunNotFound when nothing matches, or when a prefix or a name matches several runs
+    (the message lists them, so the user can pick the full id); ``where`` names the
+    store in that message.
+    """
+    from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
+    ref = ref.strip()
     try:
-        run = mlflow_client.get_run(run_id)
+        return mlflow_client.get_run(ref)
     except MlflowException:
+        pass  # not a full id: a prefix or a name
+    clauses = []
+    if _ID_PREFIX.fullmatch(ref):
+        clauses.append(f"attributes.run_id LIKE '{ref}%'")
+    if ref and "'" not in ref:
+        clauses.append(f"attributes.run_name = '{ref}'")
+    exp_ids = [e.experiment_id for e in mlflow_client.search_experiments(ViewType.ACTIVE_ONLY)]
+    matches: dict[str, Any] = {}
+    for clause in clauses:
+        # One search per clause: MLflow's filter language has no OR.
+        for run in mlflow_client.search_runs(exp_ids, clause, max_results=50):
+            matches[run.info.run_id] = run
+    if len(matches) == 1:
+        return next(iter(matches.values()))
+    if not matches:
+        raise RunNotFound(f"run {ref!r} not found in {where}")
+    listed = ", ".join(sorted(f"{r.info.run_id} ({r.info.run_name})" for r in matches.values()))
+    raise RunNotFound(f"{ref!r} names {len(matches)} runs in {where}: {listed}; give the full id")
+
+
+def resumable_run(mlflow_client: MlflowClient, uri: str, run_id: str) -> Any:
+    """The MLflow run ``run_id`` if it can be resumed; TrackingError if it is
+    not in the store, or has FINISHED (resuming would train and log it again).
+    ``run_id`` may be an id prefix or a run name (:func:`find_run`)."""
+    try:
+        run = find_run(mlflow_client, run_id, f"tracking store {uri}")
+    except RunNotFound as exc:
         raise TrackingError(
-            f"run {run_id!r} not found in tracking store {uri}; check the run id, and resume with "
+            f"{exc}; check the run id, and resume with "
             "the experiment file and tracking.tracking_uri (or MLFLOW_TRACKING_URI) the run was "
             "started with"
         ) from None
     if run.info.status == "FINISHED":
         raise TrackingError(
-            f"run {run_id} in {uri} has FINISHED; there is nothing to resume (start a new run)"
+            f"run {run.info.run_id} in {uri} has FINISHED; there is nothing to resume "
+            "(start a new run)"
         )
     return run
 

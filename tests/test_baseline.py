@@ -35,7 +35,13 @@ from asolab.baseline.ranking import (
     sample_genotype,
 )
 from asolab.baseline.run import run_set
-from asolab.compare.arms import arm_lines, arm_summary, paired_ci
+from asolab.compare.arms import (
+    arm_lines,
+    arm_seed_lines,
+    arm_seed_table,
+    arm_summary,
+    paired_ci,
+)
 from asolab.data import load_data
 from asolab.runner import Runner
 from asolab.runner.events import Observer, Recorder
@@ -151,8 +157,17 @@ def test_baseline_arms_are_tracked_runs_with_the_same_budget(tmp_path, capsys):
     ]
     assert initial["pairs"] == 2 and initial["diff_mean"] == pytest.approx(sum(want) / 2)
     assert set(pd.read_csv(csv)["arm"]) == {"aso-se", "scratch", "random", "initial"}
+    # the per-seed table: each ASO-SE run's row holds the figures of its own control runs
+    seeds = pd.read_csv(tmp_path / "runs_arm_seeds.csv").set_index("seed")
+    for (arm, seed), r in runs.items():
+        assert seeds.loc[seed, f"{arm} test_acc"] == pytest.approx(r.data.metrics["test_acc"])
+        assert seeds.loc[seed, f"{arm} params"] == r.data.metrics["final_params"]
+    assert math.isnan(seeds.loc[1, "scratch test_acc"])  # seed 1 trained no scratch arm
+    row = next(line for line in out.splitlines() if line.strip().startswith(f"0     {source[:8]}"))
+    assert f"{100 * aso.data.metrics['test_acc']:.2f}" in row
     page = (report / "index.html").read_text()
     assert "Control arms" in page and (report / "arms.csv").exists()
+    assert "Per seed" in page and (report / "arm_seeds.csv").exists()
 
     # a third invocation finds everything and trains nothing
     before = len(_set_runs(client, source))
@@ -332,6 +347,37 @@ def test_paired_difference_and_its_confidence_interval():
     lines = [line for line in arm_lines(arm_summary(one)) if "ASO-SE - " in line]
     assert any(" ± -" in line for line in lines)
     assert len(lines) == 6 and len({line.index("ASO-SE - ") for line in lines}) == 1
+
+
+def test_per_seed_table_pairs_each_control_with_its_aso_se_run():
+    rows = [("aso-se", 0, "a0", "", 0.92), ("aso-se", 1, "a1", "", 0.95)]
+    rows += [("random-final", 1, "r1", "a1", 0.91), ("random-final", 0, "r0", "a0", 0.90)]
+    rows += [("initial", 1, "i1", "a1", 0.87), ("scratch", 2, "s2", "a2", 0.93)]  # a2 not selected
+    runs = pd.DataFrame(
+        [
+            {"arm": a, "seed": s, "run_id": i, "controls": c, "test_acc": v, "val_acc": v - 0.01}
+            | {"params": 1000 * (s + 1), "minutes": 10.0 * (s + 1)}
+            for a, s, i, c, v in rows
+        ]
+    )
+    table = arm_seed_table(runs)
+    assert list(table["aso_se_run"]) == ["a0", "a1", "a2"]
+    assert [c for c in table.columns if c.endswith("test_acc")] == [
+        "aso-se test_acc",
+        "scratch test_acc",
+        "initial test_acc",
+        "random-final test_acc",
+    ]
+    assert table.loc[0, "random-final test_acc"] == 0.90 and table.loc[1, "initial params"] == 2000
+    assert math.isnan(table.loc[2, "aso-se test_acc"]) and table.loc[2, "scratch test_acc"] == 0.93
+    lines = arm_seed_lines(table)
+    assert lines[2].split()[:5] == ["0", "a0", "92.00", "(91.00)", "1.0k"]
+    # seed 0 has no scratch and no initial run
+    assert "90.00 (89.00) 1.0k 10m" in lines[2] and lines[2].count(" - ") == 2
+    # every column starts where its header starts
+    head = lines[1]
+    for arm in ("scratch", "random-final"):
+        assert lines[4][head.index(arm) :].startswith("93.00" if arm == "scratch" else "-")
 
 
 def test_sampled_genotypes_follow_the_alphas(tiny_cfg, digits):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import sys
 import time
 
 import pytest
@@ -555,6 +556,21 @@ def test_the_progress_bar_counts_the_first_epoch_and_shows_what_is_left(tiny_cfg
     assert "2/13, val_acc=0.800" in screen.getvalue() and "left=40:31" in screen.getvalue()
     assert "2/13, val_acc=0.770" not in screen.getvalue()  # never the last epoch's figures
     assert "ep/s" not in screen.getvalue()
+
+
+def test_progress_writes_to_stderr_as_it_is_when_the_bar_is_made(tiny_cfg, monkeypatch):
+    """The default stream is the current sys.stderr: one bound at import time may have
+    been replaced and closed since (a test's capture, a notebook), and writing to it failed
+    when a resumed `asolab baseline` ran in the same process."""
+    from asolab.runner.events import RunStart
+
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", screen)
+    bar = ProgressObserver()
+    bar.on_run_start(
+        RunStart(tiny_cfg, {"name": "digits", "train": 1, "val": 1, "test": 1}, "cpu", {})
+    )
+    assert "asolab: digits on digits" in screen.getvalue()
 
 
 def test_a_budget_that_fits_every_final_epoch_changes_nothing(tiny_cfg):

@@ -33,8 +33,10 @@ PHASE_TITLES = {
 class ProgressObserver(Observer):
     """One tqdm bar per phase (epochs as units), a line per mutation and cycle."""
 
-    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
-        self.stream, self.enabled = stream, enabled
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+        # sys.stderr as it is now, not as it was at import: a redirected or replaced stream
+        # (pytest's capture, a notebook) may have been closed since.
+        self.stream, self.enabled = stream or sys.stderr, enabled
         self.bar: tqdm | None = None
         self.key: tuple[int, str] | None = None
         self.epochs: dict[str, int] = {}

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
 from ..space.ops import PRIMITIVES
 from ..tracking import layout
-from .arms import arm_view
+from .arms import arm_runs, arm_seed_table, arm_summary, has_arms
 from .select import VAL_ACC_METRICS, RunRecord, Selection, _read_artifact, cycle_genotypes
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
@@ -261,6 +261,7 @@ class Comparison:
     diffs: list[GenotypeDiff]
     evolutions: dict[str, pd.DataFrame] = field(default_factory=dict)  # run_id -> evolution frame
     arms: pd.DataFrame | None = None  # arm view (compare/arms.py), when runs carry arm tags
+    arm_seeds: pd.DataFrame | None = None  # the arm view's per-seed table, likewise
     rankings: pd.DataFrame | None = None  # ranking diagnostic figures of the runs that have them
     ranking_pairs: dict[str, list] = field(default_factory=dict)  # run_id -> pairs (report scatter)
 
@@ -279,8 +280,11 @@ def analyse(
         client = client or MlflowClient(tracking_uri=selection.tracking_uri)
         evolutions = {r.run_id: load_evolution(client, r.run_id) for r in records}
     table = selection.table()
-    arms = arm_view(records)
-    if arms is not None:  # which arm each run is, and the ASO-SE run it controls for
+    arms = arm_seeds = None
+    if has_arms(records):
+        arm_frame = arm_runs(records)
+        arms, arm_seeds = arm_summary(arm_frame), arm_seed_table(arm_frame)
+        # which arm each run is, and the ASO-SE run it controls for
         table.insert(2, "arm", [r.tags.get(layout.TAG_ARM, "") for r in records])
         table.insert(3, "controls", [r.tags.get(layout.TAG_CONTROLS, "") for r in records])
     rankings = ranking_table(records)
@@ -292,6 +296,7 @@ def analyse(
         selection=selection,
         table=table,
         arms=arms,
+        arm_seeds=arm_seeds,
         rankings=rankings,
         ranking_pairs=pairs,
         clusters=clusters(records),

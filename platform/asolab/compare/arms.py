@@ -4,8 +4,10 @@ Runs that ``asolab baseline`` made carry an arm tag and the ASO-SE run (same
 seed) they control for. Per arm: mean and standard deviation of the final
 validation and test accuracy; per control run, the paired difference
 ASO-SE minus the arm (positive: the search won); per arm, the mean paired
-difference with a 95% paired-t confidence interval. Test accuracy is
-reported here, never used to choose anything.
+difference with a 95% paired-t confidence interval. The per-seed table puts
+each ASO-SE run beside its control runs (accuracies, final parameter count,
+minutes of training). Test accuracy is reported here, never used to choose
+anything.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def arm_runs(records: Sequence[RunRecord]) -> pd.DataFrame:
                 "controls": r.tags.get(L.TAG_CONTROLS, ""),
                 "baseline_of": r.tags.get(L.TAG_BASELINE_OF, ""),
                 **{name: r.metric(*sources) for name, sources in ARM_METRICS},
+                "params": r.metric(L.FINAL_PARAMS),
+                "minutes": r.metric(L.RUN_SECONDS) / 60,
             }
         )
     return pd.DataFrame(
@@ -65,6 +69,8 @@ def arm_runs(records: Sequence[RunRecord]) -> pd.DataFrame:
             "controls",
             "baseline_of",
             *(m for m, _ in ARM_METRICS),
+            "params",
+            "minutes",
         ],
     )
 
@@ -155,8 +161,49 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def arm_view(records: Sequence[RunRecord]) -> pd.DataFrame | None:
-    """The arm summary of ``records``, or None when no run has an arm."""
-    if not has_arms(records):
-        return None
-    return arm_summary(arm_runs(records))
+SEED_FIELDS = ("test_acc", "val_acc", "params", "minutes")  # per arm in the per-seed table
+
+
+def arm_seed_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per ASO-SE run: its seed and, per arm, the figures of the run of that arm.
+
+    A control run joins the row of the ASO-SE run it controls for, so a row holds one
+    seed's pairs; a control whose ASO-SE run is not selected still gets its row.
+    Columns: ``seed``, ``aso_se_run``, then ``<arm> <field>`` for each arm and field
+    of :data:`SEED_FIELDS`, arms in the arm view's order.
+    """
+    arms = _order(runs["arm"].tolist())
+    rows: dict[str, dict] = {}
+    for _, r in runs.iterrows():
+        key = r["run_id"] if r["arm"] == L.ARM_ASO_SE else r["controls"]
+        row = rows.setdefault(key, {"seed": r["seed"], "aso_se_run": key})
+        for field in SEED_FIELDS:
+            row.setdefault(f"{r['arm']} {field}", r[field])
+    columns = ["seed", "aso_se_run", *(f"{a} {f}" for a in arms for f in SEED_FIELDS)]
+    table = pd.DataFrame(list(rows.values()), columns=columns)
+    return table.sort_values(["seed", "aso_se_run"], kind="stable").reset_index(drop=True)
+
+
+def arm_seed_lines(table: pd.DataFrame) -> list[str]:
+    """The per-seed table for a terminal: test % (val %), parameters and minutes per arm."""
+    arms = [c[: -len(" test_acc")] for c in table.columns if c.endswith(" test_acc")]
+
+    def cell(row: pd.Series, arm: str) -> str:
+        test, val, params, minutes = (row[f"{arm} {f}"] for f in SEED_FIELDS)
+        if pd.isna(test):
+            return "-"
+        text = f"{100 * test:.2f}" + ("" if pd.isna(val) else f" ({100 * val:.2f})")
+        text += "" if pd.isna(params) else f" {params / 1000:.1f}k"
+        return text + ("" if pd.isna(minutes) else f" {minutes:.0f}m")
+
+    cells = [[cell(row, a) for a in arms] for _, row in table.iterrows()]
+    widths = [max([len(a), *(len(c[i]) for c in cells)]) for i, a in enumerate(arms)]
+    head = "  ".join(f"{a:<{w}}" for a, w in zip(arms, widths))
+    lines = [
+        "per seed: test % (val %), final parameters, minutes of training",
+        f"  seed  aso-se run  {head}".rstrip(),
+    ]
+    for (_, row), cs in zip(table.iterrows(), cells):
+        text = "  ".join(f"{c:<{w}}" for c, w in zip(cs, widths))
+        lines.append(f"  {row['seed']!s:<4}  {str(row['aso_se_run'])[:8]:<10}  {text}".rstrip())
+    return lines

@@ -126,7 +126,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..space.genotype import distance
     from .analysis import analyse, diff_lines
-    from .arms import arm_lines
+    from .arms import arm_lines, arm_seed_lines
     from .report import log_to_mlflow, write_report
     from .select import CompareError, load_selection
 
@@ -214,7 +214,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     print(f"      {row['changes']}", file=out)
     if comparison.arms is not None:
         print("\ncontrol arms (asolab baseline):", file=out)
-        for line in arm_lines(comparison.arms):
+        for line in arm_lines(comparison.arms) + arm_seed_lines(comparison.arm_seeds):
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
         from ..baseline.ranking import lead_text, p_text, proxy_text
@@ -258,7 +258,9 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if comparison.arms is not None:
             arms_csv = arms_csv_path(args.csv)
             comparison.arms.to_csv(arms_csv, index=False)
-            print(f"arm view written to {arms_csv}", file=out)
+            seeds_csv = arms_csv_path(args.csv, "arm_seeds")
+            comparison.arm_seeds.to_csv(seeds_csv, index=False)
+            print(f"arm view written to {arms_csv}, its per-seed table to {seeds_csv}", file=out)
     if args.report or args.log_to_mlflow:
         with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
             directory = args.report or tmp
@@ -314,10 +316,10 @@ def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -
         raise error(f"{flag} {path}: {target} is not a writable folder; choose another path")
 
 
-def arms_csv_path(csv: str) -> str:
-    """Where ``--csv PATH`` writes the arm view: beside PATH, ``<stem>_arms.csv``."""
+def arms_csv_path(csv: str, part: str = "arms") -> str:
+    """Where ``--csv PATH`` writes a part of the arm view: beside PATH, ``<stem>_<part>.csv``."""
     root, ext = os.path.splitext(csv)
-    return f"{root}_arms{ext or '.csv'}"
+    return f"{root}_{part}{ext or '.csv'}"
 
 
 def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 REPORT_FILE = "index.html"
 TABLE_FILE = "runs.csv"
 ARMS_FILE = "arms.csv"  # the arm view, when runs carry arm tags
+ARM_SEEDS_FILE = "arm_seeds.csv"  # its per-seed table
 MAX_CELL_PICTURES = 12  # distinct genotypes drawn; the clusters table lists them all
 
 # Fits a 1400 px window without horizontal scrolling: the runs table shows a genotype's
@@ -397,7 +398,7 @@ def _arms_html(comparison: Comparison) -> list[str]:
     """The arm view: mean ± std per arm, paired differences to ASO-SE with 95% CIs."""
     if comparison.arms is None:
         return []
-    from .arms import arm_lines
+    from .arms import arm_lines, arm_seed_lines
 
     return [
         "<h2>Control arms</h2>",
@@ -408,6 +409,10 @@ def _arms_html(comparison: Comparison) -> list[str]:
         "reported, never used to select.</p>",
         "<pre>" + html.escape("\n".join(arm_lines(comparison.arms))) + "</pre>",
         _frame_html(comparison.arms),
+        "<h3>Per seed</h3>",
+        "<p>Each ASO-SE run beside its control runs: test accuracy % (validation %), the final "
+        "network's parameters and the minutes each run trained.</p>",
+        "<pre>" + html.escape("\n".join(arm_seed_lines(comparison.arm_seeds))) + "</pre>",
     ]
 
 
@@ -480,6 +485,7 @@ def write_report(
     comparison.table.to_csv(out / TABLE_FILE, index=False)
     if comparison.arms is not None:
         comparison.arms.to_csv(out / ARMS_FILE, index=False)
+        comparison.arm_seeds.to_csv(out / ARM_SEEDS_FILE, index=False)
     log.info("wrote comparison report %s", page)
     return page
 

@@ -184,8 +184,8 @@ def arm_seed_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["seed", "aso_se_run"], kind="stable").reset_index(drop=True)
 
 
-def arm_seed_lines(table: pd.DataFrame) -> list[str]:
-    """The per-seed table for a terminal: test % (val %), parameters and minutes per arm."""
+def arm_seed_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-seed table as text cells: per arm "test (val) params minutes", "-" if none."""
     arms = [c[: -len(" test_acc")] for c in table.columns if c.endswith(" test_acc")]
 
     def cell(row: pd.Series, arm: str) -> str:
@@ -196,14 +196,19 @@ def arm_seed_lines(table: pd.DataFrame) -> list[str]:
         text += "" if pd.isna(params) else f" {params / 1000:.1f}k"
         return text + ("" if pd.isna(minutes) else f" {minutes:.0f}m")
 
-    cells = [[cell(row, a) for a in arms] for _, row in table.iterrows()]
-    widths = [max([len(a), *(len(c[i]) for c in cells)]) for i, a in enumerate(arms)]
-    head = "  ".join(f"{a:<{w}}" for a, w in zip(arms, widths))
-    lines = [
-        "per seed: test % (val %), final parameters, minutes of training",
-        f"  seed  aso-se run  {head}".rstrip(),
+    rows = [
+        {"seed": str(row["seed"]), "aso-se run": str(row["aso_se_run"])[:8]}
+        | {arm: cell(row, arm) for arm in arms}
+        for _, row in table.iterrows()
     ]
-    for (_, row), cs in zip(table.iterrows(), cells):
-        text = "  ".join(f"{c:<{w}}" for c, w in zip(cs, widths))
-        lines.append(f"  {row['seed']!s:<4}  {str(row['aso_se_run'])[:8]:<10}  {text}".rstrip())
+    return pd.DataFrame(rows, columns=["seed", "aso-se run", *arms])
+
+
+def arm_seed_lines(table: pd.DataFrame) -> list[str]:
+    """The per-seed table for a terminal: test % (val %), parameters and minutes per arm."""
+    display = arm_seed_display(table)
+    widths = [max([len(c), *map(len, display[c])]) for c in display.columns]
+    lines = ["per seed: test % (val %), final parameters, minutes of training"]
+    for cells in [list(display.columns), *display.itertuples(index=False)]:
+        lines.append("  " + "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip())
     return lines

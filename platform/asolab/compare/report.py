@@ -398,7 +398,7 @@ def _arms_html(comparison: Comparison) -> list[str]:
     """The arm view: mean ± std per arm, paired differences to ASO-SE with 95% CIs."""
     if comparison.arms is None:
         return []
-    from .arms import arm_lines, arm_seed_lines
+    from .arms import arm_lines, arm_seed_display
 
     return [
         "<h2>Control arms</h2>",
@@ -411,8 +411,9 @@ def _arms_html(comparison: Comparison) -> list[str]:
         _frame_html(comparison.arms),
         "<h3>Per seed</h3>",
         "<p>Each ASO-SE run beside its control runs: test accuracy % (validation %), the final "
-        "network's parameters and the minutes each run trained.</p>",
-        "<pre>" + html.escape("\n".join(arm_seed_lines(comparison.arm_seeds))) + "</pre>",
+        "network's parameters and the minutes each run trained; - where a seed has no run of "
+        "the arm.</p>",
+        _frame_html(arm_seed_display(comparison.arm_seeds)),
     ]
 
 

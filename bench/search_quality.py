@@ -38,7 +38,13 @@ from _common import machine
 
 from asolab.baseline.arms import ARMS, DEFAULT_ARMS
 from asolab.baseline.run import run_set
-from asolab.compare.arms import arm_lines, arm_view
+from asolab.compare.arms import (
+    arm_lines,
+    arm_runs,
+    arm_seed_lines,
+    arm_seed_table,
+    arm_summary,
+)
 from asolab.compare.select import load_selection
 from asolab.config import load, parse_override
 from asolab.interrupt import Terminated, sigterm_as_interrupt
@@ -219,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                 overrides=overrides,
                 on_done=lambda r: print(r.line(), flush=True),
             )
-        summary = arm_view(load_selection(uri, baseline=[source]).records)
-        print("\n".join(arm_lines(summary)))
+        runs = arm_runs(load_selection(uri, baseline=[source]).records)
+        summary = arm_summary(runs)
+        print("\n".join(arm_lines(summary) + arm_seed_lines(arm_seed_table(runs))))
         print(
             f"{name}: ASO-SE test accuracy minus each arm, points, 95% CI: {headline(summary)}; "
             f"the same view: asolab compare --baseline {source}",

@@ -77,7 +77,8 @@ def test_search_quality_records_its_arms_in_mlflow(capsys, tmp_path):
         and "vs random" in lines[-1]
     )
     lines = _run(capsys, "search_quality", args + ["--report"])
-    assert not any(line.startswith("  seed") for line in lines)  # --report trains nothing
+    assert not any(line.startswith("  seed 0 ") for line in lines)  # --report trains nothing
+    assert "per seed: test % (val %), final parameters, minutes of training" in lines
     assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm")
     with pytest.raises(SystemExit):
         _module("search_quality").main(args + ["--arms", "initial,bogus"])

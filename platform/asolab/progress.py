@@ -36,7 +36,8 @@ class ProgressObserver(Observer):
     def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
         # sys.stderr as it is now, not as it was at import: a redirected or replaced stream
         # (pytest's capture, a notebook) may have been closed since.
-        self.stream, self.enabled = stream or sys.stderr, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
         self.bar: tqdm | None = None
         self.key: tuple[int, str] | None = None
         self.epochs: dict[str, int] = {}

@@ -47,7 +47,7 @@ from ..evolution.mutation import mutate
 from ..evolution.sampling import FairPaths
 from ..evolution.sampling import temperature as temperature_at
 from ..space.genotype import Genotype
-from ..space.network import Plans, SearchNetwork
+from ..space.network import Plans
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
 from .device import memory_format, resolve_device
@@ -63,7 +63,8 @@ from .events import (
     RunInterrupted,
     RunStart,
 )
-from .memory import check_fits, memory_stats, out_of_memory
+from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
+from .speed import Speed, build_network, with_layout
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class Runner:
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:
-            self.net = SearchNetwork(self.spec).to(self.device, memory_format=self._layout)
+            self.net = build_network(self.spec, self.device, self._layout)
         except torch.cuda.OutOfMemoryError as exc:
             raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
         s = cfg.search
@@ -244,6 +245,7 @@ class Runner:
             weight_decay=s.alpha_weight_decay,
         )
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
+        self.speed = Speed(cfg.speed, self.device)
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: dict[str, Any] | None = None
@@ -306,22 +308,17 @@ class Runner:
     def _weight_step(
         self, x: torch.Tensor, y: torch.Tensor, plans: Plans
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(x, plans)
-        loss = F.cross_entropy(logits, y)
-        self.weight_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
-        self.weight_opt.step()
+        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
+        clip = self.net.weight_parameters()
+        self.speed.step(loss, self.weight_opt, clip, self.cfg.search.grad_clip)
         return loss.detach(), (logits.argmax(1) == y).sum()
 
     def _alpha_step(
         self, x: torch.Tensor, y: torch.Tensor, tau: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(x, self.net.sample_plans(tau, differentiable=True))
-        loss = F.cross_entropy(logits, y)
-        self.alpha_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.alpha_opt.step()
+        plans = self.net.sample_plans(tau, differentiable=True)  # fp32, outside autocast
+        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
+        self.speed.step(loss, self.alpha_opt)
         return loss.detach(), (logits.argmax(1) == y).sum()
 
     @torch.no_grad()
@@ -331,7 +328,8 @@ class Runner:
         plans = self.net.genotype_plans(genotype)
         loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
         for x, y in Batches(split, self.cfg.data.eval_batch_size):
-            logits = self.net(x, plans)
+            with self.speed.autocast():
+                logits = self.net(x, plans).float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         n = max(1, len(split))
@@ -530,7 +528,7 @@ class Runner:
         old = self.net
         # New modules (a wider op, a new cell) take the run's layout; .to keeps the
         # parameter objects, so the optimizers' remapping below still finds them.
-        self.net, self.spec = morph.net.to(memory_format=self._layout), morph.spec
+        self.net, self.spec = with_layout(morph.net, self._layout), morph.spec
         self.weight_opt = morphism.remap_optimizer(
             self.weight_opt, old, self.net.weight_parameters(), morph
         )
@@ -611,7 +609,9 @@ class Runner:
         except (
             torch.cuda.OutOfMemoryError
         ) as exc:  # CUDA (or another accelerator) ran out: a user error
-            error = out_of_memory(exc, self.device, self.cfg.data.batch_size)
+            batch = self.cfg.data.batch_size
+            estimate = estimate_supernet(self.spec, batch, self.data.image_size)
+            error = out_of_memory(exc, self.device, batch, estimate)
             self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
             raise error from None
         except BaseException as exc:
@@ -771,6 +771,7 @@ class Runner:
             "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
+            "grad_scaler": self.speed.scaler.state_dict(),
         }
 
     def save_checkpoint(self, phase: str, cycle: int, due: bool = True) -> Path | None:
@@ -858,6 +859,8 @@ class Runner:
         self._elapsed = float(state["seconds"])
         ckpt.set_rng_state(state["rng"])
         self.shuffle.set_state(state["shuffle_rng"])
+        if state.get("grad_scaler"):  # fp16 runs only; older checkpoints lack it
+            self.speed.scaler.load_state_dict(state["grad_scaler"])
         self._resumed_from = {**state["position"], "next": self._next_name()}
 
     def _next_name(self) -> str:

@@ -50,7 +50,7 @@ from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
-from .device import memory_format, resolve_device
+from .device import describe_device, memory_format, resolve_device
 from .events import (
     CheckpointSaved,
     CycleEnd,
@@ -601,6 +601,7 @@ class Runner:
                     total_epochs=self.total_epochs,
                     threads_source=self.threads_source,
                     final_epochs=self.state.final_epochs,
+                    device_info=describe_device(self.device),
                 ),
             )
             while self.state.position.cycle < self.cfg.search.cycles:

@@ -59,8 +59,8 @@ def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:
     parameter swap, which fails on fake device tensors."""
     with torch.no_grad():
         for p in net.parameters():
-            if p.dim() == 4 and not p.is_contiguous(memory_format=layout):
-                p.data = p.data.contiguous(memory_format=layout)
+            if p.dim() == 4:
+                p.data = p.data.to(memory_format=layout)
     return net
 
 

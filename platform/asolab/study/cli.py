@@ -55,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="K worker processes on this machine, each with cores // K torch threads",
     )
     p.add_argument(
+        "--gpus",
+        default="",
+        metavar="IDS",
+        help="GPUs the workers share, one each round-robin, e.g. 0,1 (default: the visible ones)",
+    )
+    p.add_argument(
         "--storage",
         default="",
         metavar="URL",
@@ -149,6 +155,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             study_name=args.study_name,
             tracking_uri=args.tracking_uri,
             on_trial=show if args.workers == 1 else None,
+            gpus=args.gpus,
         )
     except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error
         _print_summary(

@@ -112,6 +112,7 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
 
     from .progress import summary_table
     from .runner import Runner
+    from .runner.memory import MemoryLimitError
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
 
     # On --resume the file and --set only say where the run is (tracking.tracking_uri);
@@ -141,6 +142,12 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
         try:
             with sigterm_as_interrupt():
                 runner.run()
+        except MemoryLimitError as exc:  # out of memory in a phase: the checkpoints are kept
+            if not tracker.run_id:
+                raise
+            raise MemoryLimitError(
+                f"{exc}; then continue it with: {resume_command(args.file, tracker.run_id, uri)}"
+            ) from None
         except KeyboardInterrupt:
             if tracker.run_id:
                 print(

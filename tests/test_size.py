@@ -3,6 +3,7 @@ FLOP counter, parameter count as a ranking baseline, and the Pareto view."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -11,6 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from asolab.baseline.pareto import pareto_front
 from asolab.cli import main
 from asolab.compare.sizefit import fit_on_log_size
 from asolab.space.flops import network_size
@@ -115,3 +117,85 @@ def test_flops_of_a_one_cell_network_counted_by_hand():
     assert params_conv > params
     assert network_size(spec, g, 16)[1] - 40 == 4 * (flops - 40)  # convs scale with the area
     assert np.isfinite(flops)
+
+
+# ------------------------------------------------------------------ Pareto front
+
+
+def test_pareto_front_is_exactly_the_non_dominated_set():
+    rng = random.Random(7)
+    for _ in range(50):
+        pts = [(float(rng.randrange(1, 30)), rng.randrange(0, 20) / 20) for _ in range(15)]
+        pts.append((math.nan, 0.99))  # a run without a size is never on the front
+        front = set(pareto_front(pts))
+        for k, (s, a) in enumerate(pts[:-1]):
+            dominated = any(s2 <= s and a2 >= a and (s2, a2) != (s, a) for s2, a2 in pts[:-1])
+            assert (k in front) == (not dominated), (k, pts[k])
+        assert len(pts) - 1 not in front
+    assert pareto_front([(1.0, 0.5), (2.0, 0.9), (3.0, 0.7)]) == [0, 1]
+
+
+# ------------------------------------------------------------------ parameter count in rank
+
+
+def test_rank_puts_parameter_count_beside_the_supernet_and_draws_a_pareto_view(tmp_path, capsys):
+    from scipy.stats import kendalltau
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sets = {
+        "threads": 1,
+        "space.init_channels": 4,
+        "search.cycles": 1,
+        "search.w_epochs": 1,
+        "search.alpha_epochs": 1,
+        "search.retrain_epochs": 1,
+        "search.final_epochs": 0,
+        "data.train_subset": 200,
+        "tracking.log_models": "false",
+        "tracking.tracking_uri": uri,
+    }
+    argv = ["run", "--quiet"] + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    assert main(argv) == 0
+    source = capsys.readouterr().out.split("(run ")[-1].split(")")[0]
+    rank = ["rank", source, "--samples", "3", "--epochs", "1", "--threads", "1", "--quiet"]
+    assert main([*rank, "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "parameter count" in out and "multiply-adds" in out
+    client = MlflowClient(tracking_uri=uri)
+    metrics = client.get_run(source).data.metrics
+    local = client.download_artifacts(source, L.RANKING_PAIRS_ARTIFACT, str(tmp_path))
+    pairs = json.loads(open(local).read())["pairs"]
+    assert all(p["params"] > 0 and p["flops"] > p["params"] for p in pairs)
+    acc = [p["standalone_val_acc"] for p in pairs]
+    expected = kendalltau([p["params"] for p in pairs], acc).statistic
+    if math.isnan(expected):
+        assert L.RANKING_PARAMS_KENDALL_TAU not in metrics
+    else:
+        assert metrics[L.RANKING_PARAMS_KENDALL_TAU] == pytest.approx(expected)
+        gap = metrics["ranking_kendall_tau_all"] - metrics[L.RANKING_PARAMS_KENDALL_TAU]
+        assert metrics[L.RANKING_TAU_MINUS_PARAMS] == pytest.approx(gap)
+        better = "better than" if gap > 0 else "no better than"
+        assert f"the supernet ranks {better} counting parameters" in out
+    listed = [a.path for a in client.list_artifacts(source, L.RANKING_DIR)]
+    assert L.RANKING_PARETO_ARTIFACT in listed
+    png = client.download_artifacts(source, L.RANKING_PARETO_ARTIFACT, str(tmp_path))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # compare shows the baseline beside the supernet's figures, and the Pareto view
+    report = tmp_path / "report"
+    assert main(["compare", "--run", source, "--tracking-uri", uri, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    if not math.isnan(expected):
+        assert "; parameters tau" in out and "supernet minus parameters" in out
+    page = (report / "index.html").read_text()
+    assert "Accuracy against size (Pareto view)" in page
+    assert "ranked genotypes: short stand-alone training" in str(panels_titles(uri, source))
+    assert (report / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def panels_titles(uri: str, run_id: str) -> list[str]:
+    from asolab.compare.analysis import analyse
+    from asolab.compare.paretoview import panels
+    from asolab.compare.select import load_selection
+
+    comparison = analyse(load_selection(uri, run_ids=[run_id]))
+    return [title for title, _ in panels(comparison)]

@@ -21,6 +21,7 @@ import psutil
 import pytest
 from layout_check import undeclared
 from mlflow import MlflowClient
+from optuna.storages import JournalStorage
 from optuna.trial import TrialState
 
 from asolab.cli import main
@@ -38,6 +39,7 @@ from asolab.study.storage import (
     ATTR_OWNER_STARTED,
     ATTR_RETRY_OF,
     ATTR_STALE,
+    JOURNAL_NAME as JOURNAL,
     Heartbeat,
     budget_lock,
     owner_id,
@@ -804,3 +806,43 @@ def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:
     file = write_study(tmp_path, "bad", "[objective]\nseeds = 0\n" + SPACE)
     with pytest.raises(ConfigError, match="objective.seeds = 0 is out of range"):
         load_study(file)
+
+
+def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One store folder: with no --storage and no --tracking-uri, a study keeps its journal
+    in ./mlruns beside mlflow.db, so two project folders never share a study; with a
+    SQLite tracking URI elsewhere, the journal lies beside that file. --summary is
+    read-only: it creates no file and no folder."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        file = write_study(folder, "one", ONE_SHORT_RANDOM_TRIAL + SPACE)
+        monkeypatch.chdir(folder)
+        capsys.readouterr()
+        assert main(["study", "--summary", str(file)]) == 2  # nothing recorded here yet
+        assert "no study 'one'" in capsys.readouterr().err
+        assert sorted(p.name for p in folder.iterdir()) == ["one.toml", "tiny.toml"]
+        assert main(["study", str(file)]) == 0
+        store = folder / "mlruns"
+        assert {"mlflow.db", "optuna-journal.log"} <= {p.name for p in store.iterdir()}
+        journal = optuna.storages.journal.JournalFileBackend(str(store / JOURNAL))
+        (study,) = optuna.get_all_study_summaries(JournalStorage(journal))
+        assert study.n_trials == 1  # its own trial only: b did not pick up a's study
+        before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+        assert main(["study", "--summary", str(file)]) == 0
+        assert "1 trials (1 complete)" in capsys.readouterr().out
+        assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    file = write_study(elsewhere, "two", ONE_SHORT_RANDOM_TRIAL + SPACE)
+    uri = f"sqlite:///{elsewhere / 'store' / 'runs.db'}"
+    assert main(["study", str(file), "--tracking-uri", uri]) == 0
+    assert {p.name for p in (elsewhere / "store").iterdir()} >= {"runs.db", "optuna-journal.log"}
+    here = optuna.storages.journal.JournalFileBackend(str(folders[1] / "mlruns" / JOURNAL))
+    there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL))
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(here))] == ["one"]
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(there))] == ["two"]

@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="",
         metavar="URL",
         help=(
-            "Optuna storage URL (default: journal file mlruns/optuna-journal.log); "
+            "Optuna storage URL (default: optuna-journal.log beside the MLflow store, "
+            "./mlruns/ unless --tracking-uri names a SQLite file elsewhere); "
             "postgresql://... for several machines"
         ),
     )
@@ -166,28 +167,37 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace, cfg: Any) -> int:
+    """Print what the study holds; read-only: creates no store, no journal, no folder."""
     import optuna
 
     from ..tracking import check_reachable, resolve_tracking_uri
+    from ..tracking.store import sqlite_path
     from . import report
-    from .storage import make_storage, resolve_storage_url
+    from .storage import journal_missing, make_storage, resolve_storage_url
 
-    url = resolve_storage_url(args.storage, cfg.storage.url)
-    name = args.study_name or cfg.name
-    try:
-        study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
-    except KeyError:
-        command = " ".join(["asolab study"] + ([args.file] if args.file else []))
-        raise ConfigError(
-            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
-            "--storage/--study-name"
-        ) from None
     uri = resolve_tracking_uri(
         args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
     )
+    url = resolve_storage_url(args.storage, cfg.storage.url, uri)
+    name = args.study_name or cfg.name
+    command = " ".join(["asolab study"] + ([args.file] if args.file else []))
+    no_study = ConfigError(
+        f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
+        "--storage/--study-name"
+    )
+    if journal_missing(url):
+        raise no_study
     try:
-        check_reachable(uri)
-        parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
+        study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
+    except KeyError:
+        raise no_study from None
+    db = sqlite_path(uri)
+    try:
+        if db is not None and not db.is_file():
+            parent = "(none yet)"  # no MLflow store: the check would create an empty one
+        else:
+            check_reachable(uri)
+            parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
     except Exception as exc:  # the summary still helps without MLflow, but must not hide why
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         parent = f"(unknown: the MLflow store could not be read: {reason})"

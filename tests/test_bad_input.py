@@ -110,7 +110,8 @@ CASES = {
     "run unknown data set": (["run", "--set", "data.name=imagenet"], "data.name"),
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),
     "run float for int": (["run", "--set", "search.cycles=1.5"], "integer"),
-    "run infinite clip": (["run", "--set", "search.grad_clip=inf"], "finite"),
+    "run infinite learning rate": (["run", "--set", "search.weight_lr=inf"], "finite"),
+    "run clip -inf": (["run", "--set", "search.grad_clip=-inf"], "finite"),
     "run min above initial temperature": (
         ["run", "--set", "temperature.min_temperature=10"],
         "must not exceed",

@@ -124,7 +124,11 @@ def test_the_test_venv_sees_the_running_interpreters_packages(tmp_path):
     (Path(purelib) / "_deps.pth").write_text(
         "".join(
             f"{d}\n"
-            for d in [*site.getsitepackages(), Path(config.__file__).parents[1], Path(__file__).parent]
+            for d in [
+                *site.getsitepackages(),
+                Path(config.__file__).parents[1],
+                Path(__file__).parent,
+            ]
         )
     )
     script = textwrap.dedent(

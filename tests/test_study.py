@@ -39,7 +39,7 @@ from asolab.study.storage import (
     ATTR_OWNER_STARTED,
     ATTR_RETRY_OF,
     ATTR_STALE,
-    JOURNAL_NAME as JOURNAL,
+    JOURNAL_NAME,
     Heartbeat,
     budget_lock,
     owner_id,
@@ -828,7 +828,7 @@ def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
         assert main(["study", str(file)]) == 0
         store = folder / "mlruns"
         assert {"mlflow.db", "optuna-journal.log"} <= {p.name for p in store.iterdir()}
-        journal = optuna.storages.journal.JournalFileBackend(str(store / JOURNAL))
+        journal = optuna.storages.journal.JournalFileBackend(str(store / JOURNAL_NAME))
         (study,) = optuna.get_all_study_summaries(JournalStorage(journal))
         assert study.n_trials == 1  # its own trial only: b did not pick up a's study
         before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
@@ -842,7 +842,7 @@ def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
     uri = f"sqlite:///{elsewhere / 'store' / 'runs.db'}"
     assert main(["study", str(file), "--tracking-uri", uri]) == 0
     assert {p.name for p in (elsewhere / "store").iterdir()} >= {"runs.db", "optuna-journal.log"}
-    here = optuna.storages.journal.JournalFileBackend(str(folders[1] / "mlruns" / JOURNAL))
-    there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL))
+    here = optuna.storages.journal.JournalFileBackend(str(folders[1] / "mlruns" / JOURNAL_NAME))
+    there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL_NAME))
     assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(here))] == ["one"]
     assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(there))] == ["two"]

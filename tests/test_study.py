@@ -319,8 +319,6 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         "par",
         """
         n_trials = 4
-        [overrides]
-        data.train_subset = 150
         [sampler]
         name = "tpe"
         n_startup_trials = 10
@@ -329,7 +327,8 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         """
         + SPACE,
     )
-    outcome = run_study(load_study(file), workers=2, **stores(tmp_path))
+    # --set reaches the worker processes, which re-read the file
+    outcome = run_study(load_study(file, ["data.train_subset=150"]), workers=2, **stores(tmp_path))
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -339,6 +338,7 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert sorted(int(r.data.tags[TAG_TRIAL]) for r in children) == [0, 1, 2, 3]
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
+    assert {r.data.params["data.train_subset"] for r in children} == {"150"}
     # each worker's sampler seed differs, so they do not propose the same point
     assert len({t.params["mutation.strength"] for t in trials}) == 4
 
@@ -846,3 +846,25 @@ def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
     there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL_NAME))
     assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(here))] == ["one"]
     assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(there))] == ["two"]
+
+
+def test_set_applies_to_every_trial_and_the_cost_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A quick study without copying the file: --set changes every trial's experiment
+    over the file's [overrides]; the planned cost comes first, and after the first trial
+    an estimate of the time left."""
+    file = write_study(tmp_path, "quick", "n_trials = 2\n" + SHORT_RANDOM_TRIALS + SPACE)
+    s = stores(tmp_path)
+    argv = ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+    capsys.readouterr()
+    assert main([*argv, "--set", "data.train_subset=150", "--set", "search.cycles=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("study quick: 2 trials x 1 seeds = 2 runs of 2 cycles"), lines[0]
+    assert lines[1].startswith("trial    0 COMPLETE")
+    assert lines[2].startswith("  about ") and "left for 1 more trials" in lines[2], lines[2]
+    _, children = runs_of(tmp_path, "quick")
+    assert len(children) == 2
+    for run in children:  # the file says cycles = 1 ([overrides]); --set wins
+        assert run.data.params["data.train_subset"] == "150"
+        assert run.data.params["search.cycles"] == "2"

@@ -411,6 +411,8 @@ def _run_workers(
             "--seed",
             str(cfg.seed),
         ]
+        for text in cfg.set_overrides:
+            cmd += ["--set", text]
         log.info("starting worker %d: %s", k, " ".join(cmd))
         procs.append(subprocess.Popen(cmd))
     try:

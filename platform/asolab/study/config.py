@@ -151,7 +151,7 @@ class StorageConfig:
 
     url: str = _field(
         "",
-        help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); "
+        help="Optuna storage ('' = JournalStorage in optuna-journal.log beside the MLflow store); "
         "--storage overrides it",
     )
     heartbeat_interval: int = _field(

@@ -46,6 +46,7 @@ from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.sampling import FairPaths
 from ..evolution.sampling import temperature as temperature_at
+from ..evolution.selection import select_genotype
 from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.spec import ArchSpec
@@ -309,7 +310,8 @@ class Runner:
         self, x: torch.Tensor, y: torch.Tensor, plans: Plans
     ) -> tuple[torch.Tensor, torch.Tensor]:
         loss, logits = self.speed.forward_loss(self.net, x, y, plans)
-        clip = self.net.weight_parameters()
+        # inf: no clipping (no norm to compute)
+        clip = self.net.weight_parameters() if math.isfinite(self.cfg.search.grad_clip) else []
         self.speed.step(loss, self.weight_opt, clip, self.cfg.search.grad_clip)
         return loss.detach(), (logits.argmax(1) == y).sum()
 
@@ -446,7 +448,7 @@ class Runner:
     def _mutate(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
-        self.state.derived = self.net.derive(cap)
+        self.state.derived, selection = select_genotype(self, cap)
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
             self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau, cap
@@ -462,6 +464,7 @@ class Runner:
                 tuple(edits),
                 tau,
                 self.cfg.mutation.strength,
+                selection,
             ),
         )
         self._grow()

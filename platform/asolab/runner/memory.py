@@ -201,15 +201,7 @@ def check_fits(
         f"activations at data.batch_size={batch_size}: {gib['activation_bytes']}"
     )
     ram = int(psutil.virtual_memory().available)
-    if device.type == "cuda":
-        # The supernet is built in RAM before it moves to the GPU: its weights must fit there too.
-        weights = est.weight_bytes // WEIGHT_COPIES
-        if weights > ram:
-            raise MemoryLimitError(
-                f"the supernet's weights need about {weights / _GIB:.1f} GiB of RAM to be built "
-                f"({est.params / 1e6:,.1f} M parameters) but {ram / _GIB:.1f} GiB is available; "
-                + _LOWER
-            )
+    if device.type == "cuda":  # built on the GPU directly (runner/speed.py build_network)
         free = available_bytes(device)
         if est.total > free:
             raise MemoryLimitError(

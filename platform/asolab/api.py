@@ -265,12 +265,16 @@ def runs(
     """The compare table (one row per run with a final genotype) of the runs selected
     as ``asolab compare`` selects them: MLflow experiment name(s), an MLflow filter
     string (``"params.data.name = 'folder'"``), run ids, a study."""
+    from .compare.opsets import op_set_warning
     from .compare.select import load_selection
 
     experiments = [experiment] if isinstance(experiment, str) else list(experiment)
     selection = load_selection(
         tracking_uri, experiments=experiments, run_ids=run_ids, filter_string=filter, study=study
     )
+    warning = op_set_warning(selection.records)
+    if warning:
+        log.warning("%s", warning)
     return selection.table()
 
 

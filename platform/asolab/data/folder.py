@@ -61,7 +61,7 @@ def _scan(root: Path, classes: list[str], split: str) -> list[_Header]:
                     out.append(_Header(path, label, img.size, img.mode not in _GREY))
             except _DECODE_ERRORS as exc:
                 raise DataError(
-                    f"data set 'folder': {path} is unreadable or not an image ({exc}); "
+                    f"data set 'folder': {path} is unreadable, corrupt or not an image ({exc}); "
                     "remove or replace it"
                 ) from None
     if not out:

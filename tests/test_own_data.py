@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ONE_CYCLE
 from mlflow import MlflowClient
 from PIL import Image
 
@@ -22,20 +23,7 @@ from asolab.cli import main
 from asolab.data import DataError, load_data
 
 CLASSES = ("cat", "dog", "owl")
-# A run small enough for the suite: one cycle of one epoch per phase on a 3-cell supernet.
-TINY = {
-    "threads": 1,
-    "space.init_channels": 4,
-    "space.steps": 1,
-    "search.cycles": 1,
-    "search.w_epochs": 1,
-    "search.alpha_epochs": 1,
-    "search.retrain_epochs": 1,
-    "search.final_epochs": 0,
-    "search.calibration_batches": 0,
-    "data.batch_size": 16,
-    "tracking.log_models": False,
-}
+TINY = ONE_CYCLE
 
 
 def _image(rng, label: int, size: tuple[int, int], mode: str) -> Image.Image:

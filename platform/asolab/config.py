@@ -106,7 +106,11 @@ GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
 class DataConfig:
     """Which data set, how it is split, batched and augmented."""
 
-    name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
+    name: str = _field(
+        "digits",
+        choices=DATASETS,
+        help="the data set: a built-in one, folder, arrays, or a plugin's (docs/data.md)",
+    )
     data_dir: str = _field(
         "",
         help=(

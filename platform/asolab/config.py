@@ -79,9 +79,11 @@ def _check(
     le: float | None = None,
     gt: float | None = None,
     choices: Sequence[str] | Registered | None = None,
+    inf: bool = False,
     help: str = "",
 ) -> dict[str, Any]:
-    return {"ge": ge, "le": le, "gt": gt, "choices": choices, "help": help}
+    """``inf``: the float field also takes ``inf`` (its help says what inf means)."""
+    return {"ge": ge, "le": le, "gt": gt, "choices": choices, "inf": inf, "help": help}
 
 
 def _field(default: Any, **check: Any) -> Any:
@@ -100,6 +102,7 @@ OPERATIONS = Registered("asolab.space.ops", "OPS")  # every op: built-in, plugin
 PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
+SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,31 @@ class SearchConfig:
     retrain_epochs: int = _field(
         2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"
     )
+    selection: str = _field(
+        "alpha",
+        choices=SELECTIONS,
+        help=(
+            "how the mutation phase reads the genotype off the supernet: alpha = the "
+            "largest alpha per edge (derive()); perturbation = per edge the op whose masking "
+            "lowers the sampled supernet's validation accuracy most, recorded per cycle in "
+            "selection/cycle_NNN.json (docs/baselines.md)"
+        ),
+    )
+    selection_images: int = _field(
+        512,
+        ge=1,
+        le=1_000_000,
+        help="perturbation selection: the first this many validation images it measures on",
+    )
+    selection_paths: int = _field(
+        4,
+        ge=1,
+        le=1000,
+        help=(
+            "perturbation selection: sampled supernet paths (drawn from the alphas with a "
+            "generator seeded by the run's seed) each op's accuracy is averaged over"
+        ),
+    )
     final_epochs: int = _field(
         0,
         ge=0,
@@ -263,7 +291,9 @@ class SearchConfig:
     weight_decay: float = _field(3e-4, ge=0.0, le=1.0, help="SGD on weights: weight decay")
     alpha_lr: float = _field(3e-3, gt=0.0, le=10.0, help="Adam on alphas: learning rate")
     alpha_weight_decay: float = _field(1e-3, ge=0.0, le=1.0, help="Adam on alphas: weight decay")
-    grad_clip: float = _field(5.0, gt=0.0, help="gradient-norm clip of every weight step")
+    grad_clip: float = _field(
+        5.0, gt=0.0, inf=True, help="gradient-norm clip of every weight step (inf = no clipping)"
+    )
     checkpoint_minutes: float = _field(
         5.0,
         ge=0.0,
@@ -469,7 +499,9 @@ def _allowed(meta: Mapping[str, Any]) -> str:
     left = "[" if meta.get("ge") is not None else "("
     if lo is None and hi is None:
         return ""
-    return f"in {left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    # "inf]" only where inf is taken: an unbounded float field is otherwise finite, "inf)"
+    right = f"{hi}]" if hi is not None else ("inf]" if meta.get("inf") else "inf)")
+    return f"in {left}{'-inf' if lo is None else lo}, {right}"
 
 
 def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
@@ -494,7 +526,7 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
         raise ConfigError(
             f"{where} must be {_type_name(tp)}{' ' + allowed if allowed else ''} (got {value!r})"
         )
-    if tp is float and not math.isfinite(value):
+    if tp is float and not math.isfinite(value) and not (meta.get("inf") and value == math.inf):
         # nan compares false with every bound, so the range check below would let it through
         raise ConfigError(
             f"{where} must be a finite "

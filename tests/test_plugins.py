@@ -226,6 +226,11 @@ def test_code_registration_adds_a_data_set_and_an_op_and_checks_the_op():
             track=False,
         )
         assert result.config.space.primitives == ("pool_1x1", "skip_connect")
+        # widening knows the built-in ops' layers only: refused before the run, not mid-way
+        with pytest.raises(ConfigError, match="growth.policy = 'cycle' may widen.*pool_1x1"):
+            asolab.load_config(
+                "digits", {"growth.policy": "cycle", "space.primitives": ["pool_1x1", "none"]}
+            )
         with pytest.raises(PluginError, match="op 'squash' .* returns shape"):
             asolab.register_op("squash", lambda c, stride, affine: nn.AdaptiveAvgPool2d(1))
         with pytest.raises(PluginError, match="not valid"):

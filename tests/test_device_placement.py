@@ -200,10 +200,10 @@ FACTORIES = {
 # build_network and growth run under torch.device(the run's device). A new entry
 # needs a reason; anything else without device= is a tensor born on the CPU.
 HOST_SIDE = {
-    ("data.py", "Augmentation.__call__", "rand"): "flip mask, moved with .to(x.device)",
-    ("data.py", "Augmentation.__call__", "randint"): "shifts, moved in _translate",
-    ("data.py", "Batches.__iter__", "randperm"): "shuffling order, moved with .to(device)",
-    ("data.py", "load_data", "tensor"): "mean/std applied on the CPU before the move",
+    ("data/core.py", "Augmentation.__call__", "rand"): "flip mask, moved with .to(x.device)",
+    ("data/core.py", "Augmentation.__call__", "randint"): "shifts, moved in _translate",
+    ("data/core.py", "Batches.__iter__", "randperm"): "shuffling order, moved with .to(device)",
+    ("data/load.py", "load_data", "tensor"): "mean/std applied on the CPU before the move",
     ("evolution/growth.py", "*", "randint"): "which cell/edge to grow: a host decision",
     ("evolution/growth.py", "*", "randperm"): "edge order: a host decision",
     ("evolution/mutation.py", "*", "randperm"): "which edges to edit: a host decision",
@@ -218,6 +218,7 @@ HOST_SIDE = {
     ("runner/memory.py", "*", "zeros"): "memory estimate on the meta device",
     ("space/network.py", "SearchNetwork.__init__", "*"): "built under torch.device(run's)",
     ("space/cells.py", "SearchCell.__init__", "*"): "built under torch.device(run's)",
+    ("space/ops.py", "_checked", "*"): "a plugin op's shape probe at registration, on the CPU",
 }
 
 

@@ -26,8 +26,9 @@ from mlflow.tracking import MlflowClient
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
 from ..space.ops import PRIMITIVES
 from ..tracking import layout
+from ..tracking.runs import cycle_genotypes, read_artifact
 from .arms import arm_runs, arm_seed_table, arm_summary, has_arms
-from .select import VAL_ACC_METRICS, RunRecord, Selection, _read_artifact, cycle_genotypes
+from .select import VAL_ACC_METRICS, RunRecord, Selection
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
 OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
@@ -323,5 +324,5 @@ def ranking_table(records: Sequence[RunRecord]) -> pd.DataFrame | None:
 
 def ranking_pairs(client: MlflowClient, run_id: str) -> list:
     """The (one-shot, stand-alone) pairs a ranking diagnostic recorded in ``run_id``."""
-    text = _read_artifact(client, run_id, layout.RANKING_PAIRS_ARTIFACT)
+    text = read_artifact(client, run_id, layout.RANKING_PAIRS_ARTIFACT)
     return json.loads(text)["pairs"] if text else []

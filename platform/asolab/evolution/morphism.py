@@ -370,12 +370,7 @@ def signals(spec: ArchSpec) -> tuple[list[tuple[int, int]], int]:
 
 def needs_even(spec: ArchSpec, index: int) -> bool:
     """Whether cell ``index`` holds a FactorizedReduce producing its channels."""
-    cs = spec.cells[index]
-    reduction_prev = False
-    for c in spec.cells[:index]:
-        if not c.residual:
-            reduction_prev = c.reduction
-    return cs.reduction or reduction_prev
+    return spec.cells[index].reduction or spec.inputs()[index].reduction_prev
 
 
 # ---------------------------------------------------------------------------- supernet: widen
@@ -458,14 +453,12 @@ def replace_channels(cs: CellSpec, channels: int) -> CellSpec:
 def deepen_positions(spec: ArchSpec) -> list[int]:
     """Where an identity (residual) cell can be inserted: its output width must
     equal its input's (steps * C), and C must be even after a reduction."""
-    out = []
-    c_p, reduction_prev = spec.stem_channels, False
-    for pos in range(len(spec.cells) + 1):
-        if c_p % spec.steps == 0 and not (reduction_prev and (c_p // spec.steps) % 2):
-            out.append(pos)
-        if pos < len(spec.cells) and not spec.cells[pos].residual:
-            c_p, reduction_prev = spec.steps * spec.cells[pos].channels, spec.cells[pos].reduction
-    return out
+    return [
+        pos
+        for pos, into in enumerate(spec.inputs())
+        if into.c_prev % spec.steps == 0
+        and not (into.reduction_prev and (into.c_prev // spec.steps) % 2)
+    ]
 
 
 # State-dict names that carry a cell index: cell modules, residual gates, own alphas.
@@ -492,10 +485,7 @@ def deepen(net: SearchNetwork, position: int) -> Morph:
         raise ValueError(
             f"no identity cell fits at position {position}; allowed: {deepen_positions(spec)}"
         )
-    c_p = spec.stem_channels
-    for cs in spec.cells[:position]:
-        if not cs.residual:
-            c_p = spec.steps * cs.channels
+    c_p = spec.inputs()[position].c_prev
     cells = list(spec.cells)
     cells.insert(position, CellSpec(channels=c_p // spec.steps, residual=True, own_alphas=True))
 

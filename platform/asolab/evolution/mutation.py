@@ -19,7 +19,7 @@ import torch
 from ..space.cells import edge_index
 from ..space.genotype import Genotype
 from ..space.ops import PARAMETER_FREE
-from .sampling import gumbel_softmax_st
+from ..space.sampling import gumbel_softmax_st
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,10 @@ from ..config import ExperimentConfig, from_dict
 from ..data import Batches, DataBundle, Split, load_data
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
-from ..evolution.sampling import FairPaths
 from ..evolution.sampling import temperature as temperature_at
 from ..space.genotype import Genotype
 from ..space.network import Plans, SearchNetwork
+from ..space.sampling import FairPaths
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
 from .device import memory_format, resolve_device

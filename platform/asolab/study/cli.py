@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..tracking.layout import TAG_ERROR
+from ..tracking.store import mask_password
 from .config import check_study_name
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
     except KeyError:
         command = " ".join(["asolab study"] + ([args.file] if args.file else []))
         raise ConfigError(
-            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
+            f"no study {name!r} in {mask_password(url)}; run `{command}` first, or pass "
             "--storage/--study-name"
         ) from None
     uri = resolve_tracking_uri(
@@ -207,7 +208,7 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     print(
         f"study {study.study_name}: {len(trials)} trials "
         f"({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage "
-        f"{report.mask_password(url)}"
+        f"{mask_password(url)}"
     )
     if frame.empty:
         print("no complete trial yet")

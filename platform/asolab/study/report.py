@@ -33,7 +33,9 @@ from ..tracking.layout import (
     TAG_TRIAL,
     TAG_TRIAL_STATE,
 )
+from ..tracking.store import mask_password
 from .config import StudyConfig
+from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +53,6 @@ def trial_run_name(
     if strength is not None:
         name += f" s{strength:.2f}"
     return name
-
-
-def mask_password(url: str) -> str:
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        cred, host = rest.rsplit("@", 1)
-        user = cred.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
 
 
 def client(uri: str) -> Any:
@@ -137,8 +130,6 @@ def record_trial(
     """
     from mlflow.entities import Metric, Param, RunTag
 
-    from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
-
     c = client(uri)
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -183,7 +174,6 @@ def record_trial(
 
 def mark_stale_run(uri: str, trial: FrozenTrial, reason: str) -> None:
     """The MLflow run of a trial whose worker died: KILLED, with the reason."""
-    from .storage import ATTR_MLFLOW_RUN
 
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -259,7 +249,6 @@ def finish_parent_run(
 def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[FrozenTrial]) -> None:
     """``asolab.best = true`` on the runs of the best trial (or the Pareto front), and on
     no other run of the study, so the runs table can filter on it."""
-    from .storage import ATTR_MLFLOW_RUN
 
     keep = {t.user_attrs.get(ATTR_MLFLOW_RUN) for t in best} - {None}
     exp = c.get_experiment_by_name(cfg.mlflow_experiment)
@@ -279,7 +268,6 @@ def study_description(
     c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str, best: list[FrozenTrial]
 ) -> str:
     """The parent run's Markdown description: objective, best trial (linked), top trials."""
-    from .storage import ATTR_MLFLOW_RUN
 
     exp_id = c.get_run(parent_run_id).info.experiment_id
     trials = study.get_trials(deepcopy=False)
@@ -427,8 +415,6 @@ def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> lis
 def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
     """The best trials as a pandas DataFrame (the Pareto front for two objectives)."""
     import pandas as pd
-
-    from .storage import ATTR_MLFLOW_RUN
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(study.directions) > 1:

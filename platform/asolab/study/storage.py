@@ -46,7 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config import PROJECT_ROOT, ConfigError
 from ..tracking.layout import TAG_ERROR
-from ..tracking.store import database_unreachable, foreign_sqlite
+from ..tracking.store import database_unreachable, foreign_sqlite, mask_password
 from .config import StorageConfig
 
 log = logging.getLogger(__name__)
@@ -127,11 +127,11 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
         raise ConfigError(
-            f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: "
+            f"study storage {mask_password(url)!r} cannot be opened ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
     raise ConfigError(
-        f"study storage {_shown(url)!r} is not supported; use a journal file "
+        f"study storage {mask_password(url)!r} is not supported; use a journal file "
         "(journal:///path/optuna.log or path.log), sqlite:///file.db (one process), "
         "postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
@@ -178,7 +178,7 @@ def _check_rdb(url: str) -> None:
     reason = database_unreachable(url)
     if reason:
         raise ConfigError(
-            f"study storage {_shown(url)!r} cannot be reached ({reason}); "
+            f"study storage {mask_password(url)!r} cannot be reached ({reason}); "
             f"start the database or fix the URL, or {fix}"
         )
 
@@ -213,17 +213,10 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBSto
                 raise
             log.info(
                 "study storage %s: tables created concurrently by another process; opening again",
-                _shown(url),
+                mask_password(url),
             )
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
-
-
-def _shown(url: str) -> str:
-    """A storage URL for messages: its password masked."""
-    from .report import mask_password  # report imports this module only inside functions
-
-    return mask_password(url)
 
 
 class RetryStaleTrial:

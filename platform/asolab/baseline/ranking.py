@@ -134,7 +134,7 @@ def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBund
     validation accuracy; the test split is not even evaluated."""
     runner = FixedGenotypeRunner(cfg, genotype=genotype, data=data)
     while runner.state.position.cycle < runner.cfg.search.cycles:
-        runner._next_phase()
+        runner.next_phase()
     assert runner.state.genotype is not None
     return runner.evaluate(runner.data.val, runner.state.genotype)[1]
 
@@ -170,7 +170,7 @@ def measure(
     # One-shot first, while the supernet is as the run left it (calibration only touches BN
     # statistics).
     one_shot = {
-        (src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
+        (src, g.canonical): runner.evaluate(runner.data.val, runner.calibrate(g))[1]
         for src, gs in drawn.items()
         for g in gs
     }

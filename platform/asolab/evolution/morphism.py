@@ -10,7 +10,7 @@ was. Three layers of API:
   the identity, the rest random replicas). Producers copy rows ``W[m]``;
   consumers copy columns and divide them by the replica count of their source
   channel, so the sum over replicas equals the old weight.
-* module level -- :func:`widen_conv`, :func:`widen_bn`, :func:`widen_linear`:
+* module level -- :func:`widen_conv`, :func:`widen_bn`:
   rebuild a layer at the new width keeping stride, padding, dilation, groups,
   bias, padding mode, BN eps/momentum/affine; enough to widen any plain
   conv-BN-ReLU stack (depthwise and grouped convolutions included).
@@ -167,28 +167,6 @@ def widen_conv(
         if conv.bias is not None:
             new.bias.copy_(take(conv.bias, out_map))
     new.train(conv.training)
-    return new
-
-
-def widen_linear(
-    linear: nn.Linear,
-    *,
-    in_map: torch.Tensor | None = None,
-    out_map: torch.Tensor | None = None,
-) -> nn.Linear:
-    c_in = len(in_map) if in_map is not None else linear.in_features
-    c_out = len(out_map) if out_map is not None else linear.out_features
-    new = nn.Linear(
-        c_in,
-        c_out,
-        bias=linear.bias is not None,
-        device=linear.weight.device,
-        dtype=linear.weight.dtype,
-    )
-    with torch.no_grad():
-        new.weight.copy_(widen_conv_weight(linear.weight, out_map=out_map, in_map=in_map))
-        if linear.bias is not None:
-            new.bias.copy_(take(linear.bias, out_map))
     return new
 
 

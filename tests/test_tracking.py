@@ -657,7 +657,7 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
 def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
     """Store writes on the thread must fill the gaps training leaves, not preempt
     torch's workers: the thread, and the processes it starts, run at nice 19."""
-    from asolab.tracking.mlflow_tracker import _StoreWriter
+    from asolab.tracking.writer import StoreWriter
 
     seen = {}
 
@@ -666,7 +666,7 @@ def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
         out = subprocess.run(["sh", "-c", "ps -o ni= -p $$"], capture_output=True, text=True)
         seen["child"] = int(out.stdout)
 
-    writer = _StoreWriter(inline=False)
+    writer = StoreWriter(inline=False)
     writer.submit(job)
     writer.drain()
     assert seen == {"thread": 19, "child": 19}

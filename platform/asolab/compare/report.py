@@ -509,7 +509,7 @@ def log_to_mlflow(
     run = client.create_run(
         exp_id,
         run_name=f"compare {len(comparison.records)} runs",
-        tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.MLFLOW_NOTE: comparison.selection.description},
+        tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.TAG_NOTE: comparison.selection.description},
     )
     rid = run.info.run_id
     try:

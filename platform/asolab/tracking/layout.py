@@ -44,7 +44,6 @@ KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
 # MLflow's own tags that asolab sets
 MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
 MLFLOW_PARENT_RUN = "mlflow.parentRunId"  # a trial run's study parent run
-MLFLOW_NOTE = "mlflow.note.content"  # a comparison run's description
 MLFLOW_RUN_NAME = "mlflow.runName"
 MLFLOW_DATA_CONTEXT = "mlflow.data.context"  # tag of the run's dataset input
 DATASET_CONTEXT = "train"  # its value

@@ -41,7 +41,7 @@ from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
 from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
-from ..space.ops import PARAMETER_FREE
+from ..space.ops import NONE, PARAMETER_FREE
 
 GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
 FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
@@ -119,7 +119,7 @@ def random_genotype(
     """A uniformly random genotype: per node two distinct inputs, each with a non-none op;
     with ``param_free_cap`` >= 0, uniform over those whose cells keep within the cap
     (drawn again until one does)."""
-    ops = [p for p in primitives if p != "none"]
+    ops = [p for p in primitives if p != NONE]
     while True:
         g = _uniform_genotype(rng, ops, steps)
         if param_free_cap < 0 or g.most_param_free() <= param_free_cap:

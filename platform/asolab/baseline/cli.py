@@ -10,6 +10,7 @@ import sys
 
 from ..config import ConfigError
 from ..interrupt import sigterm_as_interrupt
+from ..tracking import layout as L
 from .arms import ARMS, DEFAULT_ARMS
 
 BASELINE_TEXT = (
@@ -215,20 +216,21 @@ def cmd_rank(args: argparse.Namespace) -> int:
         standalone_seeds=args.standalone_seeds,
     )
     print(
-        f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes, "
+        f"ranking of run {args.run}'s supernet ({int(figures[L.RANKING_GENOTYPES])} genotypes, "
         f"{proxy_text(figures)}):"
     )
-    for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
+    labels = ("sampled from alphas", "random", "all")
+    for label, (suffix, _) in zip(labels, L.RANKING_GROUPS):
         print(
-            f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}"
-            f"{p_text(figures[f'ranking_kendall_p{suffix}'])}  "
-            f"Spearman rho {_fig(figures[f'ranking_spearman_rho{suffix}'])}"
+            f"  {label:<20} Kendall tau {_fig(figures[L.RANKING_KENDALL_TAU + suffix])}"
+            f"{p_text(figures[L.RANKING_KENDALL_P + suffix])}  "
+            f"Spearman rho {_fig(figures[L.RANKING_SPEARMAN_RHO + suffix])}"
         )
-    if "ranking_proxy_kendall_tau" in figures:
+    if L.RANKING_PROXY_TAU in figures:
         print(
             f"  {'proxy (seed vs seed)':<20} Kendall tau "
-            f"{_fig(figures['ranking_proxy_kendall_tau'])}"
-            f"{p_text(figures['ranking_proxy_kendall_p'])}  "
+            f"{_fig(figures[L.RANKING_PROXY_TAU])}"
+            f"{p_text(figures[L.RANKING_PROXY_P])}  "
             "(the stand-alone proxy against itself: the most a one-shot tau can show)"
         )
         warning = proxy_warning(figures)
@@ -237,8 +239,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     lead = lead_text(figures)
     print(
-        f"  stand-alone val acc, mean: from alphas {figures['ranking_standalone_mean']:.4f}, "
-        f"random {figures['ranking_standalone_mean_random']:.4f}"
+        f"  stand-alone val acc, mean: from alphas {figures[L.RANKING_STANDALONE_MEAN]:.4f}, "
+        f"random {figures[L.RANKING_STANDALONE_MEAN_RANDOM]:.4f}"
         + (f"; the alphas lead by {lead}" if lead else "")
     )
     warning = lead_warning(figures)

@@ -24,7 +24,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
-from ..space.ops import PRIMITIVES
+from ..space.ops import NONE, PRIMITIVES
 from ..tracking import layout
 from ..tracking.runs import cycle_genotypes, read_artifact
 from .arms import arm_runs, arm_seed_table, arm_summary, has_arms
@@ -96,7 +96,7 @@ def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
         for kind, _node, op, _i in g.edges():
             counts[kind if kind in CELL_TYPES else OWN_COLUMN][op] += 1
     seen = set().union(*counts.values())
-    ops = [p for p in PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(PRIMITIVES))
+    ops = [p for p in PRIMITIVES if p in seen or p != NONE] + sorted(seen - set(PRIMITIVES))
     shown = columns if counts[OWN_COLUMN] else CELL_TYPES
     df = pd.DataFrame(
         {kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op")

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, TextIO
 
-from ..tracking.layout import FINAL_VAL_ACC
+from ..tracking import layout as L
 
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
@@ -81,9 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--by",
-        default=FINAL_VAL_ACC,
+        default=L.FINAL_VAL_ACC,
         metavar="METRIC",
-        help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)",
+        help=f"metric for --top (default {L.FINAL_VAL_ACC}; highest first)",
     )
     p.add_argument(
         "--ascending", action="store_true", help="for --top: lowest first (losses, parameters)"
@@ -226,15 +226,15 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         )
         for _, r in comparison.rankings.iterrows():
             groups = (
-                f"{name} {r[f'ranking_kendall_tau{s}']:+.3f}{p_text(r[f'ranking_kendall_p{s}'])} / "
-                f"{r[f'ranking_spearman_rho{s}']:+.3f}"
-                for name, s in (("alphas", ""), ("random", "_random"), ("all", "_all"))
+                f"{name} {r[L.RANKING_KENDALL_TAU + s]:+.3f}{p_text(r[L.RANKING_KENDALL_P + s])} / "
+                f"{r[L.RANKING_SPEARMAN_RHO + s]:+.3f}"
+                for s, name in L.RANKING_GROUPS
             )
-            proxy = r["ranking_proxy_kendall_tau"]
+            proxy = r[L.RANKING_PROXY_TAU]
             reliability = (
                 ""
                 if math.isnan(proxy)
-                else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
+                else f"; proxy seed vs seed {proxy:+.3f}{p_text(r[L.RANKING_PROXY_P])}"
             )
             lead = lead_text(r)
             lead = f"; alphas lead {lead}" if lead else ""

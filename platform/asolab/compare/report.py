@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
+from ..tracking import layout as L  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
@@ -430,18 +431,18 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
     for _, r in rankings.iterrows():
         row = {
             "run": r["run_name"],
-            "genotypes": _fmt(r["ranking_genotypes"]),
+            "genotypes": _fmt(r[L.RANKING_GENOTYPES]),
             "proxy": proxy_text(r).removeprefix("stand-alone "),
         }
-        for group, s in (("from alphas", ""), ("random", "_random"), ("all", "_all")):
-            tau, p = r[f"ranking_kendall_tau{s}"], r[f"ranking_kendall_p{s}"]
+        for (s, _), group in zip(L.RANKING_GROUPS, ("from alphas", "random", "all")):
+            tau, p = r[L.RANKING_KENDALL_TAU + s], r[L.RANKING_KENDALL_P + s]
             row[f"{group}: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
-            row[f"{group}: rho"] = fig(r[f"ranking_spearman_rho{s}"])
-        if rankings["ranking_proxy_kendall_tau"].notna().any():
+            row[f"{group}: rho"] = fig(r[L.RANKING_SPEARMAN_RHO + s])
+        if rankings[L.RANKING_PROXY_TAU].notna().any():
             # the stand-alone proxy against itself (two seeds): the ceiling for the taus above
-            tau, p = r["ranking_proxy_kendall_tau"], r["ranking_proxy_kendall_p"]
+            tau, p = r[L.RANKING_PROXY_TAU], r[L.RANKING_PROXY_P]
             row["proxy seed vs seed: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
-        if rankings["ranking_alphas_lead"].notna().any():
+        if rankings[L.RANKING_ALPHAS_LEAD].notna().any():
             # do the alphas gather on genotypes that train better alone than random ones?
             row["alphas lead, stand-alone"] = lead_text(r).replace("points ", "") or "–"
         rows.append(row)
@@ -500,7 +501,6 @@ def log_to_mlflow(
     """
     from mlflow.tracking import MlflowClient
 
-    from ..tracking import layout as L
     from ..tracking.store import ensure_experiment
 
     uri = comparison.selection.tracking_uri

@@ -45,7 +45,7 @@ import torch.nn as nn
 from ..space.cells import SearchCell
 from ..space.genotype import Genotype, own_cell_name
 from ..space.network import SearchNetwork
-from ..space.ops import DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
+from ..space.ops import NONE, DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
 from ..space.spec import ArchSpec, CellSpec
 
 # A transform of one stored tensor; ``power`` is 2 for second moments (Adam's
@@ -507,7 +507,7 @@ def add_branch(net: SearchNetwork, index: int, node: int, input_: int, op: str) 
     the branch runs under every plan (sampled, genotype, continuous).
     """
     spec = net.spec
-    if op == "none" or op not in spec.primitives:
+    if op == NONE or op not in spec.primitives:
         raise ValueError(
             f"branch op must be one of the space's primitives other than none, got {op!r}"
         )

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError
+from ..space.ops import NONE
 from ..space.spec import edge_stride, halved
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,7 +145,7 @@ def estimate_supernet(spec: ArchSpec, batch_size: int, image_size: int) -> Memor
     meta device); activations assume the heaviest operation on every edge, since
     a W-training step runs one sampled operation per edge.
     """
-    prims = [p for p in spec.primitives if p != "none"]
+    prims = [p for p in spec.primitives if p != NONE]
     stem = spec.stem_channels
     params = spec.in_channels * stem * 9 + 2 * stem
     elements = 2 * stem * spec.stem_size(image_size) ** 2

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from .cells import Plan, SearchCell, edge_index
 from .genotype import CELL_TYPES, Genotype, Node
-from .ops import PARAMETER_FREE
+from .ops import NONE, PARAMETER_FREE
 from .sampling import FairPaths, gumbel_softmax_st
 from .spec import ArchSpec
 
@@ -137,7 +137,7 @@ class SearchNetwork(nn.Module):
 
     def trainable_ops(self) -> list[int]:
         """Indices of the primitives W-training may sample (all but 'none')."""
-        return [i for i, p in enumerate(self.spec.primitives) if p != "none"]
+        return [i for i, p in enumerate(self.spec.primitives) if p != NONE]
 
     def fair_plans(self, paths: FairPaths) -> Plans:
         """One op per edge and alpha matrix, each edge's ops in fair rounds (W-training)."""
@@ -209,7 +209,7 @@ class SearchNetwork(nn.Module):
         ops (``PARAMETER_FREE``): the kept edges where the swap costs least
         weight take their strongest op with weights instead (-1: no cap)."""
         prims = self.spec.primitives
-        allowed = [i for i, p in enumerate(prims) if p != "none"]
+        allowed = [i for i, p in enumerate(prims) if p != NONE]
         weighted = [i for i in allowed if prims[i] not in PARAMETER_FREE]
         cells = {}
         for kind in self.alphas:

@@ -231,27 +231,39 @@ ARM_ASO_SE = "aso-se"
 # over both together; with two or more stand-alone seeds (--standalone-seeds), the
 # stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes;
 # and whether the alphas' genotypes train better alone than random ones (their lead).
+RANKING_KENDALL_TAU = "ranking_kendall_tau"  # + a group's suffix
+RANKING_KENDALL_P = "ranking_kendall_p"  # + a group's suffix
+RANKING_SPEARMAN_RHO = "ranking_spearman_rho"  # + a group's suffix
+# the genotype groups: (metric-name suffix, label)
+RANKING_GROUPS = (("", "alphas"), ("_random", "random"), ("_all", "all"))
+RANKING_PROXY_TAU = "ranking_proxy_kendall_tau"
+RANKING_PROXY_P = "ranking_proxy_kendall_p"
+RANKING_GENOTYPES = "ranking_genotypes"
+RANKING_STANDALONE_EPOCHS = "ranking_standalone_epochs"  # epochs per training (--epochs)
+RANKING_STANDALONE_SEEDS = "ranking_standalone_seeds"  # trainings per genotype
+RANKING_STANDALONE_MEAN = "ranking_standalone_mean"  # mean stand-alone val acc, from the alphas
+RANKING_STANDALONE_MEAN_RANDOM = RANKING_STANDALONE_MEAN + "_random"  # ... of the random ones
+RANKING_ALPHAS_LEAD = "ranking_alphas_lead"  # the first minus the second ...
+RANKING_ALPHAS_LEAD_LOW = RANKING_ALPHAS_LEAD + "_low"  # ... and its 95% interval (Welch's t)
+RANKING_ALPHAS_LEAD_HIGH = RANKING_ALPHAS_LEAD + "_high"
+RANKING_ALPHA_ENTROPY = "ranking_alpha_entropy"  # the ranked supernet's (1: alphas never moved)
 RANKING_METRICS = (
-    "ranking_kendall_tau",
-    "ranking_kendall_p",
-    "ranking_spearman_rho",
-    "ranking_kendall_tau_random",
-    "ranking_kendall_p_random",
-    "ranking_spearman_rho_random",
-    "ranking_kendall_tau_all",
-    "ranking_kendall_p_all",
-    "ranking_spearman_rho_all",
-    "ranking_proxy_kendall_tau",
-    "ranking_proxy_kendall_p",
-    "ranking_genotypes",
-    "ranking_standalone_epochs",  # the stand-alone proxy: epochs per training (--epochs)
-    "ranking_standalone_seeds",  # ... and trainings per genotype (--standalone-seeds)
-    "ranking_standalone_mean",  # mean stand-alone val acc of the genotypes from the alphas
-    "ranking_standalone_mean_random",  # ... and of the random ones
-    "ranking_alphas_lead",  # the first minus the second ...
-    "ranking_alphas_lead_low",  # ... and its 95% interval (Welch's t)
-    "ranking_alphas_lead_high",
-    "ranking_alpha_entropy",  # the ranked supernet's alpha_entropy (1 = alphas never moved)
+    *(
+        name + suffix
+        for suffix, _ in RANKING_GROUPS
+        for name in (RANKING_KENDALL_TAU, RANKING_KENDALL_P, RANKING_SPEARMAN_RHO)
+    ),
+    RANKING_PROXY_TAU,
+    RANKING_PROXY_P,
+    RANKING_GENOTYPES,
+    RANKING_STANDALONE_EPOCHS,
+    RANKING_STANDALONE_SEEDS,
+    RANKING_STANDALONE_MEAN,
+    RANKING_STANDALONE_MEAN_RANDOM,
+    RANKING_ALPHAS_LEAD,
+    RANKING_ALPHAS_LEAD_LOW,
+    RANKING_ALPHAS_LEAD_HIGH,
+    RANKING_ALPHA_ENTROPY,
 )
 RANKING_DIR = "ranking"
 RANKING_PAIRS_ARTIFACT = (

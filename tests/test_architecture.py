@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "platform" / "asolab"
 
 LAYERS: list[set[str]] = [
-    {"config", "threads", "interrupt"},
+    {"config", "threads", "interrupt", "errors", "options"},
     {"data", "space"},
     {"evolution"},
     {"runner"},

@@ -10,6 +10,7 @@ import sys
 
 from ..config import ConfigError
 from ..interrupt import sigterm_as_interrupt
+from ..options import add_quiet, add_threads, add_tracking_uri
 from ..tracking import layout as L
 from .arms import ARMS, DEFAULT_ARMS
 
@@ -51,20 +52,9 @@ def _arms(text: str) -> list[str]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        metavar="N",
-        help="torch CPU threads (default: the run's own)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
-    )
+    add_threads(p, help="torch CPU threads (default: the run's own)")
+    add_quiet(p)
+    add_tracking_uri(p)
 
 
 def add_baseline(sub: argparse._SubParsersAction) -> None:

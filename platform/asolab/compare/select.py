@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..space.genotype import Genotype
 from ..tracking import layout
 from ..tracking.runs import final_genotype
@@ -251,7 +252,7 @@ def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: 
                 page_token=token,
             )
         except MlflowException as exc:
-            first = str(exc.message if hasattr(exc, "message") else exc).splitlines()[0]
+            first = first_line(exc.message if hasattr(exc, "message") else exc)
             raise CompareError(
                 f"--filter {filter_string!r} is not a valid MLflow search expression: {first}"
             ) from None

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..space.ops import NONE
 from ..space.spec import edge_stride, halved
 
@@ -233,7 +234,7 @@ def out_of_memory(exc: BaseException, device: torch.device, batch_size: int) -> 
     so that the next run in this process (a study's next trial) starts clean."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc) or type(exc).__name__
     return MemoryLimitError(
         f"out of memory on {device} at data.batch_size={batch_size} ({first[:200]}); {_LOWER}"
     )

@@ -7,6 +7,8 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import first_line
+from ..options import add_threads, add_tracking_uri
 from ..tracking.layout import TAG_ERROR
 from ..tracking.store import mask_password
 from .config import check_study_name
@@ -79,16 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the best trials and where to find them; run nothing",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)",
+    add_tracking_uri(
+        p, help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)"
     )
     # internal: one worker process started by --workers
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    add_threads(p, help=argparse.SUPPRESS, default=1)
     p.set_defaults(func=cmd_study)
 
 
@@ -190,7 +189,7 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
         check_reachable(uri)
         parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
     except Exception as exc:  # the summary still helps without MLflow, but must not hide why
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc) or type(exc).__name__
         parent = f"(unknown: the MLflow store could not be read: {reason})"
     _print_summary(cfg, study, url, uri, parent)
     return 0

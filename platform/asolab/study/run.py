@@ -32,6 +32,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..threads import auto_threads
 from ..tracking.store import mask_password
 from . import report
@@ -242,7 +243,7 @@ def _tell(
 
 
 def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
-    one_line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    one_line = f"{type(exc).__name__}: {first_line(exc)}"
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:

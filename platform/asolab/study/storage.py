@@ -45,6 +45,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import PROJECT_ROOT, ConfigError
+from ..errors import first_line
 from ..tracking.layout import TAG_ERROR
 from ..tracking.store import database_unreachable, foreign_sqlite, mask_password
 from .config import StorageConfig
@@ -128,7 +129,7 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
     except Exception as exc:  # driver missing, server down, bad credentials...
         raise ConfigError(
             f"study storage {mask_password(url)!r} cannot be opened ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            f"{first_line(exc)})"
         ) from None
     raise ConfigError(
         f"study storage {mask_password(url)!r} is not supported; use a journal file "
@@ -513,7 +514,7 @@ class Heartbeat:
                 "heartbeat of trial %d failed (%s: %s); trying again in %s s",
                 self.trial.number,
                 type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
+                first_line(exc),
                 self.interval,
             )
         return True

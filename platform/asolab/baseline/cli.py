@@ -175,26 +175,10 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning, rank_run
+    from .ranking import rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
-
-    def pair(p) -> None:
-        if not args.quiet:
-            seeds = (
-                " (" + " ".join(f"{a:.4f}" for a in p.standalone_by_seed) + ")"
-                if len(p.standalone_by_seed) > 1
-                else ""
-            )
-            print(
-                f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
-                f"stand-alone {p.standalone_val_acc:.4f}{seeds}  "
-                f"{p.genotype}",
-                file=sys.stderr,
-                flush=True,
-            )
-
     figures = rank_run(
         uri,
         args.run,
@@ -202,11 +186,34 @@ def cmd_rank(args: argparse.Namespace) -> int:
         args.epochs,
         args.seed,
         overrides={"threads": args.threads} if args.threads else None,
-        on_pair=pair,
+        on_pair=(lambda p: None) if args.quiet else _print_pair,
         standalone_seeds=args.standalone_seeds,
     )
+    _print_ranking(args.run, figures)
+    return 0
+
+
+def _print_pair(p) -> None:
+    """One genotype's accuracies as it is measured (on stderr: the summary goes to stdout)."""
+    seeds = (
+        " (" + " ".join(f"{a:.4f}" for a in p.standalone_by_seed) + ")"
+        if len(p.standalone_by_seed) > 1
+        else ""
+    )
     print(
-        f"ranking of run {args.run}'s supernet ({int(figures[L.RANKING_GENOTYPES])} genotypes, "
+        f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
+        f"stand-alone {p.standalone_val_acc:.4f}{seeds}  "
+        f"{p.genotype}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _print_ranking(run: str, figures: dict[str, float]) -> None:
+    from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning
+
+    print(
+        f"ranking of run {run}'s supernet ({int(figures[L.RANKING_GENOTYPES])} genotypes, "
         f"{proxy_text(figures)}):"
     )
     labels = ("sampled from alphas", "random", "all")
@@ -223,8 +230,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
             f"{p_text(figures[L.RANKING_PROXY_P])}  "
             "(the stand-alone proxy against itself: the most a one-shot tau can show)"
         )
-        warning = proxy_warning(figures)
-        if warning:
+        if warning := proxy_warning(figures):
             print(f"  {warning}")
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     lead = lead_text(figures)
@@ -233,10 +239,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
         f"random {figures[L.RANKING_STANDALONE_MEAN_RANDOM]:.4f}"
         + (f"; the alphas lead by {lead}" if lead else "")
     )
-    warning = lead_warning(figures)
-    if warning:
+    if warning := lead_warning(figures):
         print(f"  {warning}")
-    return 0
 
 
 def _fig(v: float) -> str:

@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -360,26 +361,13 @@ def rank_run(
 ) -> dict[str, float]:
     """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts
     in the run."""
-    import json
-
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from ..tracking import layout as L
-    from .run import _get_run
+    from .run import get_run
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    run = _get_run(client, run_id)
-    run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
-    with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
-        try:
-            path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
-        except (MlflowException, OSError):
-            raise ConfigError(
-                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
-                "supernet (runs of 'asolab run' and studies keep one)"
-            ) from None
-        runner = Runner.resume(path, data=data)
+    run = get_run(client, run_id)
+    runner = _resumed_supernet(client, run.info.run_id, data)
     if overrides:
         runner.cfg = runner.cfg.replace(**overrides)
         if runner.cfg.threads:
@@ -398,22 +386,44 @@ def rank_run(
     # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
     figures[L.RANKING_STANDALONE_EPOCHS] = float(epochs)
     figures[L.RANKING_STANDALONE_SEEDS] = float(standalone_seeds)
-    step = 0
+    _record(client, run, figures, pairs, {"samples": samples, "epochs": epochs}, standalone_seeds)
+    return figures
+
+
+def _resumed_supernet(client: Any, run_id: str, data: DataBundle | None) -> Runner:
+    """The run's supernet, rebuilt from its checkpoint."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
+        try:
+            path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
+        except (MlflowException, OSError):
+            raise ConfigError(
+                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
+                "supernet (runs of 'asolab run' and studies keep one)"
+            ) from None
+        return Runner.resume(path, data=data)
+
+
+def _record(
+    client: Any,
+    run: Any,
+    figures: dict[str, float],
+    pairs: list[Pair],
+    sizes: dict[str, int],
+    standalone_seeds: int,
+) -> None:
+    """The figures as metrics of the run (step 0), the pairs and the scatter as artifacts."""
+    import json
+
+    run_id = run.info.run_id
     for k, v in figures.items():
         if not math.isnan(v):
-            client.log_metric(run_id, k, v, step=step)
+            client.log_metric(run_id, k, v, step=0)
     records = [asdict(p) for p in pairs]
     client.log_text(
         run_id,
-        json.dumps(
-            {
-                "samples": samples,
-                "epochs": epochs,
-                "standalone_seeds": standalone_seeds,
-                "pairs": records,
-            },
-            indent=1,
-        ),
+        json.dumps({**sizes, "standalone_seeds": standalone_seeds, "pairs": records}, indent=1),
         L.RANKING_PAIRS_ARTIFACT,
     )
     png = scatter_png(
@@ -424,4 +434,3 @@ def rank_run(
             p = Path(tmp) / Path(L.RANKING_PLOT_ARTIFACT).name
             p.write_bytes(png)
             client.log_artifact(run_id, str(p), L.RANKING_DIR)
-    return figures

@@ -77,7 +77,7 @@ class Source:
         return self.run.info.run_name or self.run_id[:8]
 
 
-def _get_run(client: MlflowClient, run_id: str) -> Run:
+def get_run(client: MlflowClient, run_id: str) -> Run:
     """The run ``run_id`` names (an id, an id prefix or a run name)."""
     from ..tracking.store import RunNotFound, find_run
 
@@ -92,7 +92,7 @@ def _get_run(client: MlflowClient, run_id: str) -> Run:
 
 def load_source(client: MlflowClient, run_id: str) -> Source:
     """The ASO-SE run ``run_id``, checked to be a finished search (not a control arm)."""
-    run = _get_run(client, run_id)
+    run = get_run(client, run_id)
     run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
     arm = run.data.tags.get(L.TAG_ARM, L.ARM_ASO_SE)
     if arm != L.ARM_ASO_SE:

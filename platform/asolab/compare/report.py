@@ -280,7 +280,7 @@ def render_html(
 ) -> str:
     """The whole report page as a string; run names link to ``ui`` (default: :func:`ui_base`)."""
     sel = comparison.selection
-    t = comparison.table
+    budgets = budget_differences(comparison.table)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -288,33 +288,60 @@ def render_html(
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); "
         f"store <code>{html.escape(sel.tracking_uri)}</code>.</p>",
+        *_skipped_html(comparison),
+        *_budgets_html(budgets),
+        *_runs_html(comparison, ui or ui_base(sel.tracking_uri)),
+        *_arms_html(comparison),
+        *_ranking_html(comparison),
+        *_accuracy_html(comparison),
+        *_clusters_section_html(comparison),
+        *_diffs_html(comparison, budgets),
+        "<h2>Distances</h2>",
+        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one "
+        "per cell whose concat list differs.</p>",
+        _frame_html(comparison.distances, index=True),
+        *_op_frequencies_html(comparison),
+        *_evolutions_html(comparison),
+        "</body></html>",
     ]
-    if sel.skipped:
-        parts.append(
-            f'<p class="skipped">Skipped {len(sel.skipped)} run(s):</p><ul class="skipped">'
-        )
-        parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
-        parts.append("</ul>")
+    return "\n".join(parts)
 
-    budgets = budget_differences(t)
-    if budgets:
-        what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
-        parts.append(
-            '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
-            f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
-            "the best run may only have trained longer.</p>"
-        )
-    ui = ui or ui_base(sel.tracking_uri)
+
+def _skipped_html(comparison: Comparison) -> list[str]:
+    skipped = comparison.selection.skipped
+    if not skipped:
+        return []
+    return [
+        f'<p class="skipped">Skipped {len(skipped)} run(s):</p><ul class="skipped">',
+        *(f"<li><code>{html.escape(str(s))}</code></li>" for s in skipped),
+        "</ul>",
+    ]
+
+
+def _budgets_html(budgets: dict) -> list[str]:
+    if not budgets:
+        return []
+    what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
+    return [
+        '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
+        f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
+        "the best run may only have trained longer.</p>"
+    ]
+
+
+def _runs_html(comparison: Comparison, ui: str) -> list[str]:
     host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
-    parts += [
+    return [
         "<h2>Runs</h2>",
         f'<p class="muted">Run names open the run in the MLflow UI at {host} (start it with '
         "<code>asolab ui</code>); genotype numbers link to the clusters below.</p>",
         runs_table_html(comparison, ui),
     ]
-    parts += _arms_html(comparison) + _ranking_html(comparison)
 
-    parts.append("<h2>Accuracy</h2>")
+
+def _accuracy_html(comparison: Comparison) -> list[str]:
+    t = comparison.table
+    parts = ["<h2>Accuracy</h2>"]
     for x, xlabel, name in (
         ("params", "parameters of the final network", "accuracy vs parameters"),
         ("initial_temperature", "initial Gumbel temperature", "accuracy vs initial temperature"),
@@ -326,12 +353,15 @@ def render_html(
                 f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x "
                 "test</figcaption></figure>"
             )
+    return parts
 
-    parts += [
+
+def _clusters_section_html(comparison: Comparison) -> list[str]:
+    parts = [
         "<h2>Genotype clusters</h2>",
         "<p>Runs whose final genotypes have the same canonical form.</p>",
+        _clusters_html(comparison.clusters),
     ]
-    parts.append(_clusters_html(comparison.clusters))
     for _, row in comparison.clusters.head(MAX_CELL_PICTURES).iterrows():
         caption = f"cluster {row['cluster']}: {row['runs']} run(s) — {row['run_names']}"
         png = genotype_png(Genotype.parse(row["genotype"]), f"cluster {row['cluster']}")
@@ -343,56 +373,57 @@ def render_html(
             f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes '
             "not drawn.</p>"
         )
+    return parts
 
-    parts.append("<h2>Differences from the best run</h2>")
-    if comparison.diffs:
-        ref = comparison.diffs[0].reference
+
+def _diffs_html(comparison: Comparison, budgets: dict) -> list[str]:
+    parts = ["<h2>Differences from the best run</h2>"]
+    if not comparison.diffs:
+        return [*parts, '<p class="muted">All compared runs share one genotype.</p>']
+    ref = comparison.diffs[0].reference
+    parts.append(
+        f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
+        f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
+        f"{genotype_html(ref.genotype.canonical)}</p>"
+    )
+    if budgets:
         parts.append(
-            f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
-            f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
-            f"{genotype_html(ref.genotype.canonical)}</p>"
+            '<p class="warning">"Best" is by validation accuracy across different budgets '
+            "(see above).</p>"
         )
-        if budgets:
-            parts.append(
-                '<p class="warning">"Best" is by validation accuracy across different budgets '
-                "(see above).</p>"
-            )
-        for d in comparison.diffs:
-            parts.append(
-                f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — "
-                f"distance {d.distance}</h3><ul>"
-            )
-            parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
-            parts.append("</ul>")
-    else:
-        parts.append('<p class="muted">All compared runs share one genotype.</p>')
+    for d in comparison.diffs:
+        parts.append(
+            f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — "
+            f"distance {d.distance}</h3><ul>"
+        )
+        parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
+        parts.append("</ul>")
+    return parts
 
-    parts += [
-        "<h2>Distances</h2>",
-        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one "
-        "per cell whose concat list differs.</p>",
-    ]
-    parts.append(_frame_html(comparison.distances, index=True))
 
-    parts += ["<h2>Operation frequencies</h2>"]
+def _op_frequencies_html(comparison: Comparison) -> list[str]:
+    parts = ["<h2>Operation frequencies</h2>"]
     png = op_frequency_png(comparison.op_frequencies)
     if png:
         parts.append(_img(png, "operation frequencies"))
     parts.append(_frame_html(comparison.op_frequencies, index=True))
+    return parts
 
-    if comparison.evolutions:
-        parts.append("<h2>Evolution within runs</h2>")
-        png = evolution_png(comparison)
-        if png:
-            parts.append(_img(png, "genotype change per cycle"))
-        for lab, r in zip(labels(comparison.records), comparison.records):
-            df = comparison.evolutions.get(r.run_id)
-            if df is None:
-                continue
-            parts.append(f"<h3>{html.escape(lab)} ({html.escape(r.experiment)})</h3>")
-            parts.append(_frame_html(df))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+
+def _evolutions_html(comparison: Comparison) -> list[str]:
+    if not comparison.evolutions:
+        return []
+    parts = ["<h2>Evolution within runs</h2>"]
+    png = evolution_png(comparison)
+    if png:
+        parts.append(_img(png, "genotype change per cycle"))
+    for lab, r in zip(labels(comparison.records), comparison.records):
+        df = comparison.evolutions.get(r.run_id)
+        if df is None:
+            continue
+        parts.append(f"<h3>{html.escape(lab)} ({html.escape(r.experiment)})</h3>")
+        parts.append(_frame_html(df))
+    return parts
 
 
 def _arms_html(comparison: Comparison) -> list[str]:

@@ -385,23 +385,7 @@ def widen_cell(
     rules: dict[str, Transform] = {}
     for c, cell in enumerate(net.cells):
         assert isinstance(cell, SearchCell)
-        produce = c in producers
-        for slot in (0, 1):
-            in_map = out_map if sources[c][slot] == index else None
-            if in_map is not None or produce:
-                _op_rules(
-                    rules,
-                    f"cells.{c}.preprocess{slot}.",
-                    getattr(cell, f"preprocess{slot}"),
-                    in_map,
-                    m if produce else None,
-                )
-        if produce:
-            for e, mixed in enumerate(cell.edges):
-                for o, op in enumerate(mixed.ops):
-                    _op_rules(rules, f"cells.{c}.edges.{e}.ops.{o}.", op, m, m)
-            for b, op in enumerate(cell.branches):
-                _op_rules(rules, f"cells.{c}.branches.{b}.", op, m, m)
+        _cell_rules(rules, c, cell, sources[c], index, out_map, m if c in producers else None)
     if final == index:
         rules["classifier.weight"] = lambda t, power: widen_conv_weight(
             t, in_map=out_map, power=power
@@ -419,6 +403,33 @@ def widen_cell(
         rules,
         {"cells": producers, "channels": [old_c, new_channels]},
     )
+
+
+def _cell_rules(
+    rules: dict[str, Transform],
+    c: int,
+    cell: SearchCell,
+    sources: tuple[int, int],
+    index: int,
+    out_map: torch.Tensor,
+    m: torch.Tensor | None,
+) -> None:
+    """The rules for cell ``c``: its preprocessing reads the widened output of cell
+    ``index`` (``out_map``) if that is one of its sources; a producer (``m`` given)
+    widens its preprocessing outputs, every op of its edges and its branches."""
+    for slot in (0, 1):
+        in_map = out_map if sources[slot] == index else None
+        if in_map is not None or m is not None:
+            _op_rules(
+                rules, f"cells.{c}.preprocess{slot}.", getattr(cell, f"preprocess{slot}"), in_map, m
+            )
+    if m is None:
+        return
+    for e, mixed in enumerate(cell.edges):
+        for o, op in enumerate(mixed.ops):
+            _op_rules(rules, f"cells.{c}.edges.{e}.ops.{o}.", op, m, m)
+    for b, op in enumerate(cell.branches):
+        _op_rules(rules, f"cells.{c}.branches.{b}.", op, m, m)
 
 
 def replace_channels(cs: CellSpec, channels: int) -> CellSpec:

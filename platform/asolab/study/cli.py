@@ -33,6 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/"
         ),
     )
+    _budget_options(p)
+    _place_options(p)
+    # internal: one worker process started by --workers
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
+    add_threads(p, help=argparse.SUPPRESS, default=1)
+    p.set_defaults(func=cmd_study)
+
+
+def _budget_options(p: argparse.ArgumentParser) -> None:
+    """How many trials, for how long, in how many processes."""
     p.add_argument(
         "--n-trials",
         type=int,
@@ -57,6 +68,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="K worker processes on this machine, each with cores // K torch threads",
     )
+
+
+def _place_options(p: argparse.ArgumentParser) -> None:
+    """Where the study lives and what it is called; its sampler seed; --summary."""
     p.add_argument(
         "--storage",
         default="",
@@ -84,11 +99,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_tracking_uri(
         p, help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)"
     )
-    # internal: one worker process started by --workers
-    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
-    add_threads(p, help=argparse.SUPPRESS, default=1)
-    p.set_defaults(func=cmd_study)
 
 
 def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
@@ -137,6 +147,11 @@ def cmd_study(args: argparse.Namespace) -> int:
             show,
         )
         return 0
+    return _run(args, cfg, show)
+
+
+def _run(args: argparse.Namespace, cfg: Any, show: Any) -> int:
+    """The study in this process and its workers, then its summary (after a failure too)."""
     from .run import WorkersFailed, run_study
 
     try:

@@ -284,6 +284,13 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
         if not isinstance(choices, list) or not choices:
             raise ConfigError(f"{where}.choices must be a non-empty list")
         return ParamSpec(key=key, type=kind, choices=tuple(choices))
+    return _numeric_param(key, kind, data, where, fraction_of)
+
+
+def _numeric_param(
+    key: str, kind: str, data: Mapping[str, Any], where: str, fraction_of: str
+) -> ParamSpec:
+    """An int or float parameter: its range, log scale and step, checked."""
     low, high = data.get("low"), data.get("high")
     num = (int,) if kind == "int" else (int, float)
     for name, v in (("low", low), ("high", high)):

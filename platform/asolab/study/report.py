@@ -323,26 +323,45 @@ def _save(ax: Any, path: Path) -> None:
 
 def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[str], list[str]]:
     """Write the study's plots as PNG (matplotlib); returns (written, notes on skipped plots)."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    written: list[str] = []
+    notes: list[str] = []
+    for name, make, needs in _plot_jobs(cfg, study):
+        if len(complete) < needs:
+            notes.append(
+                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
+                f"{len(complete)}"
+            )
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
+                ax = make()
+            _save(ax, out / f"{name}.png")
+            written.append(f"{name}.png")
+        except Exception as exc:  # a plot must never fail the study
+            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
+            log.info("study plot %s skipped: %s", name, exc)
+    return written, notes
+
+
+def _plot_jobs(cfg: StudyConfig, study: optuna.Study) -> list[tuple[str, Any, int]]:
+    """(name, a function that draws it, the complete trials it needs) for each plot."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import optuna.visualization.matplotlib as vis
     from optuna.importance import FanovaImportanceEvaluator
 
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     multi = len(study.directions) > 1
     names = list(cfg.objective.metrics)
     target = (lambda t: t.values[0]) if multi else None
     target_name = names[0]
-    written: list[str] = []
-    notes: list[str] = []
     params = [p.optuna_name for p in cfg.params]
-    contour = [
-        c for c in CONTOUR_PARAMS if c in params
-    ]  # temperature x mutation strength when both are tuned
+    # temperature x mutation strength when both are tuned
+    contour = [c for c in CONTOUR_PARAMS if c in params]
     if len(contour) < 2:
         contour = params[:2]
-
     jobs: list[tuple[str, Any, int]] = [
         (
             "optimization_history",
@@ -379,23 +398,7 @@ def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[
         jobs.append(("pareto_front", lambda: vis.plot_pareto_front(study, target_names=names), 1))
     elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         jobs.append(("intermediate_values", lambda: vis.plot_intermediate_values(study), 0))
-    for name, make, needs in jobs:
-        if len(complete) < needs:
-            notes.append(
-                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
-                f"{len(complete)}"
-            )
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
-                ax = make()
-            _save(ax, out / f"{name}.png")
-            written.append(f"{name}.png")
-        except Exception as exc:  # a plot must never fail the study
-            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
-            log.info("study plot %s skipped: %s", name, exc)
-    return written, notes
+    return jobs
 
 
 def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> list[str]:

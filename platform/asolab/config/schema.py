@@ -47,9 +47,9 @@ class DataConfig:
     )
     test_fraction: float = field(
         0.2,
+        help="share carved out as test split for data sets without one (digits)",
         gt=0.0,
         le=0.5,
-        help="share carved out as test split for data sets without one (digits)",
     )
     split_seed: int = field(
         0,

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
+from ..runner.phases import W_TRAIN
 from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.ops import NONE, PARAMETER_FREE
@@ -75,7 +76,7 @@ class FixedGenotypeRunner(Runner):
     def w_train(self) -> None:
         s = self.cfg.search
         epochs = s.w_epochs + (s.warmup_epochs if self.state.position.cycle == 0 else 0)
-        self.retrain("w_train", epochs, self.data.train)
+        self.retrain(W_TRAIN, epochs, self.data.train)
 
     def alpha_train(self) -> None:
         pass

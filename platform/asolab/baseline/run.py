@@ -74,7 +74,7 @@ class Source:
 
     @property
     def name(self) -> str:
-        return self.run.info.run_name or self.run_id[:8]
+        return self.run.info.run_name or L.short_id(self.run_id)
 
 
 def get_run(client: MlflowClient, run_id: str) -> Run:
@@ -115,7 +115,7 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
         genotype = final_genotype(client, run)
     except ValueError as exc:
         raise ConfigError(f"run {run_id}: {exc}") from None
-    params = run.data.metrics.get("final_params")
+    params = run.data.metrics.get(L.FINAL_PARAMS)
     if params is None:
         raise ConfigError(
             f"run {run_id} has no final_params metric: it was not recorded by 'asolab run'"
@@ -152,9 +152,9 @@ def _finished(arm: str, seed: int, run: Run) -> SetRun:
         arm,
         seed,
         run.info.run_id,
-        m.get("final_val_acc", float("nan")),
-        m.get("test_acc", float("nan")),
-        int(m.get("final_params", 0)),
+        m.get(L.FINAL_VAL_ACC, float("nan")),
+        m.get(L.TEST_ACC, float("nan")),
+        int(m.get(L.FINAL_PARAMS, 0)),
         trained=False,
     )
 

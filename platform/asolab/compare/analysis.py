@@ -70,7 +70,7 @@ def labels(records: Sequence[RunRecord]) -> list[str]:
     return [
         r.run_name
         if r.run_name and counts[r.run_name] == 1
-        else f"{r.run_name or 'run'}:{r.run_id[:8]}"
+        else f"{r.run_name or 'run'}:{layout.short_id(r.run_id)}"
         for r in records
     ]
 

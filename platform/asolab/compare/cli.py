@@ -33,7 +33,6 @@ _SHORT = {
     "mutation_strength": "strength",
     "peak_rss_mb": "peak_mb",
 }
-RUN_ID_PREFIX = 8  # enough to tell runs apart, and accepted by --diff
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -371,7 +370,7 @@ def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:
     the genotype."""
     cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
     t = table.assign(
-        cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX]
+        cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].map(L.short_id)
     )
     from .select import COLUMNS
 

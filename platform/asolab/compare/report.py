@@ -138,7 +138,7 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
         for col, _ in _PAGE_COLUMNS:
             if col == "run_name":
                 url = run_url(ui, r["experiment_id"], r["run_id"]) if r["experiment_id"] else ""
-                name = html.escape(str(r["run_name"] or r["run_id"][:8]))
+                name = html.escape(str(r["run_name"] or L.short_id(r["run_id"])))
                 link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
                 cells.append(f"<td>{link}</td>")
             elif col == "epochs":
@@ -497,7 +497,7 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         _frame_html(ranking_display(comparison.rankings)),
     ]
     for rid, pairs in comparison.ranking_pairs.items():
-        name = next((r.run_name for r in comparison.records if r.run_id == rid), rid[:8])
+        name = next((r.run_name for r in comparison.records if r.run_id == rid), L.short_id(rid))
         png = scatter_png(pairs, f"{name}: one-shot vs stand-alone")
         if png:
             parts.append(

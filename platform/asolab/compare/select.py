@@ -450,7 +450,7 @@ def describe(
     """The selection in words (report title, comparison-run param)."""
 
     def short(ref: str) -> str:  # a full run id as the tables print it; a prefix or name as given
-        return ref[:8] if re.fullmatch(r"[0-9a-f]{32}", ref) else ref
+        return layout.short_id(ref) if re.fullmatch(r"[0-9a-f]{32}", ref) else ref
 
     parts = [f"control arms of {short(b)}" for b in baseline]
     if experiments:

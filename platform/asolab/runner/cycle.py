@@ -45,7 +45,7 @@ from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
 from .memory import check_fits, memory_stats, out_of_memory
 from .mutating import Mutating
-from .phases import PHASES
+from .phases import PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
 from .state import RunResult, RunState
@@ -143,7 +143,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         )
 
     def retrain_cycle(self) -> None:
-        self.retrain("retrain", self.cfg.search.retrain_epochs, self.data.train)
+        self.retrain(RETRAIN, self.cfg.search.retrain_epochs, self.data.train)
         self._end_cycle()
 
     def run(self) -> RunResult:

@@ -21,15 +21,18 @@ class Phase:
         getattr(runner, self.method)()
 
 
-# The cycle's phases in order.
-PHASES: tuple[Phase, ...] = (
-    Phase("w_train", "w_train", "W-training"),
-    Phase("alpha", "alpha_train", "alpha-training"),
-    Phase("mutate", "mutate_phase", "mutation"),
-    Phase("retrain", "retrain_cycle", "W-retraining"),
-)
+W_TRAIN, ALPHA, MUTATE, RETRAIN = "w_train", "alpha", "mutate", "retrain"
 # The stage after the last cycle: the final network's epochs, then the evaluation.
 FINAL = "final"
+EVALUATION = "evaluation"  # what a run resumed after its final stage does next
+
+# The cycle's phases in order.
+PHASES: tuple[Phase, ...] = (
+    Phase(W_TRAIN, "w_train", "W-training"),
+    Phase(ALPHA, "alpha_train", "alpha-training"),
+    Phase(MUTATE, "mutate_phase", "mutation"),
+    Phase(RETRAIN, "retrain_cycle", "W-retraining"),
+)
 FINAL_TITLE = "final training"
 # Position.phase in the final stage (cycle == search.cycles): 0 before the final
 # stage, FINAL_DONE once the final network is trained and checkpointed, so that

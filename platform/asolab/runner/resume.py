@@ -14,7 +14,7 @@ from ..data import DataBundle
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
 from .events import CheckpointSaved, Observer
-from .phases import FINAL, FINAL_DONE, PHASES
+from .phases import EVALUATION, FINAL, FINAL_DONE, PHASES
 from .state import Position, RunState, epochs_done
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,4 +140,4 @@ class Checkpointing:
         p = self.state.position
         if p.cycle < self.cfg.search.cycles:
             return PHASES[p.phase].name
-        return "evaluation" if p.phase == FINAL_DONE else FINAL
+        return EVALUATION if p.phase == FINAL_DONE else FINAL

@@ -15,6 +15,7 @@ from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.sampling import FairPaths
 from .events import EpochEnd
+from .phases import ALPHA, W_TRAIN
 
 
 class Training:
@@ -140,7 +141,7 @@ class Training:
             self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0
         )
         for e in range(epochs):
-            self._epoch("w_train", e, self.data.train, step, self._derive_calibrated)
+            self._epoch(W_TRAIN, e, self.data.train, step, self._derive_calibrated)
 
     def alpha_train(self) -> None:
         weights = self.net.weight_parameters()
@@ -149,7 +150,7 @@ class Training:
         try:
             for e in range(self.cfg.search.alpha_epochs):
                 self._epoch(
-                    "alpha",
+                    ALPHA,
                     e,
                     self.data.val,
                     self.alpha_step,

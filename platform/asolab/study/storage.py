@@ -258,32 +258,36 @@ class RetryStaleTrial:
         )
 
 
-def storage_of(study: optuna.Study) -> BaseStorage:
-    """The storage a study reads and writes (what ``optuna.load_study`` was given, or
-    Optuna's cache around it).
+def storage_of(owner: optuna.Study | optuna.Trial) -> BaseStorage:
+    """The storage a study (or a live trial's study) reads and writes: what
+    ``optuna.load_study`` was given, or Optuna's cache around it.
 
-    The one use of Optuna's private ``Study._storage`` (pinned by
-    ``test_storage_of_reaches_the_studys_storage``): Optuna has no public accessor, and
-    asolab needs the storage to write attributes of trials other workers own (stale
-    trials) and to beat on a trial from a second thread.
+    A live trial says it publicly (``Trial.storage``). A study alone has no public
+    accessor, so that case is the one use of Optuna's private ``Study._storage``
+    (pinned by ``test_storage_of_reaches_the_studys_storage``): recovering stale
+    trials needs the storage to write attributes of trials other workers own.
     """
-    return study._storage
+    if isinstance(owner, optuna.Trial):
+        return owner.storage
+    return owner._storage
 
 
-def trial_id(study: optuna.Study, number: int) -> int:
-    """The storage's id of trial ``number`` of ``study``, through the storage's public API."""
-    storage = storage_of(study)
+def trial_id(owner: optuna.Study | optuna.Trial, number: int) -> int:
+    """The storage's id of trial ``number`` of a study (or of a live trial's study),
+    through the storage's public API."""
+    storage = storage_of(owner)
+    study = owner.study if isinstance(owner, optuna.Trial) else owner
     study_id = storage.get_study_id_from_name(study.study_name)
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
-def optuna_heartbeat(study: optuna.Study) -> Any | None:
+def optuna_heartbeat(owner: optuna.Study | optuna.Trial) -> Any | None:
     """The study's storage when Optuna keeps heartbeats in it (RDB storages), else None.
 
     Optuna wraps RDB storages in a cache, so ``isinstance(..., RDBStorage)`` would
     not tell; the heartbeat interval does.
     """
-    storage = storage_of(study)
+    storage = storage_of(owner)
     interval = getattr(storage, "get_heartbeat_interval", None)
     return storage if interval is not None and interval() is not None else None
 
@@ -479,8 +483,8 @@ class Heartbeat:
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float) -> None:
         self.study, self.trial, self.interval = study, trial, interval
-        self._rdb = optuna_heartbeat(study)
-        self._trial_id = trial_id(study, trial.number)
+        self._rdb = optuna_heartbeat(trial)
+        self._trial_id = trial_id(trial, trial.number)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -502,7 +506,7 @@ class Heartbeat:
             else:
                 # not trial.set_user_attr: that also writes the Trial's cache, which the trial's
                 # thread reads
-                storage = storage_of(self.study)
+                storage = storage_of(self.trial)
                 storage.set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Told meanwhile, here or by another worker that judged it stale

@@ -51,7 +51,7 @@ def describe_run(
         "test accuracy (reported, never selected on)": event.test_acc,
         "parameters (derived network)": event.derived_params,
     }
-    peak = event.memory.get("cuda_peak_mb") or event.memory.get("peak_rss_mb")
+    peak = event.memory.get(L.CUDA_PEAK_MB) or event.memory.get(L.PEAK_RSS_MB)
     if peak:
         facts["peak memory (MB)"] = float(peak)
     facts["wall time (s)"] = float(event.seconds)

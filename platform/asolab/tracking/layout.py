@@ -13,7 +13,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..runner.phases import EVALUATION, FINAL
+from ..runner.phases import PHASE_INDEX as PHASE_INDEX
+
 # ======================================================= runs (asolab run, a study's trials)
+
+# A run id as tables and names print it: enough to tell runs apart, and accepted
+# wherever a run is named (an id prefix).
+RUN_ID_PREFIX = 8
+
+
+def short_id(run_id: str) -> str:
+    """The printed prefix of a run id."""
+    return run_id[:RUN_ID_PREFIX]
+
 
 # ---------------------------------------------------------------- tags
 TAG_VERSION = "asolab.version"
@@ -116,8 +129,7 @@ FINAL_METRICS = (
 RUN_METRICS = EPOCH_METRICS + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
 
 # phase -> the value of the "phase_index" epoch metric: the runner's cycle phases in
-# order, then the final stage (a test checks them against runner.cycle.PHASES)
-PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
+# order, then the final stage (PHASE_INDEX, from the runner's phase table)
 
 # ---------------------------------------------------------------- artifacts
 CONFIG_ARTIFACT = "config.json"
@@ -152,7 +164,7 @@ def growth_artifact(cycle: int) -> str:
 def position_text(cycle: int, phase: str, stage_epoch: int = 0) -> str:
     """The ``asolab.position`` tag after ``phase`` of ``cycle`` ("final": the final
     stage; with ``stage_epoch``, a checkpoint inside it after that many epochs)."""
-    if phase == "final":
+    if phase == FINAL:
         return f"final stage / after epoch {stage_epoch}" if stage_epoch else "after final stage"
     return f"cycle {cycle} / after {phase}"
 
@@ -163,14 +175,14 @@ def resumed_text(position: dict | None) -> str:
     if position is None:
         return "start (stopped before its first checkpoint) (epoch 0)"
     nxt = position.get("next", "?")
-    if nxt == "final" and position.get("stage_epoch"):
+    if nxt == FINAL and position.get("stage_epoch"):
         return (
             f"final stage / before epoch {position['stage_epoch'] + 1} (epoch "
             f"{position.get('global_epoch')})"
         )
-    if nxt in ("final", "evaluation"):
+    if nxt in (FINAL, EVALUATION):
         return (
-            f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch "
+            f"before {'final stage' if nxt == FINAL else 'final evaluation'} (epoch "
             f"{position.get('global_epoch')})"
         )
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"

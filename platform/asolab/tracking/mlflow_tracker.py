@@ -265,7 +265,8 @@ class MlflowTracker(ModelLogging, Observer):
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
         self.run_id = run.info.run_id
         if not self._run_name:
-            name = f"{event.data.get('name', cfg.data.name)}-seed{cfg.seed}-{self.run_id[:8]}"
+            data = event.data.get("name", cfg.data.name)
+            name = f"{data}-seed{cfg.seed}-{L.short_id(self.run_id)}"
             client.update_run(self.run_id, name=name)
         params = [
             Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM])

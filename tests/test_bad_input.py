@@ -110,7 +110,8 @@ CASES = {
     "run unknown data set": (["run", "--set", "data.name=imagenet"], "data.name"),
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),
     "run float for int": (["run", "--set", "search.cycles=1.5"], "integer"),
-    "run infinite clip": (["run", "--set", "search.grad_clip=inf"], "finite"),
+    "run infinite learning rate": (["run", "--set", "search.weight_lr=inf"], "finite"),
+    "run clip -inf": (["run", "--set", "search.grad_clip=-inf"], "finite"),
     "run min above initial temperature": (
         ["run", "--set", "temperature.min_temperature=10"],
         "must not exceed",
@@ -168,6 +169,11 @@ CASES = {
     "study no workers": ([*STUDY, "--workers", "0"], "--workers"),
     "study trials not a number": ([*STUDY, "--n-trials", "abc"], "invalid int value"),
     "study negative seed": ([*STUDY, "--seed", "-5"], "--seed"),
+    "study unknown flag": ([*STUDY, "--bogus"], "study: unrecognized arguments: --bogus"),
+    "study --set without =": ([*STUDY, "--set", "seed"], "expected section.key=value"),
+    "study --set out of range": ([*STUDY, "--set", "search.cycles=0"], "search.cycles"),
+    "study --set unknown key": ([*STUDY, "--set", "search.nope=1"], "unknown key"),
+    "study --set a tuned key": ([*STUDY, "--set", "mutation.strength=0.5"], "the study tunes"),
     "study name with a quote": ([*STUDY, "--study-name", 'bad"name'], "--study-name"),
     "study unknown storage": ([*STUDY[:-2], "--storage", "bogus://x"], "not supported"),
     "study dead database": (
@@ -251,6 +257,7 @@ def test_bad_input_is_one_error_line_and_status_2(argv, words, place, ok_store, 
     rc, err = run_main(argv, capsys)
     assert rc == 2, err
     assert err.startswith("asolab: error: ") and "\n" not in err, err
+    assert not err.startswith("asolab: error: asolab"), err  # one prefix, not two
     assert "Traceback" not in err and words in err, err
     assert time.monotonic() - started < 30, (
         "unreachable stores fail fast, without minutes of retries"

@@ -21,6 +21,7 @@ import psutil
 import pytest
 from layout_check import undeclared
 from mlflow import MlflowClient
+from optuna.storages import JournalStorage
 from optuna.trial import TrialState
 
 from asolab.cli import main
@@ -38,6 +39,7 @@ from asolab.study.storage import (
     ATTR_OWNER_STARTED,
     ATTR_RETRY_OF,
     ATTR_STALE,
+    JOURNAL_NAME,
     Heartbeat,
     budget_lock,
     owner_id,
@@ -317,8 +319,6 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         "par",
         """
         n_trials = 4
-        [overrides]
-        data.train_subset = 150
         [sampler]
         name = "tpe"
         n_startup_trials = 10
@@ -327,7 +327,8 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         """
         + SPACE,
     )
-    outcome = run_study(load_study(file), workers=2, **stores(tmp_path))
+    # --set reaches the worker processes, which re-read the file
+    outcome = run_study(load_study(file, ["data.train_subset=150"]), workers=2, **stores(tmp_path))
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -337,6 +338,7 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert sorted(int(r.data.tags[TAG_TRIAL]) for r in children) == [0, 1, 2, 3]
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
+    assert {r.data.params["data.train_subset"] for r in children} == {"150"}
     # each worker's sampler seed differs, so they do not propose the same point
     assert len({t.params["mutation.strength"] for t in trials}) == 4
 
@@ -804,3 +806,65 @@ def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:
     file = write_study(tmp_path, "bad", "[objective]\nseeds = 0\n" + SPACE)
     with pytest.raises(ConfigError, match="objective.seeds = 0 is out of range"):
         load_study(file)
+
+
+def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One store folder: with no --storage and no --tracking-uri, a study keeps its journal
+    in ./mlruns beside mlflow.db, so two project folders never share a study; with a
+    SQLite tracking URI elsewhere, the journal lies beside that file. --summary is
+    read-only: it creates no file and no folder."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        file = write_study(folder, "one", ONE_SHORT_RANDOM_TRIAL + SPACE)
+        monkeypatch.chdir(folder)
+        capsys.readouterr()
+        assert main(["study", "--summary", str(file)]) == 2  # nothing recorded here yet
+        assert "no study 'one'" in capsys.readouterr().err
+        assert sorted(p.name for p in folder.iterdir()) == ["one.toml", "tiny.toml"]
+        assert main(["study", str(file)]) == 0
+        store = folder / "mlruns"
+        assert {"mlflow.db", "optuna-journal.log"} <= {p.name for p in store.iterdir()}
+        journal = optuna.storages.journal.JournalFileBackend(str(store / JOURNAL_NAME))
+        (study,) = optuna.get_all_study_summaries(JournalStorage(journal))
+        assert study.n_trials == 1  # its own trial only: b did not pick up a's study
+        before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+        assert main(["study", "--summary", str(file)]) == 0
+        assert "1 trials (1 complete)" in capsys.readouterr().out
+        assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    file = write_study(elsewhere, "two", ONE_SHORT_RANDOM_TRIAL + SPACE)
+    uri = f"sqlite:///{elsewhere / 'store' / 'runs.db'}"
+    assert main(["study", str(file), "--tracking-uri", uri]) == 0
+    assert {p.name for p in (elsewhere / "store").iterdir()} >= {"runs.db", "optuna-journal.log"}
+    here = optuna.storages.journal.JournalFileBackend(str(folders[1] / "mlruns" / JOURNAL_NAME))
+    there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL_NAME))
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(here))] == ["one"]
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(there))] == ["two"]
+
+
+def test_set_applies_to_every_trial_and_the_cost_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A quick study without copying the file: --set changes every trial's experiment
+    over the file's [overrides]; the planned cost comes first, and after the first trial
+    an estimate of the time left."""
+    file = write_study(tmp_path, "quick", "n_trials = 2\n" + SHORT_RANDOM_TRIALS + SPACE)
+    s = stores(tmp_path)
+    argv = ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+    capsys.readouterr()
+    assert main([*argv, "--set", "data.train_subset=150", "--set", "search.cycles=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("study quick: 2 trials x 1 seeds = 2 runs of 2 cycles"), lines[0]
+    assert lines[1].startswith("trial    0 COMPLETE")
+    assert lines[2].startswith("  about ") and "left for 1 more trials" in lines[2], lines[2]
+    _, children = runs_of(tmp_path, "quick")
+    assert len(children) == 2
+    for run in children:  # the file says cycles = 1 ([overrides]); --set wins
+        assert run.data.params["data.train_subset"] == "150"
+        assert run.data.params["search.cycles"] == "2"

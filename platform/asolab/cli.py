@@ -266,7 +266,21 @@ class _Parser(argparse.ArgumentParser):
     instead of a usage block; its subcommand parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"asolab: error: {self.prog}: {message}; see {self.prog} --help\n")
+        # "asolab study" -> "asolab: error: study: ..."; the top parser adds no second "asolab"
+        where = self.prog.removeprefix("asolab").strip()
+        prefix = f"{where}: " if where else ""
+        self.exit(2, f"asolab: error: {prefix}{message}; see {self.prog} --help\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Unknown arguments are the subcommand's (argparse reports them at the top)."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(ns, "command", None)
+            message = f"unrecognized arguments: {' '.join(extra)}"
+            if command:
+                self.exit(2, f"asolab: error: {command}: {message}; see asolab {command} --help\n")
+            self.error(message)
+        return ns
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,9 +46,11 @@ def constraint(
     le: float | None = None,
     gt: float | None = None,
     choices: Sequence[str] | Registered | None = None,
+    inf: bool = False,
     help: str = "",
 ) -> dict[str, Any]:
-    return {"ge": ge, "le": le, "gt": gt, "choices": choices, "help": help}
+    """``inf``: the float field also takes ``inf`` (its help says what inf means)."""
+    return {"ge": ge, "le": le, "gt": gt, "choices": choices, "inf": inf, "help": help}
 
 
 def field(default: Any, **check: Any) -> Any:
@@ -100,7 +102,9 @@ def describe_allowed(meta: Mapping[str, Any]) -> str:
     left = "[" if meta.get("ge") is not None else "("
     if lo is None and hi is None:
         return ""
-    return f"in {left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    # "inf]" only where inf is taken: an unbounded float field is otherwise finite, "inf)"
+    right = f"{hi}]" if hi is not None else ("inf]" if meta.get("inf") else "inf)")
+    return f"in {left}{'-inf' if lo is None else lo}, {right}"
 
 
 def coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
@@ -129,7 +133,7 @@ def coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
         raise ConfigError(
             f"{where} must be {type_name(tp)}{' ' + allowed if allowed else ''} (got {value!r})"
         )
-    if tp is float and not math.isfinite(value):
+    if tp is float and not math.isfinite(value) and not (meta.get("inf") and value == math.inf):
         # nan compares false with every bound, so the range check below would let it through
         allowed = describe_allowed(meta)
         raise ConfigError(

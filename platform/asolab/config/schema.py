@@ -165,7 +165,9 @@ class SearchConfig:
     weight_decay: float = field(3e-4, ge=0.0, le=1.0, help="SGD on weights: weight decay")
     alpha_lr: float = field(3e-3, gt=0.0, le=10.0, help="Adam on alphas: learning rate")
     alpha_weight_decay: float = field(1e-3, ge=0.0, le=1.0, help="Adam on alphas: weight decay")
-    grad_clip: float = field(5.0, gt=0.0, help="gradient-norm clip of every weight step")
+    grad_clip: float = field(
+        5.0, gt=0.0, inf=True, help="gradient-norm clip of every weight step (inf = no clipping)"
+    )
     checkpoint_minutes: float = field(
         5.0,
         ge=0.0,

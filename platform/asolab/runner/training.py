@@ -28,7 +28,8 @@ class Training:
         loss = F.cross_entropy(logits, y)
         self.weight_opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
+        if math.isfinite(self.cfg.search.grad_clip):  # inf: no clipping (no norm to compute)
+            torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
         self.weight_opt.step()
         return loss.detach(), (logits.argmax(1) == y).sum()
 

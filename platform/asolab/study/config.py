@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from dataclasses import field as section
 from pathlib import Path
@@ -46,6 +46,7 @@ from ..config import (
     field,
     flatten,
     load,
+    parse_override,
     read_toml,
     resolve_experiment_path,
     resolve_named_file,
@@ -151,7 +152,7 @@ class StorageConfig:
 
     url: str = field(
         "",
-        help="Optuna storage ('' = JournalStorage in mlruns/optuna-journal.log); "
+        help="Optuna storage ('' = JournalStorage in optuna-journal.log beside the MLflow store); "
         "--storage overrides it",
     )
     heartbeat_interval: int = field(
@@ -210,13 +211,15 @@ class StudySettings:
 class StudyConfig(StudySettings):
     """A whole study, validated: the file's settings, ``source`` (the file), ``base``
     (the resolved base experiment, overrides applied; ``experiment`` is its path),
-    the tuned ``params``, fixed ``overrides`` and ``enqueue``-d points."""
+    the tuned ``params``, fixed ``overrides`` (the file's and ``--set``'s) and
+    ``enqueue``-d points."""
 
     source: str = ""
     base: ExperimentConfig = section(default_factory=ExperimentConfig)
     params: tuple[ParamSpec, ...] = ()
     overrides: tuple[tuple[str, Any], ...] = ()
     enqueue: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    set_overrides: tuple[str, ...] = ()  # `--set` texts, in ``overrides``; workers get them too
 
     @property
     def multi_objective(self) -> bool:
@@ -489,12 +492,31 @@ def resolve_study_path(path: str | Path | None) -> Path:
     return resolve_named_file(path, DEFAULT_STUDY, STUDIES_DIR, "study")
 
 
-def load_study(path: str | Path | None = None) -> StudyConfig:
-    """Load and validate a study file (default: studies/temperature_mutation.toml)."""
+def load_study(path: str | Path | None = None, overrides: Sequence[str] = ()) -> StudyConfig:
+    """Load and validate a study file (default: studies/temperature_mutation.toml).
+
+    ``overrides`` (``asolab study --set section.key=value``) go over the file's
+    ``[overrides]``: fixed for every trial, validated with the rest, once, here. A key
+    the study tunes is refused: Optuna's value would replace it in every trial.
+    """
     file = resolve_study_path(path)
     data = read_toml(file, "study")
     data.setdefault("name", file.stem)
-    return from_dict(data, str(file))
+    if overrides:
+        pairs = dict(parse_override(o) for o in overrides)
+        try:
+            tuned = set(_spec_tables(data.get("params", {})))
+        except (ConfigError, AttributeError):  # a malformed [params]: from_dict says how
+            tuned = set()
+        for key in pairs:
+            if key in tuned:
+                raise ConfigError(
+                    f"--set {key}: the study tunes this key (params.{key} in {file}); "
+                    "change its range in the file, or drop --set"
+                )
+        fixed = data.get("overrides", {})
+        data["overrides"] = {**(flatten(fixed) if isinstance(fixed, Mapping) else {}), **pairs}
+    return from_dict(data, str(file)).replace(set_overrides=tuple(overrides))
 
 
 def trial_overrides(params: Mapping[str, Any], cfg: StudyConfig) -> dict[str, Any]:

@@ -333,7 +333,10 @@ def run_study(
     from ..tracking import check_reachable, resolve_tracking_uri
 
     name = check_study_name(study_name) if study_name else cfg.name
-    url = resolve_storage_url(storage_url, cfg.storage.url)
+    uri = resolve_tracking_uri(
+        tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
+    )
+    url = resolve_storage_url(storage_url, cfg.storage.url, uri)
     budget, seconds = resolve_budget(cfg, n_trials, timeout)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1 (got {workers})")
@@ -343,9 +346,6 @@ def run_study(
             "as unsafe for concurrent workers; use the default journal storage (omit --storage, "
             "or give a path ending in .log) or PostgreSQL"
         )
-    uri = resolve_tracking_uri(
-        tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
-    )
     check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
@@ -411,6 +411,8 @@ def _run_workers(
             "--seed",
             str(cfg.seed),
         ]
+        for text in cfg.set_overrides:
+            cmd += ["--set", text]
         log.info("starting worker %d: %s", k, " ".join(cmd))
         procs.append(subprocess.Popen(cmd))
     try:

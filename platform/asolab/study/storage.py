@@ -1,7 +1,8 @@
 """Optuna storages for studies: the local journal file, RDB URLs, crash recovery.
 
 The default storage is Optuna's ``JournalStorage`` on a ``JournalFileBackend``
-at ``mlruns/optuna-journal.log``: Optuna documents SQLite as unsafe for
+at ``optuna-journal.log`` beside the MLflow store (the folder of a local SQLite
+tracking URI, else ``./mlruns`` of the working directory): Optuna documents SQLite as unsafe for
 concurrent workers, while the journal file is safe for several processes on one
 machine. ``postgresql://`` / ``mysql://`` / ``sqlite://`` URLs become an
 ``RDBStorage`` with Optuna's heartbeat and a stale-trial retry callback;
@@ -44,10 +45,10 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import PROJECT_ROOT, ConfigError
+from ..config import ConfigError
 from ..errors import first_line
 from ..tracking.layout import TAG_ERROR
-from ..tracking.store import database_unreachable, foreign_sqlite, mask_password
+from ..tracking.store import database_unreachable, foreign_sqlite, mask_password, store_dir
 from .config import StorageConfig
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,10 @@ RUN_ATTRS = (
 )
 
 
-def default_storage_url() -> str:
-    return "journal://" + (PROJECT_ROOT / "mlruns" / JOURNAL_NAME).as_posix()
+def default_storage_url(tracking_uri: str) -> str:
+    """The journal file beside the MLflow store ``tracking_uri`` (a resolved URI):
+    a study run from one folder never shares its study with another folder's."""
+    return "journal://" + (store_dir(tracking_uri) / JOURNAL_NAME).as_posix()
 
 
 def journal_path(url: str) -> Path | None:
@@ -86,9 +89,17 @@ def journal_path(url: str) -> Path | None:
     return None
 
 
-def resolve_storage_url(url: str, config_url: str = "") -> str:
-    """``--storage``, else the study file's ``storage.url``, else the local journal file."""
-    return url or config_url or default_storage_url()
+def resolve_storage_url(url: str, config_url: str, tracking_uri: str) -> str:
+    """``--storage``, else the study file's ``storage.url``, else the journal file beside
+    the MLflow store ``tracking_uri``."""
+    return url or config_url or default_storage_url(tracking_uri)
+
+
+def journal_missing(url: str) -> bool:
+    """Whether ``url`` names a journal file that does not exist (yet): a read-only
+    command must not create it, nor its folder."""
+    path = journal_path(url)
+    return path is not None and not path.is_file()
 
 
 def is_rdb(url: str) -> bool:

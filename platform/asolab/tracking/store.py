@@ -51,6 +51,14 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{default_store_dir() / DB_NAME}"
 
 
+def store_dir(uri: str) -> Path:
+    """The folder of the store ``uri`` names: a local SQLite file's folder, else
+    :func:`default_store_dir`. The Optuna journal of studies lies there, beside MLflow's
+    database, so that one folder holds a project's whole record."""
+    db = sqlite_path(uri)
+    return db.absolute().parent if db is not None else default_store_dir()
+
+
 def resolve_tracking_uri(config_uri: str = "") -> str:
     """The config's URI, else ``MLFLOW_TRACKING_URI``, else :func:`default_tracking_uri`."""
     return config_uri or os.environ.get("MLFLOW_TRACKING_URI", "") or default_tracking_uri()

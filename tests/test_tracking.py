@@ -809,13 +809,14 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
 
 
 def test_layout_names_what_the_runner_reports(tracked):
-    """The phase_index values follow the runner's phase table; the memory metrics are
-    memory_stats' keys; the learning rates are the EpochEnd.lrs keys."""
+    """The phase_index values follow the runner's phase table and keep the values runs
+    already recorded; the memory metrics are memory_stats' keys; the learning rates are
+    the EpochEnd.lrs keys."""
     from asolab.runner.memory import memory_stats
     from asolab.runner.phases import PHASES
 
     assert list(L.PHASE_INDEX) == [p.name for p in PHASES] + ["final"]
-    assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
+    assert L.PHASE_INDEX == {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
     assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
     assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {
         L.WEIGHT_LR,

@@ -23,3 +23,15 @@ def add_threads(
 def add_quiet(p: argparse.ArgumentParser) -> None:
     """``--quiet``: no progress bars."""
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_set(p: argparse.ArgumentParser, help: str = "override a config value (repeatable)") -> None:
+    """``--set SECTION.KEY=VALUE`` (repeatable), collected in ``overrides``."""
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=help,
+    )

@@ -211,6 +211,7 @@ def _print_pair(p) -> None:
 
 def _print_ranking(run: str, figures: dict[str, float]) -> None:
     from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning
+    from .sizerank import size_lines
 
     print(
         f"ranking of run {run}'s supernet ({int(figures[L.RANKING_GENOTYPES])} genotypes, "
@@ -241,6 +242,8 @@ def _print_ranking(run: str, figures: dict[str, float]) -> None:
     )
     if warning := lead_warning(figures):
         print(f"  {warning}")
+    for line in size_lines(figures):
+        print(f"  {line}")
 
 
 def _fig(v: float) -> str:

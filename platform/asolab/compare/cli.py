@@ -257,6 +257,7 @@ def _print_arms_and_rankings(comparison: Comparison, out: TextIO) -> None:
     if comparison.rankings is None:
         return
     from ..baseline.ranking import lead_text, p_text, proxy_text
+    from ..baseline.sizerank import compare_text
 
     print(
         "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
@@ -277,6 +278,7 @@ def _print_arms_and_rankings(comparison: Comparison, out: TextIO) -> None:
         )
         lead = lead_text(r)
         lead = f"; alphas lead {lead}" if lead else ""
+        lead += compare_text(r)  # parameter count as the ranking baseline
         print(
             f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
             file=out,

@@ -9,6 +9,7 @@ import torch
 
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
+from ..evolution.selection import select_genotype
 from .events import GrowthEvent, MutationEvent
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ class Mutating:
     def mutate_phase(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
-        self.state.derived = self.net.derive(cap)
+        self.state.derived, selection = select_genotype(self, cap)
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
             self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau, cap
@@ -36,6 +37,7 @@ class Mutating:
                 tuple(edits),
                 tau,
                 self.cfg.mutation.strength,
+                selection,
             ),
         )
         self._grow()

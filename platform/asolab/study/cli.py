@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..errors import first_line
-from ..options import add_threads, add_tracking_uri
+from ..options import add_set, add_threads, add_tracking_uri
 from ..tracking.layout import TAG_ERROR
 from ..tracking.store import mask_password
 from .config import check_study_name
@@ -33,6 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/"
         ),
     )
+    add_set(
+        p,
+        help=(
+            "override a key of every trial's experiment, over the file's [overrides] "
+            "(repeatable), e.g. --set search.cycles=1 for a quick study"
+        ),
+    )
     _budget_options(p)
     _place_options(p)
     # internal: one worker process started by --workers
@@ -44,17 +51,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _budget_options(p: argparse.ArgumentParser) -> None:
     """How many trials, for how long, in how many processes."""
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help=(
-            "override a key of every trial's experiment, over the file's [overrides] "
-            "(repeatable), e.g. --set search.cycles=1 for a quick study"
-        ),
-    )
     p.add_argument(
         "--n-trials",
         type=int,

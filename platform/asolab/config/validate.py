@@ -9,7 +9,7 @@ from typing import Any
 import tomllib
 
 from .fields import ConfigError, build, to_dict
-from .schema import PARAMETER_FREE, ExperimentConfig
+from .schema import PARAMETER_FREE, PRIMITIVES, WIDENING_POLICIES, ExperimentConfig
 
 
 def cross_checks(cfg: ExperimentConfig, source: str) -> None:
@@ -27,6 +27,13 @@ def cross_checks(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: search.param_free_cap needs an operation with weights in space.primitives "
             "(a conv); add one or set the cap to -1"
+        )
+    foreign = [p for p in cfg.space.primitives if p not in PRIMITIVES()]
+    if foreign and cfg.growth.policy in WIDENING_POLICIES():
+        raise ConfigError(
+            f"{source}: growth.policy = {cfg.growth.policy!r} may widen, which knows the built-in "
+            f"ops only, and space.primitives has {', '.join(foreign)}; use growth.policy = "
+            "deepen, branch or none"
         )
     if cfg.search.weight_lr_min > cfg.search.weight_lr:
         raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")

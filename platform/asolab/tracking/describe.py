@@ -77,10 +77,13 @@ def describe_run(
     return run_description(run_id, facts, str(event.genotype), params)
 
 
-def genotype_record(g: Genotype) -> str:
+def genotype_record(g: Genotype, primitives: tuple[str, ...] = ()) -> str:
     """A genotype artifact: the canonical one-line form first, then the fields
-    ``Genotype.from_json`` reads (it ignores ``canonical``), one line per field."""
+    ``Genotype.from_json`` reads (it ignores ``canonical`` and the op set searched,
+    ``primitives``), one line per field."""
     fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
+    if primitives:
+        fields[L.GENOTYPE_OPS_KEY] = list(primitives)
     return (
         "{\n"
         + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())

@@ -55,6 +55,7 @@ from ..space.plot import genotype_png
 from . import layout as L
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
 from .models import ModelLogging
+from .provenance import plugin_tags
 from .store import ensure_experiment, open_store, resolve_tracking_uri, resumable_run, sqlite_path
 from .writer import WRITE_MODES, StoreWriter
 
@@ -258,6 +259,7 @@ class MlflowTracker(ModelLogging, Observer):
             L.TAG_HOST: socket.gethostname(),
             L.TAG_RUN_KIND: L.KIND_RUN,
             L.TAG_THREADS: threads_text(event),
+            **plugin_tags(cfg),
             **self.extra_tags,
         }
         if self.parent_run_id:
@@ -287,6 +289,9 @@ class MlflowTracker(ModelLogging, Observer):
         )
         self._log_dataset(event.data)
 
+    def _ops(self) -> tuple[str, ...]:
+        return tuple(self._config.space.primitives) if self._config else ()
+
     def _log_dataset(self, summary: dict[str, Any]) -> None:
         # The entity is built directly from the split summary: mlflow.data.from_pandas
         # would import and infer a schema for one row, costing a second per run.
@@ -300,8 +305,13 @@ class MlflowTracker(ModelLogging, Observer):
         dataset = Dataset(
             name=str(summary.get("name", "data")),
             digest=hashlib.sha256(text.encode()).hexdigest()[:8],
-            source_type="code",
-            source=json.dumps({"asolab.data": summary.get("name", "data")}),
+            # the researcher's own files are named by their path
+            source_type="local" if summary.get("source") else "code",
+            source=json.dumps(
+                {"uri": summary["source"]}
+                if summary.get("source")
+                else {"asolab.data": summary.get("name", "data")}
+            ),
             schema=json.dumps(schema),
             profile=json.dumps({k: v for k, v in summary.items() if k != "name"}, default=str),
         )
@@ -388,7 +398,7 @@ class MlflowTracker(ModelLogging, Observer):
         with self._timed():
             step, c = event.global_epoch, event.cycle
             g = event.genotype
-            self._artifact_text(genotype_record(g), L.genotype_artifact(c))
+            self._artifact_text(genotype_record(g, self._ops()), L.genotype_artifact(c))
             self._artifact_png(g, f"cycle {c}", L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._metric(L.CYCLE_VAL_ACC, event.val_acc, step)
@@ -454,7 +464,7 @@ class MlflowTracker(ModelLogging, Observer):
             model_id = model.model_id if model is not None else None
             for k, v in finals.items():
                 self._metric(k, v, step, model_id=model_id)
-            self._artifact_text(genotype_record(g), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_text(genotype_record(g, self._ops()), L.FINAL_GENOTYPE_ARTIFACT)
             self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))

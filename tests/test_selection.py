@@ -46,7 +46,7 @@ def _planted_supernet(tiny_cfg):
     cfg = tiny_cfg.replace(**{k: v for k, v in ONE_CELL.items() if k != "space.primitives"})
     cfg = cfg.replace(**{"space.primitives": PRIMS})
     runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
-    runner._next_phase()  # W-training
+    runner.next_phase()  # W-training
     cell = runner.net.cells[0]
     with torch.no_grad():
         for (node, inp), keep in (((0, 0), None), ((0, 1), PRIMS.index(PLANTED))):
@@ -138,6 +138,6 @@ def test_perturbation_selection_never_reads_the_test_split(tiny_cfg):
     recorder = Recorder()
     runner = Runner(cfg, [recorder], data=dataclasses.replace(load_data(cfg.data, 0), test=None))
     for _ in range(4):  # the search without its final evaluation (which reports the test split)
-        runner._next_phase()
+        runner.next_phase()
     (mutation,) = recorder.of("mutation")
     assert mutation.selection["genotype"] == str(mutation.before)

@@ -32,6 +32,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 
 import torch
 from _common import machine
@@ -117,7 +118,9 @@ def source_run(uri: str, cfg, experiment: str) -> str:
         run_name=f"{cfg.data.name}-aso-se-seed{cfg.seed}",
         log_models=cfg.tracking.log_models,
     )
-    Runner(cfg, [tracker]).run()
+    # checkpointed into the run, as `asolab run` does: `asolab rank` needs the supernet
+    with tempfile.TemporaryDirectory(prefix="search-quality-") as work:
+        Runner(cfg, [tracker], checkpoint_dir=work).run()
     return tracker.run_id or ""
 
 

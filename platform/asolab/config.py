@@ -222,13 +222,13 @@ class SearchConfig:
         ),
     )
     selection_images: int = _field(
-        512,
+        256,
         ge=1,
         le=1_000_000,
         help="perturbation selection: the first this many validation images it measures on",
     )
     selection_paths: int = _field(
-        4,
+        2,
         ge=1,
         le=1000,
         help=(

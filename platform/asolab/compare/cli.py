@@ -127,7 +127,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..space.genotype import distance
     from .analysis import analyse, diff_lines
     from .arms import arm_lines, arm_seed_lines
-    from .report import log_to_mlflow, write_report
+    from .report import budget_warning, log_to_mlflow, write_report
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
@@ -170,6 +170,9 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     if selection.records:
         print(terminal_table(comparison.table, comparison.clusters), file=out)
+        budgets = budget_warning(comparison.table)
+        if budgets:  # as the HTML report warns: "best" may only have trained longer
+            print(f"\nwarning: different budgets. {budgets}", file=out)
         print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
         for _, c in comparison.clusters.iterrows():
             print(
@@ -178,7 +181,11 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             )
         if comparison.diffs:
             ref = comparison.diffs[0].reference
-            print(f"\ndifferences from the best run {ref.run_name} ({ref.experiment}):", file=out)
+            across = " (by val acc across different budgets)" if budgets else ""
+            print(
+                f"\ndifferences from the best run {ref.run_name} ({ref.experiment}){across}:",
+                file=out,
+            )
             for d in comparison.diffs:
                 print(
                     f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out

@@ -338,6 +338,28 @@ def _check_val_size(fraction: float, n_val: int, n: int, spec: DatasetSpec) -> N
     )
 
 
+def _check_train_subset(cfg: DataConfig, n: int, spec: DatasetSpec) -> None:
+    """Refuse a search subset that cannot hold one example per class (``train_subset = 1``
+    would train on one image without a word); warn when it is less than one batch."""
+    subset = cfg.train_subset
+    if not subset or subset >= n:
+        return
+    if subset < spec.num_classes:
+        raise DataError(
+            f"data.train_subset = {subset} keeps {subset} of the {n} training examples of "
+            f"{spec.name} for the search, fewer than its {spec.num_classes} classes; use "
+            f"data.train_subset >= {spec.num_classes} (0 = all)"
+        )
+    if subset < cfg.batch_size:
+        log.warning(
+            "data.train_subset = %d is less than data.batch_size = %d: each search epoch is "
+            "one step on %d examples",
+            subset,
+            cfg.batch_size,
+            subset,
+        )
+
+
 def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
     """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
     ``seed``)."""
@@ -361,6 +383,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         xt = (torch.from_numpy(np.ascontiguousarray(x)) - mean) / std
         return Split(xt.to(device), torch.from_numpy(np.ascontiguousarray(y)).to(device))
 
+    _check_train_subset(cfg, len(train_idx), spec)
     full_train = split(xtr[train_idx], ytr[train_idx])
     train = full_train.head(cfg.train_subset) if cfg.train_subset else full_train
     bundle = DataBundle(

@@ -75,9 +75,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
-        help="compare the K best runs by --by (runs without a genotype take no place)",
+        help=(
+            "compare the K best runs by --by, K >= 1 (runs without a genotype take no place); "
+            "without --top every selected run is compared"
+        ),
     )
     p.add_argument(
         "--by",
@@ -133,8 +136,10 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    if args.top < 0:
-        raise CompareError(f"--top must be >= 0 (got {args.top})")
+    if args.top is not None and args.top < 1:
+        raise CompareError(
+            f"--top must be >= 1 (got {args.top}); leave --top out to compare every selected run"
+        )
     # Before reading any run: a place that cannot be written costs seconds, not a comparison.
     if args.csv:
         check_writable(args.csv, "--csv", CompareError, folder=False)
@@ -148,7 +153,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         run_ids=args.runs,
         filter_string=args.filter,
         study=args.study,
-        top=args.top,
+        top=args.top or 0,
         by=args.by,
         ascending=args.ascending,
         baseline=args.baseline,

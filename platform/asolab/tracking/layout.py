@@ -41,6 +41,9 @@ TAG_RESUMED_FROM = "asolab.resumed_from"
 KIND_RUN = "run"  # asolab runs and study trials
 KIND_STUDY = "study"  # a study's parent run
 KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
+# a multi-seed trial's own run (its knobs, its objective: the mean over seeds, its state);
+# its seed runs, kind "run", are nested under it; compare never selects it
+KIND_TRIAL = "trial"
 # MLflow's own tags that asolab sets
 MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
 MLFLOW_PARENT_RUN = "mlflow.parentRunId"  # a trial run's study parent run

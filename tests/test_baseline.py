@@ -440,6 +440,7 @@ def test_rank_records_figures_pairs_and_plot(tmp_path, capsys):
     sizes = {"ranking_genotypes", "ranking_standalone_epochs", "ranking_standalone_seeds"}
     # the lead's interval (Welch's t on 3 + 3 genotypes) may reach beyond +-1
     interval = {"ranking_alphas_lead_low", "ranking_alphas_lead_high"}
+    interval.add(L.RANKING_TAU_MINUS_PARAMS)  # a difference of two taus: within [-2, 2]
     # recorded unless undefined (tied accuracies)
     for name in set(L.RANKING_METRICS) - sizes - interval:
         assert name not in metrics or -1 <= metrics[name] <= 1

@@ -521,9 +521,11 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert sorted(u.split("/runs/")[1].split("?")[0] for u in run_links) == sorted(runs)
     assert _network_references(re.sub(r'<a class="run" href="[^"]+"', "<a", page)) == []
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    # 3 accuracy plots + op frequencies + evolution + one picture per distinct genotype
+    # 3 accuracy plots + op frequencies + evolution + the Pareto view + one picture per
+    # distinct genotype
     n_genotypes = len({e.genotype.canonical for _, _, e, _ in runs.values()})
-    assert len(images) == 5 + n_genotypes
+    assert len(images) == 6 + n_genotypes
+    assert "Accuracy against size (Pareto view)" in page and (report / "pareto.png").exists()
     assert all(_png_ok(base64.b64decode(b)) for b in images)
     assert not re.search(r'<img[^>]+src="(?!data:image/png;base64,)', page)
     for run_id in runs:

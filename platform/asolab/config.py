@@ -101,6 +101,7 @@ PRIMITIVES = Registered("asolab.space.ops", "OPS")
 PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
+SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,31 @@ class SearchConfig:
     )
     retrain_epochs: int = _field(
         2, ge=0, le=1000, help="W-retraining epochs of the derived network per cycle"
+    )
+    selection: str = _field(
+        "alpha",
+        choices=SELECTIONS,
+        help=(
+            "how the mutation phase reads the genotype off the supernet: alpha = the "
+            "largest alpha per edge (derive()); perturbation = per edge the op whose masking "
+            "lowers the sampled supernet's validation accuracy most, recorded per cycle in "
+            "selection/cycle_NNN.json (docs/baselines.md)"
+        ),
+    )
+    selection_images: int = _field(
+        512,
+        ge=1,
+        le=1_000_000,
+        help="perturbation selection: the first this many validation images it measures on",
+    )
+    selection_paths: int = _field(
+        4,
+        ge=1,
+        le=1000,
+        help=(
+            "perturbation selection: sampled supernet paths (drawn from the alphas with a "
+            "generator seeded by the run's seed) each op's accuracy is averaged over"
+        ),
     )
     final_epochs: int = _field(
         0,

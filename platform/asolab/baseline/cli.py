@@ -185,6 +185,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
     from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning, rank_run
+    from .sizerank import size_lines
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
@@ -244,6 +245,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
     warning = lead_warning(figures)
     if warning:
         print(f"  {warning}")
+    for line in size_lines(figures):
+        print(f"  {line}")
     return 0
 
 

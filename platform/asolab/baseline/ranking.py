@@ -42,10 +42,13 @@ from ..config import ConfigError, ExperimentConfig
 from ..data import DataBundle
 from ..runner import Runner
 from ..space.cells import edge_index
+from ..space.flops import network_size
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.network import SearchNetwork
 from ..space.ops import PARAMETER_FREE
 from .arms import FixedGenotypeRunner, random_genotype
+from .pareto import log_png, pareto_png, ranking_points
+from .sizerank import size_correlations
 
 SOURCES = ("alphas", "random")
 
@@ -59,6 +62,8 @@ class Pair:
     one_shot_val_acc: float
     standalone_val_acc: float  # the mean over the stand-alone seeds
     standalone_by_seed: tuple[float, ...] = ()  # one accuracy per stand-alone seed
+    params: int = 0  # the genotype's network: parameters (as the runner counts them) ...
+    flops: int = 0  # ... and multiply-adds of one image (space/flops.py)
 
 
 def sample_genotype(
@@ -181,7 +186,8 @@ def measure(
         for g in gs:
             alone = tuple(standalone_val_acc(cfg.replace(seed=s), g, runner.data) for s in seeds)
             mean = sum(alone) / len(alone)
-            pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], mean, alone)
+            size = network_size(spec, g, runner.data.image_size)
+            pair = Pair(src, g.canonical, one_shot[(src, g.canonical)], mean, alone, *size)
             pairs.append(pair)
             on_pair(pair)
     return pairs
@@ -394,7 +400,7 @@ def rank_run(
         on_pair,
         standalone_seeds,
     )
-    figures = correlations(pairs) | alphas_lead(pairs)
+    figures = correlations(pairs) | alphas_lead(pairs) | size_correlations(pairs)
     # alphas that have not moved from uniform cannot gather on anything: say how far they did
     figures["ranking_alpha_entropy"] = runner.net.alpha_entropy()
     # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
@@ -426,4 +432,6 @@ def rank_run(
             p = Path(tmp) / Path(L.RANKING_PLOT_ARTIFACT).name
             p.write_bytes(png)
             client.log_artifact(run_id, str(p), L.RANKING_DIR)
+    panel = (f"{run.info.run_name}: ranked genotypes, stand-alone", ranking_points(records))
+    log_png(client, run_id, pareto_png([panel]), L.RANKING_PARETO_ARTIFACT)
     return figures

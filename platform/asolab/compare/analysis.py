@@ -282,7 +282,10 @@ def analyse(
     table = selection.table()
     arms = arm_seeds = None
     if has_arms(records):
-        arm_frame = arm_runs(records)
+        from .sizefit import flops_by_run
+
+        client = client or MlflowClient(tracking_uri=selection.tracking_uri)
+        arm_frame = arm_runs(records, flops_by_run(client, records))
         arms, arm_seeds = arm_summary(arm_frame), arm_seed_table(arm_frame)
         # which arm each run is, and the ASO-SE run it controls for
         table.insert(2, "arm", [r.tags.get(layout.TAG_ARM, "") for r in records])

@@ -230,6 +230,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"  {line}", file=out)
     if comparison.rankings is not None:
         from ..baseline.ranking import lead_text, p_text, proxy_text
+        from ..baseline.sizerank import compare_text
 
         print(
             "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
@@ -250,6 +251,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             )
             lead = lead_text(r)
             lead = f"; alphas lead {lead}" if lead else ""
+            lead += compare_text(r)  # parameter count as the ranking baseline
             print(
                 f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
                 file=out,

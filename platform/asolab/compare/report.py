@@ -23,10 +23,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..baseline.pareto import pareto_png  # noqa: E402
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
+from ..tracking.layout import RANKING_PARAMS_KENDALL_TAU, RANKING_TAU_MINUS_PARAMS  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -320,6 +323,7 @@ def render_html(
         runs_table_html(comparison, ui),
     ]
     parts += _arms_html(comparison) + _ranking_html(comparison)
+    parts += pareto_html(comparison, _img)
 
     parts.append("<h2>Accuracy</h2>")
     for x, xlabel, name in (
@@ -416,13 +420,24 @@ def _arms_html(comparison: Comparison) -> list[str]:
         "arm, paired by seed, with a 95% paired-t confidence interval; test accuracy is "
         "reported, never used to select.</p>",
         "<pre>" + html.escape("\n".join(arm_lines(comparison.arms))) + "</pre>",
-        _frame_html(comparison.arms),
+        _frame_html(page_arms(comparison.arms)),
         "<h3>Per seed</h3>",
         "<p>Each ASO-SE run beside its control runs: test accuracy % (validation %), the final "
         "network's parameters and the minutes each run trained; - where a seed has no run of "
         "the arm.</p>",
         _frame_html(arm_seed_display(comparison.arm_seeds)),
     ]
+
+
+def page_arms(arms: pd.DataFrame) -> pd.DataFrame:
+    """The arm table as the page shows it: beside each paired difference the one with size
+    (log2 parameters) taken out; the other fit figures are in the lines above it and in
+    arms.csv."""
+    from .sizefit import SIZE_MEASURES, size_columns
+
+    shown = size_columns("params")[:3]
+    hidden = [c for m, _ in SIZE_MEASURES for c in size_columns(m) if c not in shown]
+    return arms.drop(columns=[c for c in hidden if c in arms.columns])
 
 
 def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
@@ -452,6 +467,10 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
         if rankings["ranking_alphas_lead"].notna().any():
             # do the alphas gather on genotypes that train better alone than random ones?
             row["alphas lead, stand-alone"] = lead_text(r).replace("points ", "") or "–"
+        if rankings.get(RANKING_PARAMS_KENDALL_TAU, pd.Series(dtype=float)).notna().any():
+            # the simplest proxy: does the supernet rank better than counting parameters?
+            row["parameters: tau"] = fig(r[RANKING_PARAMS_KENDALL_TAU])
+            row["supernet − parameters"] = fig(r[RANKING_TAU_MINUS_PARAMS])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -492,6 +511,9 @@ def write_report(
     page = out / REPORT_FILE
     page.write_text(render_html(comparison, title), encoding="utf-8")
     comparison.table.to_csv(out / TABLE_FILE, index=False)
+    png = pareto_png(panels(comparison))
+    if png:
+        (out / PARETO_FILE).write_bytes(png)
     if comparison.arms is not None:
         comparison.arms.to_csv(out / ARMS_FILE, index=False)
         comparison.arm_seeds.to_csv(out / ARM_SEEDS_FILE, index=False)

@@ -46,6 +46,7 @@ from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.sampling import FairPaths
 from ..evolution.sampling import temperature as temperature_at
+from ..evolution.selection import select_genotype
 from ..space.genotype import Genotype
 from ..space.network import Plans, SearchNetwork
 from ..space.spec import ArchSpec
@@ -449,7 +450,7 @@ class Runner:
     def _mutate(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
-        self.state.derived = self.net.derive(cap)
+        self.state.derived, selection = select_genotype(self, cap)
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
             self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau, cap
@@ -465,6 +466,7 @@ class Runner:
                 tuple(edits),
                 tau,
                 self.cfg.mutation.strength,
+                selection,
             ),
         )
         self._grow()

@@ -59,6 +59,9 @@ class MutationEvent:
     edits: tuple[Any, ...]
     temperature: float
     strength: float
+    # search.selection = "perturbation": the measurement the genotype rests on
+    # (evolution/selection.py's selection_record); None with "alpha"
+    selection: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

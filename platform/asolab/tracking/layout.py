@@ -131,6 +131,7 @@ FINAL_GENOTYPE_ARTIFACT = f"{GENOTYPE_DIR}/final.json"
 CELLS_DIR = "cells"  # cells/cycle_000.png: normal and reduction cell side by side
 MUTATIONS_DIR = "mutations"  # mutations/cycle_000.json: before, after, edits
 GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
+SELECTION_DIR = "selection"  # selection/cycle_000.json: perturbation selection's drops
 CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
 CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
 MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
@@ -147,6 +148,12 @@ def cells_artifact(cycle: int) -> str:
 
 def mutation_artifact(cycle: int) -> str:
     return f"{MUTATIONS_DIR}/cycle_{cycle:03d}.json"
+
+
+def selection_artifact(cycle: int) -> str:
+    """search.selection = "perturbation": per edge, the validation accuracy drop of
+    masking each op, and the op chosen (evolution/selection.py)."""
+    return f"{SELECTION_DIR}/cycle_{cycle:03d}.json"
 
 
 def growth_artifact(cycle: int) -> str:
@@ -235,6 +242,23 @@ ARM_ASO_SE = "aso-se"
 # over both together; with two or more stand-alone seeds (--standalone-seeds), the
 # stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes;
 # and whether the alphas' genotypes train better alone than random ones (their lead).
+# Parameter count (and multiply-adds) as a ranking baseline: their Kendall tau (and p) and
+# Spearman rho against the stand-alone accuracy over all genotypes, and the supernet's tau
+# over all genotypes minus the parameter count's (> 0: the supernet ranks better).
+RANKING_PARAMS_KENDALL_TAU = "ranking_params_kendall_tau"
+RANKING_PARAMS_KENDALL_P = "ranking_params_kendall_p"
+RANKING_PARAMS_SPEARMAN_RHO = "ranking_params_spearman_rho"
+RANKING_FLOPS_KENDALL_TAU = "ranking_flops_kendall_tau"
+RANKING_FLOPS_SPEARMAN_RHO = "ranking_flops_spearman_rho"
+RANKING_TAU_MINUS_PARAMS = "ranking_tau_minus_params"
+RANKING_SIZE_METRICS = (
+    RANKING_PARAMS_KENDALL_TAU,
+    RANKING_PARAMS_KENDALL_P,
+    RANKING_PARAMS_SPEARMAN_RHO,
+    RANKING_FLOPS_KENDALL_TAU,
+    RANKING_FLOPS_SPEARMAN_RHO,
+    RANKING_TAU_MINUS_PARAMS,
+)
 RANKING_METRICS = (
     "ranking_kendall_tau",
     "ranking_kendall_p",
@@ -256,12 +280,15 @@ RANKING_METRICS = (
     "ranking_alphas_lead_low",  # ... and its 95% interval (Welch's t)
     "ranking_alphas_lead_high",
     "ranking_alpha_entropy",  # the ranked supernet's alpha_entropy (1 = alphas never moved)
+    *RANKING_SIZE_METRICS,
 )
 RANKING_DIR = "ranking"
 RANKING_PAIRS_ARTIFACT = (
     f"{RANKING_DIR}/pairs.json"  # one record per genotype: source, genotype, both accuracies
 )
 RANKING_PLOT_ARTIFACT = f"{RANKING_DIR}/scatter.png"
+# validation (and, marked, test) accuracy against parameters, the Pareto front drawn
+RANKING_PARETO_ARTIFACT = f"{RANKING_DIR}/pareto.png"
 
 # ================================================================ a study's parent and trial runs
 
@@ -311,6 +338,7 @@ _ARTIFACTS = (
     rf"{CELLS_DIR}/cycle_\d{{3}}\.png",
     rf"{MUTATIONS_DIR}/cycle_\d{{3}}\.json",
     rf"{GROWTH_DIR}/cycle_\d{{3}}\.json",
+    rf"{SELECTION_DIR}/cycle_\d{{3}}\.json",
     re.escape(CHECKPOINT_ARTIFACT),
     re.escape(FINAL_CELLS_ARTIFACT),
     rf"{MODEL_DIR}/.+",

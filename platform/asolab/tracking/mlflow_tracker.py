@@ -484,6 +484,9 @@ class MlflowTracker(Observer):
                 "edits": [_edit_dict(e) for e in event.edits],
             }
             self._artifact_text(json.dumps(record, indent=2), L.mutation_artifact(event.cycle))
+            if event.selection is not None:  # why each op was chosen (perturbation selection)
+                text = json.dumps(event.selection, indent=1)
+                self._artifact_text(text, L.selection_artifact(event.cycle))
 
     def _log_growth(self, events: tuple[GrowthEvent, ...], step: int) -> None:
         """A cycle's growth steps: the artifact and the per-cycle growth metrics."""

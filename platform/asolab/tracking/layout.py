@@ -33,6 +33,8 @@ TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent whe
 # models:/<id> of the final network (load with mlflow.pytorch.load_model)
 TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
+# one line, only where the cell pictures are Pillow's fallback (graphviz's dot missing)
+TAG_CELLS_NOTE = "asolab.cells_note"
 # torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
 # also the param "threads" (the first process's; a resume may force another count)
 TAG_THREADS = "asolab.threads"

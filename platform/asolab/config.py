@@ -97,7 +97,8 @@ def _field(default: Any, **check: Any) -> Any:
 
 
 DATASETS = Registered("asolab.data", "REGISTRY")
-PRIMITIVES = Registered("asolab.space.ops", "OPS")
+PRIMITIVES = Registered("asolab.space.ops", "PRIMITIVES")  # the built-in ops, the default
+OPERATIONS = Registered("asolab.space.ops", "OPS")  # every op: built-in, plugins, code
 PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
@@ -108,8 +109,25 @@ SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 class DataConfig:
     """Which data set, how it is split, batched and augmented."""
 
-    name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
-    data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
+    name: str = _field(
+        "digits",
+        choices=DATASETS,
+        help="the data set: a built-in one, folder, arrays, or a plugin's (docs/data.md)",
+    )
+    data_dir: str = _field(
+        "",
+        help=(
+            "folder holding the data set files ('' = its default place); for 'folder', the "
+            "ImageFolder root with train/<class>/ (and test/<class>/) (docs/data.md)"
+        ),
+    )
+    path: str = _field("", help="the .npz file of data set 'arrays' (docs/data.md)")
+    image_size: int = _field(
+        0,
+        ge=0,
+        le=65536,
+        help="resize images to image_size x image_size (0 = as loaded; 'folder': the most common)",
+    )
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
     val_fraction: float = _field(
         0.2,
@@ -153,7 +171,12 @@ class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
     primitives: tuple[str, ...] = _field(
-        PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge (default: all)"
+        PRIMITIVES,
+        choices=OPERATIONS,
+        help=(
+            "the op set: candidate operations on every edge (default: the eight built-in ones; "
+            "plugins add more, docs/python-api.md#plugins)"
+        ),
     )
     init_channels: int = _field(
         16, ge=1, le=1024, help="supernet width: channels of the first cells"

@@ -162,6 +162,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
+    warn_op_sets(selection.records)
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
     # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
@@ -304,6 +305,15 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     file=out,
                 )
     return 0
+
+
+def warn_op_sets(records) -> None:
+    """``asolab: warning: ...`` on stderr when the runs searched different op sets."""
+    from .opsets import op_set_warning
+
+    warning = op_set_warning(records)
+    if warning:
+        print(f"asolab: warning: {warning}", file=sys.stderr)
 
 
 def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:

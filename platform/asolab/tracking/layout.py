@@ -40,6 +40,9 @@ TAG_CELLS_NOTE = "asolab.cells_note"
 TAG_THREADS = "asolab.threads"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
+# JSON {"data set <name>" | "op <name>": origin} of every plugin or code-registered entry the
+# run used (absent when it used built-ins only); origin names the package and its version
+TAG_PLUGINS = "asolab.plugins"
 KIND_RUN = "run"  # asolab runs and study trials
 KIND_STUDY = "study"  # a study's parent run
 KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
@@ -202,6 +205,7 @@ TAG_BEST = "asolab.best"  # "true" on a study's best trial run (filter: tags.`as
 FINAL_CELLS_ARTIFACT = f"{CELLS_DIR}/final.png"  # the final genotype's cells
 # genotypes/*.json hold {"canonical": <str(genotype)>, "genotype": <Genotype.to_dict()>}
 GENOTYPE_CANONICAL_KEY = "canonical"
+GENOTYPE_OPS_KEY = "primitives"  # ... and the op set searched (space.primitives)
 # the runs table's columns: what a researcher reads first
 VIEW_METRICS = ("test_acc", "final_val_acc", "final_params", "run_seconds")
 VIEW_PARAMS = (

@@ -138,16 +138,14 @@ def _sets(overrides: dict) -> list[str]:
     return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
 
 
-def test_plugin_names_are_config_values_and_show_in_run_help(plugin_dir):
-    out = subprocess.run(
-        [sys.executable, "-m", "asolab.cli", "run", "--help"],
-        env=_env(plugin_dir),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def test_plugin_names_are_config_values_and_show_in_run_help(plugin_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
     assert "blobs (plugin: asolab-blobs 0.3.1 (asolab_blobs:load_blobs))" in out
     assert "conv_1x1 (plugin: asolab-blobs 0.3.1" in out and "sep_conv_3x3" in out
+    cfg = asolab.load_config("digits", {"data.name": "blobs", "space.primitives": ["conv_1x1"]})
+    assert cfg.data.name == "blobs" and cfg.space.primitives == ("conv_1x1",)
 
 
 def test_asolab_run_searches_a_plugin_data_set_with_a_plugin_op(plugin_dir, tmp_path):
@@ -226,6 +224,11 @@ def test_code_registration_adds_a_data_set_and_an_op_and_checks_the_op():
             track=False,
         )
         assert result.config.space.primitives == ("pool_1x1", "skip_connect")
+        # widening knows the built-in ops' layers only: refused before the run, not mid-way
+        with pytest.raises(ConfigError, match="growth.policy = 'cycle' may widen.*pool_1x1"):
+            asolab.load_config(
+                "digits", {"growth.policy": "cycle", "space.primitives": ["pool_1x1", "none"]}
+            )
         with pytest.raises(PluginError, match="op 'squash' .* returns shape"):
             asolab.register_op("squash", lambda c, stride, affine: nn.AdaptiveAvgPool2d(1))
         with pytest.raises(PluginError, match="not valid"):

@@ -102,6 +102,7 @@ OPERATIONS = Registered("asolab.space.ops", "OPS")  # every op: built-in, plugin
 PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
+WIDENING_POLICIES = Registered("asolab.evolution.growth", "WIDENING")
 SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 
 
@@ -585,6 +586,13 @@ def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: search.param_free_cap needs an operation with weights in space.primitives "
             "(a conv); add one or set the cap to -1"
+        )
+    foreign = [p for p in cfg.space.primitives if p not in PRIMITIVES()]
+    if foreign and cfg.growth.policy in WIDENING_POLICIES():
+        raise ConfigError(
+            f"{source}: growth.policy = {cfg.growth.policy!r} may widen, which knows the built-in "
+            f"ops only, and space.primitives has {', '.join(foreign)}; use growth.policy = "
+            "deepen, branch or none"
         )
     if cfg.search.weight_lr_min > cfg.search.weight_lr:
         raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")

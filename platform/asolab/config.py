@@ -97,10 +97,12 @@ def _field(default: Any, **check: Any) -> Any:
 
 
 DATASETS = Registered("asolab.data", "REGISTRY")
-PRIMITIVES = Registered("asolab.space.ops", "OPS")
+PRIMITIVES = Registered("asolab.space.ops", "PRIMITIVES")  # the built-in ops, the default
+OPERATIONS = Registered("asolab.space.ops", "OPS")  # every op: built-in, plugins, code
 PARAMETER_FREE = Registered("asolab.space.ops", "PARAMETER_FREE")
 SCHEDULES = Registered("asolab.evolution.sampling", "SCHEDULES")
 GROWTH_POLICIES = Registered("asolab.evolution.growth", "POLICIES")
+WIDENING_POLICIES = Registered("asolab.evolution.growth", "WIDENING")
 SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 
 
@@ -108,8 +110,25 @@ SELECTIONS = Registered("asolab.evolution.selection", "SELECTIONS")
 class DataConfig:
     """Which data set, how it is split, batched and augmented."""
 
-    name: str = _field("digits", choices=DATASETS, help="the data set (docs/data.md)")
-    data_dir: str = _field("", help="folder holding the data set files ('' = its default place)")
+    name: str = _field(
+        "digits",
+        choices=DATASETS,
+        help="the data set: a built-in one, folder, arrays, or a plugin's (docs/data.md)",
+    )
+    data_dir: str = _field(
+        "",
+        help=(
+            "folder holding the data set files ('' = its default place); for 'folder', the "
+            "ImageFolder root with train/<class>/ (and test/<class>/) (docs/data.md)"
+        ),
+    )
+    path: str = _field("", help="the .npz file of data set 'arrays' (docs/data.md)")
+    image_size: int = _field(
+        0,
+        ge=0,
+        le=65536,
+        help="resize images to image_size x image_size (0 = as loaded; 'folder': the most common)",
+    )
     download: bool = _field(False, help="let torchvision download mnist/cifar into data_dir")
     val_fraction: float = _field(
         0.2,
@@ -134,7 +153,10 @@ class DataConfig:
         help="seed of the test carve-out; fixed so that all runs share one test split",
     )
     train_subset: int = _field(
-        0, ge=0, help="use at most this many training examples for search (0 = all)"
+        0,
+        ge=0,
+        help="use at most this many training examples for search (0 = all); fewer than the "
+        "data set's classes is refused, fewer than batch_size warned of",
     )
     batch_size: int = _field(64, ge=1, le=65536, help="training batch size")
     eval_batch_size: int = _field(
@@ -150,7 +172,12 @@ class SpaceConfig:
     """The DARTS-style search space: operations, cells and supernet size."""
 
     primitives: tuple[str, ...] = _field(
-        PRIMITIVES, choices=PRIMITIVES, help="candidate operations on every edge (default: all)"
+        PRIMITIVES,
+        choices=OPERATIONS,
+        help=(
+            "the op set: candidate operations on every edge (default: the eight built-in ones; "
+            "plugins add more, docs/python-api.md#plugins)"
+        ),
     )
     init_channels: int = _field(
         16, ge=1, le=1024, help="supernet width: channels of the first cells"
@@ -559,6 +586,13 @@ def _cross_checks(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: search.param_free_cap needs an operation with weights in space.primitives "
             "(a conv); add one or set the cap to -1"
+        )
+    foreign = [p for p in cfg.space.primitives if p not in PRIMITIVES()]
+    if foreign and cfg.growth.policy in WIDENING_POLICIES():
+        raise ConfigError(
+            f"{source}: growth.policy = {cfg.growth.policy!r} may widen, which knows the built-in "
+            f"ops only, and space.primitives has {', '.join(foreign)}; use growth.policy = "
+            "deepen, branch or none"
         )
     if cfg.search.weight_lr_min > cfg.search.weight_lr:
         raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")

@@ -33,7 +33,7 @@ def _default(value: Any) -> str:
     if isinstance(value, str):
         return f'`"{value}"`'
     if isinstance(value, tuple):
-        return "all" if len(value) > 3 else ", ".join(f"`{v}`" for v in value)
+        return "all built-in" if len(value) > 3 else ", ".join(f"`{v}`" for v in value)
     return f"`{value}`"
 
 
@@ -42,7 +42,8 @@ def _allowed_text(meta: Any) -> str:
     a data set, schedule, growth policy or operation changes its module only."""
     choices = meta.get("choices")
     if isinstance(choices, Registered):
-        path = "platform/" + choices.module.replace(".", "/") + ".py"
+        path = "platform/" + choices.module.replace(".", "/")
+        path += "/" if (PROJECT_ROOT / path).is_dir() else ".py"  # a package: data/
         return f"a name in `{choices.attr}` of `{path}`"
     return _allowed(meta)
 

@@ -62,6 +62,9 @@ POLICIES: dict[str, Policy] = {
     "cycle": _rotate,
     "plateau": _plateau,
 }
+# The policies that may widen: widening rewrites each op's layers by rules written for the
+# built-in ops (evolution/morphism.py), so an op set with another op cannot take them.
+WIDENING: tuple[str, ...] = ("widen", "cycle", "plateau")
 
 
 def growth_kind(cfg: GrowthConfig, cycle: int, val_history: Sequence[float]) -> str | None:

@@ -70,9 +70,10 @@ from ..runner.events import (
     RunStart,
 )
 from ..space.genotype import Genotype
-from ..space.plot import genotype_png
+from ..space.plot import drawing_note, genotype_png
 from . import layout as L
 from .browse import run_description
+from .provenance import plugin_tags
 from .store import ensure_experiment, open_store, resolve_tracking_uri, resumable_run, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -373,10 +374,13 @@ class MlflowTracker(Observer):
             L.TAG_HOST: socket.gethostname(),
             L.TAG_RUN_KIND: L.KIND_RUN,
             L.TAG_THREADS: threads_text(event),
+            **plugin_tags(cfg),
             **self.extra_tags,
         }
         if self.parent_run_id:
             tags[L.MLFLOW_PARENT_RUN] = self.parent_run_id
+        if drawing_note():  # no graphviz: the run says its pictures may crowd
+            tags[L.TAG_CELLS_NOTE] = drawing_note()
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
         self.run_id = run.info.run_id
         if not self._run_name:
@@ -401,6 +405,9 @@ class MlflowTracker(Observer):
         )
         self._log_dataset(event.data)
 
+    def _ops(self) -> tuple[str, ...]:
+        return tuple(self._config.space.primitives) if self._config else ()
+
     def _log_dataset(self, summary: dict[str, Any]) -> None:
         # The entity is built directly from the split summary: mlflow.data.from_pandas
         # would import and infer a schema for one row, costing a second per run.
@@ -414,8 +421,13 @@ class MlflowTracker(Observer):
         dataset = Dataset(
             name=str(summary.get("name", "data")),
             digest=hashlib.sha256(text.encode()).hexdigest()[:8],
-            source_type="code",
-            source=json.dumps({"asolab.data": summary.get("name", "data")}),
+            # the researcher's own files are named by their path
+            source_type="local" if summary.get("source") else "code",
+            source=json.dumps(
+                {"uri": summary["source"]}
+                if summary.get("source")
+                else {"asolab.data": summary.get("name", "data")}
+            ),
             schema=json.dumps(schema),
             profile=json.dumps({k: v for k, v in summary.items() if k != "name"}, default=str),
         )
@@ -502,7 +514,7 @@ class MlflowTracker(Observer):
         with self._timed():
             step, c = event.global_epoch, event.cycle
             g = event.genotype
-            self._artifact_text(genotype_record(g), L.genotype_artifact(c))
+            self._artifact_text(genotype_record(g, self._ops()), L.genotype_artifact(c))
             self._artifact_png(g, f"cycle {c}", L.cells_artifact(c))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._metric(L.CYCLE_VAL_ACC, event.val_acc, step)
@@ -568,7 +580,7 @@ class MlflowTracker(Observer):
             model_id = model.model_id if model is not None else None
             for k, v in finals.items():
                 self._metric(k, v, step, model_id=model_id)
-            self._artifact_text(genotype_record(g), L.FINAL_GENOTYPE_ARTIFACT)
+            self._artifact_text(genotype_record(g, self._ops()), L.FINAL_GENOTYPE_ARTIFACT)
             self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
@@ -749,10 +761,13 @@ def _pruned(exc: BaseException) -> bool:
     return isinstance(exc, optuna.TrialPruned)
 
 
-def genotype_record(g: Genotype) -> str:
+def genotype_record(g: Genotype, primitives: tuple[str, ...] = ()) -> str:
     """A genotype artifact: the canonical one-line form first, then the fields
-    ``Genotype.from_json`` reads (it ignores ``canonical``), one line per field."""
+    ``Genotype.from_json`` reads (it ignores ``canonical`` and the op set searched,
+    ``primitives``), one line per field."""
     fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
+    if primitives:
+        fields[L.GENOTYPE_OPS_KEY] = list(primitives)
     return (
         "{\n"
         + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())

@@ -252,8 +252,11 @@ def test_compare_warns_when_runs_searched_different_op_sets(tmp_path, capsys):
         )
     ]
     capsys.readouterr()
-    assert main(["compare", "--tracking-uri", store]) == 0
+    report = tmp_path / "report"
+    assert main(["compare", "--tracking-uri", store, "--report", str(report)]) == 0
     err = capsys.readouterr().err
+    page = (report / "index.html").read_text()
+    assert "<b>Different op sets.</b>" in page and "[max_pool_3x3]" in page
     (line,) = [x for x in err.splitlines() if x.startswith("asolab: warning:")]
     assert "2 different op sets" in line and "[sep_conv_3x3]" in line and "[max_pool_3x3]" in line
     # runs that searched one op set: no warning

@@ -153,7 +153,10 @@ class DataConfig:
         help="seed of the test carve-out; fixed so that all runs share one test split",
     )
     train_subset: int = _field(
-        0, ge=0, help="use at most this many training examples for search (0 = all)"
+        0,
+        ge=0,
+        help="use at most this many training examples for search (0 = all); fewer than the "
+        "data set's classes is refused, fewer than batch_size warned of",
     )
     batch_size: int = _field(64, ge=1, le=65536, help="training batch size")
     eval_batch_size: int = _field(

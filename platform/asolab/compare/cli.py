@@ -75,9 +75,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
-        help="compare the K best runs by --by (runs without a genotype take no place)",
+        help=(
+            "compare the K best runs by --by, K >= 1 (runs without a genotype take no place); "
+            "without --top every selected run is compared"
+        ),
     )
     p.add_argument(
         "--by",
@@ -127,14 +130,17 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..space.genotype import distance
     from .analysis import analyse, diff_lines
     from .arms import arm_lines, arm_seed_lines
-    from .report import log_to_mlflow, write_report
+    from .opsets import op_set_warning
+    from .report import budget_warning, log_to_mlflow, write_report
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
     # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    if args.top < 0:
-        raise CompareError(f"--top must be >= 0 (got {args.top})")
+    if args.top is not None and args.top < 1:
+        raise CompareError(
+            f"--top must be >= 1 (got {args.top}); leave --top out to compare every selected run"
+        )
     # Before reading any run: a place that cannot be written costs seconds, not a comparison.
     if args.csv:
         check_writable(args.csv, "--csv", CompareError, folder=False)
@@ -148,7 +154,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         run_ids=args.runs,
         filter_string=args.filter,
         study=args.study,
-        top=args.top,
+        top=args.top or 0,
         by=args.by,
         ascending=args.ascending,
         baseline=args.baseline,
@@ -157,7 +163,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
-    warn_op_sets(selection.records)
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
     # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
@@ -171,6 +176,12 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     if selection.records:
         print(terminal_table(comparison.table, comparison.clusters), file=out)
+        budgets = budget_warning(comparison.table)
+        if budgets:  # as the HTML report warns: "best" may only have trained longer
+            print(f"\nwarning: different budgets. {budgets}", file=out)
+        op_sets = op_set_warning(selection.records)
+        if op_sets:  # genotypes found among different ops differ by what they could choose
+            print(f"\nwarning: different op sets. {op_sets}", file=out)
         print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
         for _, c in comparison.clusters.iterrows():
             print(
@@ -179,7 +190,11 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
             )
         if comparison.diffs:
             ref = comparison.diffs[0].reference
-            print(f"\ndifferences from the best run {ref.run_name} ({ref.experiment}):", file=out)
+            across = " (by val acc across different budgets)" if budgets else ""
+            print(
+                f"\ndifferences from the best run {ref.run_name} ({ref.experiment}){across}:",
+                file=out,
+            )
             for d in comparison.diffs:
                 print(
                     f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out
@@ -293,15 +308,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     file=out,
                 )
     return 0
-
-
-def warn_op_sets(records) -> None:
-    """``asolab: warning: ...`` on stderr when the runs searched different op sets."""
-    from .opsets import op_set_warning
-
-    warning = op_set_warning(records)
-    if warning:
-        print(f"asolab: warning: {warning}", file=sys.stderr)
 
 
 def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:

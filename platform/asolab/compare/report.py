@@ -128,6 +128,19 @@ def budget_differences(table: pd.DataFrame) -> dict[str, list]:
     return out
 
 
+def budget_warning(table: pd.DataFrame) -> str:
+    """One sentence when the compared runs trained for different budgets ('' otherwise):
+    the HTML report and the terminal say the same."""
+    budgets = budget_differences(table)
+    if not budgets:
+        return ""
+    what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
+    return (
+        f"The compared runs did not train for the same number of epochs ({what}): accuracies "
+        "are not like for like, and the best run may only have trained longer."
+    )
+
+
 def runs_table_html(comparison: Comparison, ui: str) -> str:
     """The runs table: every run linked to its MLflow page, every tuned parameter and the budget."""
     t = comparison.table
@@ -299,17 +312,12 @@ def render_html(
         parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
         parts.append("</ul>")
 
-    budgets = budget_differences(t)
+    budgets = budget_warning(t)
     if budgets:
-        what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
-        parts.append(
-            '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
-            f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
-            "the best run may only have trained longer.</p>"
-        )
+        parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
     op_sets = op_set_warning(comparison.records)
     if op_sets:
-        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}.</p>')
+        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
     ui = ui or ui_base(sel.tracking_uri)
     host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
     parts += [

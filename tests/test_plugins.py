@@ -252,13 +252,16 @@ def test_compare_warns_when_runs_searched_different_op_sets(tmp_path, capsys):
         )
     ]
     capsys.readouterr()
-    assert main(["compare", "--tracking-uri", store]) == 0
-    err = capsys.readouterr().err
-    (line,) = [x for x in err.splitlines() if x.startswith("asolab: warning:")]
+    report = tmp_path / "report"
+    assert main(["compare", "--tracking-uri", store, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    page = (report / "index.html").read_text()
+    assert "<b>Different op sets.</b> The compared runs searched 2" in page
+    (line,) = [x for x in out.splitlines() if x.startswith("warning: different op sets.")]
     assert "2 different op sets" in line and "[sep_conv_3x3]" in line and "[max_pool_3x3]" in line
     # runs that searched one op set: no warning
     assert main(["compare", "--tracking-uri", store, "--run", ids[0], "--run", ids[2]]) == 0
-    assert "op sets" not in capsys.readouterr().err
+    assert "op sets" not in capsys.readouterr().out
     # the Python API's table warns the same way
     with caplog_at_warning() as records:
         table = asolab.runs(tracking_uri=store)

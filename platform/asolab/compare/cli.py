@@ -130,6 +130,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..space.genotype import distance
     from .analysis import analyse, diff_lines
     from .arms import arm_lines, arm_seed_lines
+    from .opsets import op_set_warning
     from .report import budget_warning, log_to_mlflow, write_report
     from .select import CompareError, load_selection
 
@@ -162,7 +163,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
-    warn_op_sets(selection.records)
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
     # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
@@ -179,6 +179,9 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         budgets = budget_warning(comparison.table)
         if budgets:  # as the HTML report warns: "best" may only have trained longer
             print(f"\nwarning: different budgets. {budgets}", file=out)
+        op_sets = op_set_warning(selection.records)
+        if op_sets:  # genotypes found among different ops differ by what they could choose
+            print(f"\nwarning: different op sets. {op_sets}", file=out)
         print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
         for _, c in comparison.clusters.iterrows():
             print(
@@ -305,15 +308,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     file=out,
                 )
     return 0
-
-
-def warn_op_sets(records) -> None:
-    """``asolab: warning: ...`` on stderr when the runs searched different op sets."""
-    from .opsets import op_set_warning
-
-    warning = op_set_warning(records)
-    if warning:
-        print(f"asolab: warning: {warning}", file=sys.stderr)
 
 
 def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:

@@ -29,6 +29,7 @@ from ..space.plot import genotype_png  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from ..tracking.layout import RANKING_PARAMS_KENDALL_TAU, RANKING_TAU_MINUS_PARAMS  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .opsets import op_set_warning  # noqa: E402
 from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
 
@@ -314,6 +315,9 @@ def render_html(
     budgets = budget_warning(t)
     if budgets:
         parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
+    op_sets = op_set_warning(comparison.records)
+    if op_sets:
+        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
     ui = ui or ui_base(sel.tracking_uri)
     host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
     parts += [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -1077,3 +1078,29 @@ def test_runs_started_at_the_same_moment_on_a_new_store_both_open_it(tmp_path):
         outs = [(p.wait(timeout=120), p.communicate()[0].decode()) for p in procs]
         assert [rc for rc, _ in outs] == [0, 0, 0], "\n".join(out[-600:] for _, out in outs)
         assert MlflowClient(uri).search_experiments()  # a usable store, fully migrated
+
+
+def test_cell_pictures_without_graphviz_are_noted_in_the_run(
+    store, tracked, tmp_path, monkeypatch, caplog
+):
+    """Where graphviz's dot is missing, Pillow draws the cells (labels may crowd): the run
+    carries a one-line note saying so and how to install graphviz, and the log says it
+    once; with dot installed, no note."""
+    from asolab.space import plot
+
+    client = MlflowClient(store)
+    if shutil.which("dot"):
+        assert L.TAG_CELLS_NOTE not in client.get_run(tracked["tracker"].run_id).data.tags
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without graphviz
+    plot._warn_no_dot.cache_clear()
+    cfg = load(None, [*TINY, "search.cycles=1"])
+    tracker = MlflowTracker(tracking_uri=store, experiment="tracking-no-dot", log_models=False)
+    with caplog.at_level("WARNING", logger="asolab.space.plot"):
+        Runner(cfg, [tracker]).run()
+    run = client.get_run(tracker.run_id)
+    assert run.data.tags[L.TAG_CELLS_NOTE] == plot.NO_DOT_NOTE
+    assert "install graphviz" in plot.NO_DOT_NOTE and "\n" not in plot.NO_DOT_NOTE
+    assert "final.png" in [
+        Path(a.path).name for a in client.list_artifacts(run.info.run_id, "cells")
+    ]
+    assert caplog.text.count("graphviz's dot is not installed") == 1

@@ -87,9 +87,12 @@ def _selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--top",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
-        help="compare the K best runs by --by (runs without a genotype take no place)",
+        help=(
+            "compare the K best runs by --by, K >= 1 (runs without a genotype take no place); "
+            "without --top every selected run is compared"
+        ),
     )
     p.add_argument(
         "--by",
@@ -146,7 +149,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         run_ids=args.runs,
         filter_string=args.filter,
         study=args.study,
-        top=args.top,
+        top=args.top or 0,
         by=args.by,
         ascending=args.ascending,
         baseline=args.baseline,
@@ -155,7 +158,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
-    warn_op_sets(selection.records)
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
     # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
@@ -188,8 +190,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Before reading any run: a place that cannot be written costs seconds, not a comparison."""
     from .select import CompareError
 
-    if args.top < 0:
-        raise CompareError(f"--top must be >= 0 (got {args.top})")
+    if args.top is not None and args.top < 1:
+        raise CompareError(
+            f"--top must be >= 1 (got {args.top}); leave --top out to compare every selected run"
+        )
     if args.csv:
         check_writable(args.csv, "--csv", CompareError, folder=False)
     if args.report:
@@ -200,7 +204,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _print_table(comparison: Comparison, out: TextIO) -> None:
     """The runs, the distinct genotypes, the diffs from the best run, op frequencies."""
+    from .opsets import op_set_warning
+    from .report import budget_warning
+
     print(terminal_table(comparison.table, comparison.clusters), file=out)
+    budgets = budget_warning(comparison.table)
+    if budgets:  # as the HTML report warns: "best" may only have trained longer
+        print(f"\nwarning: different budgets. {budgets}", file=out)
+    op_sets = op_set_warning(comparison.records)
+    if op_sets:  # genotypes found among different ops differ by what they could choose
+        print(f"\nwarning: different op sets. {op_sets}", file=out)
     print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
     for _, c in comparison.clusters.iterrows():
         print(
@@ -209,7 +222,11 @@ def _print_table(comparison: Comparison, out: TextIO) -> None:
         )
     if comparison.diffs:
         ref = comparison.diffs[0].reference
-        print(f"\ndifferences from the best run {ref.run_name} ({ref.experiment}):", file=out)
+        across = " (by val acc across different budgets)" if budgets else ""
+        print(
+            f"\ndifferences from the best run {ref.run_name} ({ref.experiment}){across}:",
+            file=out,
+        )
         for d in comparison.diffs:
             print(f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out)
             for line in d.lines:
@@ -336,15 +353,6 @@ def _write_report(comparison: Comparison, args: argparse.Namespace, out: TextIO)
             "(artifacts: report/index.html)",
             file=out,
         )
-
-
-def warn_op_sets(records) -> None:
-    """``asolab: warning: ...`` on stderr when the runs searched different op sets."""
-    from .opsets import op_set_warning
-
-    warning = op_set_warning(records)
-    if warning:
-        print(f"asolab: warning: {warning}", file=sys.stderr)
 
 
 def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:

@@ -30,6 +30,7 @@ from ..tracking import layout as L  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from ..tracking.layout import RANKING_PARAMS_KENDALL_TAU, RANKING_TAU_MINUS_PARAMS  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .opsets import op_set_warning  # noqa: E402
 from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
 
@@ -126,6 +127,19 @@ def budget_differences(table: pd.DataFrame) -> dict[str, list]:
         if len(values) > 1:
             out[col] = values
     return out
+
+
+def budget_warning(table: pd.DataFrame) -> str:
+    """One sentence when the compared runs trained for different budgets ('' otherwise):
+    the HTML report and the terminal say the same."""
+    budgets = budget_differences(table)
+    if not budgets:
+        return ""
+    what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
+    return (
+        f"The compared runs did not train for the same number of epochs ({what}): accuracies "
+        "are not like for like, and the best run may only have trained longer."
+    )
 
 
 def runs_table_html(comparison: Comparison, ui: str) -> str:
@@ -283,7 +297,7 @@ def render_html(
 ) -> str:
     """The whole report page as a string; run names link to ``ui`` (default: :func:`ui_base`)."""
     sel = comparison.selection
-    budgets = budget_differences(comparison.table)
+    budgets = budget_warning(comparison.table)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -292,7 +306,7 @@ def render_html(
         f"<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); "
         f"store <code>{html.escape(sel.tracking_uri)}</code>.</p>",
         *_skipped_html(comparison),
-        *_budgets_html(budgets),
+        *_warnings_html(comparison, budgets),
         *_runs_html(comparison, ui or ui_base(sel.tracking_uri)),
         *_arms_html(comparison),
         *_ranking_html(comparison),
@@ -322,15 +336,15 @@ def _skipped_html(comparison: Comparison) -> list[str]:
     ]
 
 
-def _budgets_html(budgets: dict) -> list[str]:
-    if not budgets:
-        return []
-    what = "; ".join(f"{c} {', '.join(map(str, v))}" for c, v in budgets.items())
-    return [
-        '<p class="warning"><b>Different budgets.</b> The compared runs did not train for the '
-        f"same number of epochs ({html.escape(what)}): accuracies are not like for like, and "
-        "the best run may only have trained longer.</p>"
-    ]
+def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
+    """Different budgets or op sets: the sentences the terminal prints too."""
+    parts = []
+    if budgets:
+        parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
+    op_sets = op_set_warning(comparison.records)
+    if op_sets:
+        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
+    return parts
 
 
 def _runs_html(comparison: Comparison, ui: str) -> list[str]:
@@ -380,7 +394,7 @@ def _clusters_section_html(comparison: Comparison) -> list[str]:
     return parts
 
 
-def _diffs_html(comparison: Comparison, budgets: dict) -> list[str]:
+def _diffs_html(comparison: Comparison, budgets: str) -> list[str]:
     parts = ["<h2>Differences from the best run</h2>"]
     if not comparison.diffs:
         return [*parts, '<p class="muted">All compared runs share one genotype.</p>']

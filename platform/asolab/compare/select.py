@@ -275,12 +275,12 @@ def _and(*parts: str) -> str:
 
 
 def is_bookkeeping(run: Run) -> bool:
-    """A run that only groups others (a comparison run, a study's parent run): no genotype of
-    its own."""
+    """A run that only groups others (a comparison run, a study's parent run, a multi-seed
+    trial's run): no genotype of its own."""
     tags = run.data.tags
     kind = tags.get(layout.TAG_RUN_KIND)
     return (
-        kind in (layout.KIND_COMPARISON, layout.KIND_STUDY)
+        kind in (layout.KIND_COMPARISON, layout.KIND_STUDY, layout.KIND_TRIAL)
         or tags.get(layout.TAG_STUDY_PARENT) == "true"
     )
 

@@ -78,7 +78,10 @@ class DataConfig:
         help="seed of the test carve-out; fixed so that all runs share one test split",
     )
     train_subset: int = field(
-        0, ge=0, help="use at most this many training examples for search (0 = all)"
+        0,
+        ge=0,
+        help="use at most this many training examples for search (0 = all); fewer than the "
+        "data set's classes is refused, fewer than batch_size warned of",
     )
     batch_size: int = field(64, ge=1, le=65536, help="training batch size")
     eval_batch_size: int = field(
@@ -169,13 +172,13 @@ class SearchConfig:
         ),
     )
     selection_images: int = field(
-        512,
+        256,
         ge=1,
         help="perturbation selection: the first this many validation images it measures on",
         le=1_000_000,
     )
     selection_paths: int = field(
-        4,
+        2,
         ge=1,
         le=1000,
         help=(

@@ -46,6 +46,8 @@ TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent whe
 # models:/<id> of the final network (load with mlflow.pytorch.load_model)
 TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
+# one line, only where the cell pictures are Pillow's fallback (graphviz's dot missing)
+TAG_CELLS_NOTE = "asolab.cells_note"
 # torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
 # also the param "threads" (the first process's; a resume may force another count)
 TAG_THREADS = "asolab.threads"
@@ -57,6 +59,9 @@ TAG_PLUGINS = "asolab.plugins"
 KIND_RUN = "run"  # asolab runs and study trials
 KIND_STUDY = "study"  # a study's parent run
 KIND_COMPARISON = "comparison"  # a comparison run (compare never selects it)
+# a multi-seed trial's own run (its knobs, its objective: the mean over seeds, its state);
+# its seed runs, kind "run", are nested under it; compare never selects it
+KIND_TRIAL = "trial"
 # MLflow's own tags that asolab sets
 MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
 MLFLOW_PARENT_RUN = "mlflow.parentRunId"  # a trial run's study parent run

@@ -51,7 +51,7 @@ from ..runner.events import (
     RunStart,
 )
 from ..space.genotype import Genotype
-from ..space.plot import genotype_png
+from ..space.plot import drawing_note, genotype_png
 from . import layout as L
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
 from .models import ModelLogging
@@ -264,6 +264,8 @@ class MlflowTracker(ModelLogging, Observer):
         }
         if self.parent_run_id:
             tags[L.MLFLOW_PARENT_RUN] = self.parent_run_id
+        if drawing_note():  # no graphviz: the run says its pictures may crowd
+            tags[L.TAG_CELLS_NOTE] = drawing_note()
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
         self.run_id = run.info.run_id
         if not self._run_name:

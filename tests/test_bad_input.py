@@ -109,6 +109,10 @@ CASES = {
     "run unknown device": (["run", "--set", "device=tpu"], "cuda:N"),
     "run unknown data set": (["run", "--set", "data.name=imagenet"], "data.name"),
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),
+    "run one training image": (
+        ["run", "--no-track", "--set", "data.train_subset=1"],
+        "data.train_subset = 1 keeps 1 of the",
+    ),
     "run float for int": (["run", "--set", "search.cycles=1.5"], "integer"),
     "run infinite learning rate": (["run", "--set", "search.weight_lr=inf"], "finite"),
     "run clip -inf": (["run", "--set", "search.grad_clip=-inf"], "finite"),
@@ -227,6 +231,7 @@ CASES = {
     ),
     "compare old file store": (["compare", "--tracking-uri", "file:///tmp"], "old file store"),
     "compare negative top": ([*COMPARE, "--top", "-1"], "--top"),
+    "compare top 0": ([*COMPARE, "--top", "0"], "leave --top out to compare every"),
     "compare top not a number": ([*COMPARE, "--top", "x"], "invalid int value"),
     # asolab ui
     "ui port too big": ([*UI, "--port", "70000"], "1-65535"),
@@ -322,7 +327,7 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(
     def out_of_memory(self):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
-    monkeypatch.setattr(Runner, "_w_train", out_of_memory)
+    monkeypatch.setattr(Runner, "w_train", out_of_memory)
     store = ok_store
     rc, err = run_main(
         [

@@ -21,11 +21,12 @@ import asolab
 from asolab import config
 from asolab.data import Augmentation, Batches, load_data
 from asolab.evolution import growth
-from asolab.evolution.sampling import FairPaths, gumbel_softmax_st
 from asolab.runner import cycle
 from asolab.runner.device import memory_format
+from asolab.runner.resume import CHECKPOINT_NAME
 from asolab.runner.speed import Speed, build_network
 from asolab.space.network import DerivedNetwork
+from asolab.space.sampling import FairPaths, gumbel_softmax_st
 from asolab.space.spec import ArchSpec
 
 pytestmark = [
@@ -164,8 +165,8 @@ def test_checkpoint_restored_onto_the_device(tmp_path, monkeypatch):
     )
     cpu = cycle.Runner(cfg, checkpoint_dir=tmp_path)
     for _ in range(3):  # w_train, alpha, mutate (with growth): a grown checkpoint
-        cpu._next_phase()
-    path = tmp_path / cycle.CHECKPOINT_NAME
+        cpu.next_phase()
+    path = tmp_path / CHECKPOINT_NAME
     state = torch.load(path, weights_only=True)
     state["config"]["device"] = "cuda:0" if is_fake() else REAL_DEVICE
     torch.save(state, path)
@@ -207,7 +208,7 @@ HOST_SIDE = {
     ("evolution/growth.py", "*", "randint"): "which cell/edge to grow: a host decision",
     ("evolution/growth.py", "*", "randperm"): "edge order: a host decision",
     ("evolution/mutation.py", "*", "randperm"): "which edges to edit: a host decision",
-    ("evolution/sampling.py", "FairPaths.draw", "randperm"): "op order, read with .tolist()",
+    ("space/sampling.py", "FairPaths.draw", "randperm"): "op order, read with .tolist()",
     ("evolution/morphism.py", "wider_mapping", "randint"): "channel mapping, host-side",
     ("evolution/morphism.py", "wider_mapping", "arange"): "channel mapping, host-side",
     ("evolution/morphism.py", "widen_conv_weight", "arange"): "channel mapping, host-side",

@@ -47,6 +47,7 @@ from asolab.study.storage import (
     recover_stale_trials,
     used_budget,
 )
+from asolab.tracking import layout
 from asolab.tracking.layout import (
     TAG_DEVICE_INFO,
     TAG_ERROR,
@@ -444,7 +445,7 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
             "storage.heartbeat_interval (60) must be less than storage.grace_period"
         ),
         "n_trials = 0\ntimeout = 0": "needs a time budget",
-        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf]",
+        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf)",
         'timeout = "1h"': "timeout must be a number",
         "sampler = { population_size = 1 }": "sampler.population_size = 1 is out of range",
     }
@@ -778,8 +779,9 @@ def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> Non
 
 
 def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
-    """objective.seeds = 2: a trial is two runs (seeds 0 and 1), its value their mean,
-    reported to the pruner at distinct steps; the first seed's run holds the trial's values."""
+    """objective.seeds = 2: a trial is one MLflow run under the study's run (its knobs,
+    its objective = the mean over seeds, its state) with its two seed runs (seeds 0 and 1)
+    nested under it, named trial first, then seed; the pruner sees distinct steps."""
     file = write_study(
         tmp_path,
         "sd",
@@ -796,21 +798,42 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     (trial,) = load(tmp_path, "sd").get_trials()
     assert trial.state == TrialState.COMPLETE
     _, children = runs_of(tmp_path, "sd")
-    by_seed = {r.data.params["seed"]: r for r in children}
-    assert sorted(by_seed) == ["0", "1"]
-    names = [by_seed[s].info.run_name for s in ("0", "1")]
-    assert (
-        names[0].startswith("t000 ") and names[0].endswith(" seed0") and names[1].endswith(" seed1")
+    (trial_run,) = children  # one row per trial under the study's run
+    assert trial_run.info.run_id == trial.user_attrs[ATTR_MLFLOW_RUN]
+    assert trial_run.info.status == "FINISHED"
+    assert trial_run.data.tags[TAG_TRIAL_STATE] == "COMPLETE"
+    assert trial_run.data.tags[layout.TAG_RUN_KIND] == layout.KIND_TRIAL
+    assert trial_run.info.run_name.startswith("t000 τ") and "seed" not in trial_run.info.run_name
+    c = MlflowClient(stores(tmp_path)["tracking_uri"])
+    seeds = c.search_runs(
+        [trial_run.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{trial_run.info.run_id}'",
     )
+    by_seed = {r.data.params["seed"]: r for r in seeds}
+    assert sorted(by_seed) == ["0", "1"]
+    for s in ("0", "1"):
+        assert by_seed[s].info.run_name.startswith(f"t000 seed{s} τ"), by_seed[s].info.run_name
+        assert by_seed[s].data.tags[TAG_TRIAL] == "0" and by_seed[s].info.status == "FINISHED"
     accs = [by_seed[s].data.metrics["final_val_acc"] for s in ("0", "1")]
     assert trial.value == pytest.approx(sum(accs) / 2)
     assert [v for (v,) in trial.user_attrs["objective_per_seed"]] == pytest.approx(accs)
     assert sorted(trial.intermediate_values) == [0, 1]  # one cycle per seed, steps kept apart
-    assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_seed["0"].info.run_id
-    first = by_seed["0"].info.run_id
-    assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics[
-        "objective.val_acc"
-    ] == pytest.approx(trial.value)
+    # the trial's row reads its objective and its knobs in the UI's default columns
+    assert trial_run.data.metrics["objective.val_acc"] == pytest.approx(trial.value)
+    assert trial_run.data.metrics["final_val_acc"] == pytest.approx(trial.value)
+    for key in ("temperature.initial_temperature", "mutation.strength"):
+        assert float(trial_run.data.params[key]) == pytest.approx(trial.params[key])
+    assert "seed" not in trial_run.data.params
+    assert "**Trial 0**" in trial_run.data.tags[layout.TAG_NOTE]
+    assert undeclared(c, trial_run.info.run_id, load_study(file).base.flat()) == []
+    # compare sees the seed runs (with genotypes), never the trial's grouping run
+    from asolab.compare.select import load_selection
+
+    selection = load_selection(stores(tmp_path)["tracking_uri"], study="sd")
+    assert sorted(r.run_id for r in selection.records) == sorted(
+        r.info.run_id for r in by_seed.values()
+    )
+    assert not selection.skipped
 
 
 def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:

@@ -43,6 +43,28 @@ def _check_val_size(fraction: float, n_val: int, n: int, name: str, need: int) -
     )
 
 
+def _check_train_subset(cfg: DataConfig, n: int, need: int) -> None:
+    """Refuse a search subset that cannot hold one example per class (``train_subset = 1``
+    would train on one image without a word); warn when it is less than one batch."""
+    subset = cfg.train_subset
+    if not subset or subset >= n:
+        return
+    if subset < need:
+        raise DataError(
+            f"data.train_subset = {subset} keeps {subset} of the {n} training examples of "
+            f"{cfg.name} for the search, fewer than its {need} classes; use "
+            f"data.train_subset >= {need} (0 = all)"
+        )
+    if subset < cfg.batch_size:
+        log.warning(
+            "data.train_subset = %d is less than data.batch_size = %d: each search epoch is "
+            "one step on %d examples",
+            subset,
+            cfg.batch_size,
+            subset,
+        )
+
+
 def _spec(name: str) -> DatasetSpec:
     if name not in REGISTRY:
         raise DataError(f"unknown data set {name!r}; known: {', '.join(REGISTRY)}")
@@ -93,6 +115,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
     n_val = int(round(cfg.val_fraction * len(ytr)))
     _check_val_size(cfg.val_fraction, n_val, len(ytr), cfg.name, num_classes)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
+    _check_train_subset(cfg, len(train_idx), num_classes)
     mean = torch.tensor(mean_, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(std_, dtype=torch.float32).view(1, -1, 1, 1)
 

@@ -25,7 +25,7 @@ from .compare.cli import add_parser as _add_compare
 from .config import ConfigError, load
 from .data import DataError
 from .interrupt import Terminated, sigterm_as_interrupt
-from .runner.checkpoint import CheckpointError
+from .runner.checkpoint import CheckpointError, CheckpointWriteError
 from .study.cli import add_parser as _add_study
 from .tracking.store import TrackingError
 
@@ -80,6 +80,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
             "own config)"
         ),
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=(
+            "with --resume: resume even though the run's lease says another machine's process "
+            "still runs it (only when that process is really gone)"
+        ),
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -106,12 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> int:
     """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     from .progress import summary_table
     from .runner import Runner
+    from .runner.checkpoint import local_folder
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
 
     # On --resume the file and --set only say where the run is (tracking.tracking_uri);
@@ -120,37 +125,25 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     if args.resume:
         _warn_ignored_overrides(args.overrides)
     check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
-    if args.resume:
-        from .tracking.store import client, resumable_run
-
-        # An id prefix or a run name names the run too; everything below uses the full id.
-        args.resume = resumable_run(client(uri), uri, args.resume).info.run_id
     tracker = MlflowTracker(
-        tracking_uri=uri,
-        experiment=args.experiment,
-        resume_run_id=args.resume,
-        log_models=cfg.tracking.log_models,
+        tracking_uri=uri, experiment=args.experiment, log_models=cfg.tracking.log_models
     )
-    workdir = Path(tempfile.mkdtemp(prefix="asolab-run-"))
-    try:
-        if args.resume:
-            forced = _forced_threads(args.overrides)
-            runner = _resumed_runner(uri, args.resume, [*observers, tracker], workdir, forced)
-        else:
-            runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
+    with local_folder() as workdir:  # removed however the run ends
         try:
+            if args.resume:
+                tracker.resume_run_id = args.resume = _hold(uri, args)
+                forced = _forced_threads(args.overrides)
+                runner = _resumed_runner(uri, args.resume, [*observers, tracker], workdir, forced)
+            else:
+                runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
             with sigterm_as_interrupt():
                 runner.run()
         except KeyboardInterrupt:
             if tracker.run_id:
-                print(
-                    f"asolab: run {tracker.run_id} stopped; continue it with: "
-                    f"{resume_command(args.file, tracker.run_id, uri)}",
-                    file=sys.stderr,
-                )
+                _stopped(tracker, resume_command(args.file, tracker.run_id, uri))
             raise
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        except Exception as exc:  # a full, read-only or corrupt store: one line, no traceback
+            raise _one_line_failure(exc, uri, tracker, args.file) from None
     print(
         summary_table(
             recorder.of("run_end")[-1], {"MLflow run": tracker.run_id, "tracking store": uri}
@@ -165,6 +158,72 @@ def _run_tracked(cfg, args: argparse.Namespace, observers: list, recorder) -> in
     return 0
 
 
+def _one_line_failure(exc: Exception, uri: str, tracker, file: str | None) -> Exception:
+    """What a run that failed ends with: for a full, read-only or corrupt store, or a full
+    temp folder, one line with the fix and the command that continues the run; any other
+    error as it is."""
+    from .tracking.health import store_failure
+
+    failure = exc if isinstance(exc, CheckpointWriteError) else store_failure(exc, uri)
+    if failure is None:
+        return exc
+    if tracker.run_id:
+        failure.args = (
+            f"{failure}; run {tracker.run_id} stopped, continue it then with: "
+            f"{resume_command(file, tracker.run_id, uri)}",
+        )
+    return failure
+
+
+def _hold(uri: str, args: argparse.Namespace) -> str:
+    """The full id of the run --resume names, held by this process from here on (another
+    process cannot resume it at the same time); refused while another one runs it."""
+    from .tracking import lease
+    from .tracking.store import client, resumable_run
+
+    # An id prefix or a run name names the run too; everything below uses the full id.
+    run = resumable_run(client(uri), uri, args.resume)
+    lease.take(uri, run.info.run_id, run, force=args.force)
+    return run.info.run_id
+
+
+def _stopped(tracker, command: str) -> None:
+    """A stopped run's last words: the command that continues it, in the run (its tag
+    and description, which outlive a terminal or a pipe that is gone) and on stderr."""
+    from .tracking import layout as L
+
+    note = f"Stopped before its end; continue it with:\n\n    {command}\n"
+    try:
+        tracker.client.set_tag(tracker.run_id, L.TAG_RESUME_COMMAND, command)
+        tracker.client.set_tag(tracker.run_id, L.TAG_NOTE, note)
+    except Exception as exc:  # the store may be what stopped the run; the hint still prints
+        log.debug("could not record the resume command in run %s: %s", tracker.run_id, exc)
+    say(f"asolab: run {tracker.run_id} stopped; continue it with: {command}")
+
+
+def say(line: str) -> None:
+    """A line on stderr, on a line of its own; where stderr is gone (a pipe whose reader
+    died with the same Ctrl-C), nothing, and further writes go nowhere instead of failing."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+        _silence()
+
+
+def _silence() -> None:
+    """Point stdout and stderr at /dev/null: the interpreter's last flush of a broken pipe
+    would otherwise fail and change the exit status."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # a stream without a file descriptor (a test's capture)
+            continue
+    os.close(devnull)
+
+
 def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: int = 0):
     """The runner that continues ``run_id``: from its checkpoint, or, for a run stopped
     before its first checkpoint, from the start with the config it recorded (the
@@ -177,9 +236,11 @@ def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: in
     """
     from .config import from_dict
     from .runner import Runner
-    from .tracking.store import download_checkpoint, mark_failed, recorded_config
+    from .tracking import layout as L
+    from .tracking.store import client, download_checkpoint, mark_failed, recorded_config
 
     path = download_checkpoint(uri, run_id, workdir / "resume")
+    recorded_hash = client(uri).get_run(run_id).data.tags.get(L.TAG_CONFIG_HASH, "")
     try:
         if path is None:
             data = recorded_config(uri, run_id, workdir / "resume")
@@ -194,7 +255,14 @@ def _resumed_runner(uri: str, run_id: str, observers: list, workdir, threads: in
                 cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir
             )
         label = f"the checkpoint of run {run_id} in {uri}"
-        return Runner.resume(path, observers, checkpoint_dir=workdir, label=label, threads=threads)
+        return Runner.resume(
+            path,
+            observers,
+            checkpoint_dir=workdir,
+            label=label,
+            threads=threads,
+            owner=(run_id, recorded_hash),
+        )
     except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
         mark_failed(uri, run_id, str(exc))
         raise
@@ -291,19 +359,36 @@ def ui_command(uri: str) -> str:
     )
 
 
+def _store_failure(exc: Exception, args: argparse.Namespace) -> Exception | None:
+    """The one-line error for a full, read-only or corrupt store (None for other errors)."""
+    from .tracking.health import store_failure
+    from .tracking.store import resolve_tracking_uri
+
+    return store_failure(exc, resolve_tracking_uri(getattr(args, "tracking_uri", "") or ""))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from .tracking.health import quiet_db_errors
+
+    quiet_db_errors(args.verbose)
     try:
         return args.func(args)
     except USER_ERRORS as exc:
-        print(f"asolab: error: {exc}", file=sys.stderr)
+        say(f"asolab: error: {exc}")
+        return 2
+    except Exception as exc:  # a store that is full, read-only or corrupt, wherever it shows
+        failure = _store_failure(exc, args)
+        if failure is None:
+            raise
+        say(f"asolab: error: {failure}")
         return 2
     except KeyboardInterrupt as exc:
-        print("asolab: interrupted; everything recorded so far is kept", file=sys.stderr)
+        say("asolab: interrupted; everything recorded so far is kept")
         return 143 if isinstance(exc, Terminated) else 130
 
 

@@ -208,12 +208,11 @@ class Runner:
         spec: ArchSpec | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
-        # The thread count changes the numbers (sums split across threads), so a count
-        # that was set is kept. "auto" starts with what the rule gives (written into the
-        # config: MLflow params, checkpoint) and follows other asolab processes from there.
+        # The thread count changes the numbers (sums split across threads), so it is
+        # decided once, here, and kept for the whole run: "auto" takes what the rule gives
+        # now (written into the config: MLflow params, checkpoint; a resume reuses it).
         threads = cpu_threads.acquire(cfg.threads)
         self.threads_source = "set" if cfg.threads else "auto"
-        self._follow = cpu_threads.Follow(threads) if not cfg.threads else None
         if not cfg.threads:
             cfg = cfg.replace(threads=threads)
         self.cfg = cfg
@@ -362,8 +361,6 @@ class Runner:
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
-            if self._follow is not None:
-                self._follow.poll()
             loss, hits = step(x, y, tau)
             loss_sum += loss * len(y)
             correct += hits
@@ -393,7 +390,7 @@ class Runner:
                 },
                 seconds=seconds,
                 images_per_sec=seen / max(seconds, 1e-9),
-                threads=self._follow.take_lowest() if self._follow else torch.get_num_threads(),
+                threads=torch.get_num_threads(),
             ),
         )
         self.state.position.global_epoch += 1
@@ -615,9 +612,18 @@ class Runner:
             self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
             raise error from None
         except BaseException as exc:
-            self.emit("on_run_interrupted", RunInterrupted(exc, self.state.position.global_epoch))
+            self._emit_interrupted(RunInterrupted(exc, self.state.position.global_epoch))
             raise
         return result
+
+    def _emit_interrupted(self, event: RunInterrupted) -> None:
+        """Tell every observer, even when one of them fails: a progress bar whose terminal is
+        gone must not keep the tracker from closing the run. The first failure is logged."""
+        for obs in self.observers:
+            try:
+                obs.on_run_interrupted(event)
+            except Exception:
+                log.exception("observer %s failed on the interrupted run", type(obs).__name__)
 
     def _next_phase(self) -> None:
         """Run the phase at the current position, advance, checkpoint."""
@@ -771,7 +777,15 @@ class Runner:
             "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
+            ckpt.STAMP: self._stamp(),
         }
+
+    def _stamp(self) -> dict[str, str]:
+        """Whose checkpoint this is: the config's hash and what observers add (a run id)."""
+        stamp = {"config_hash": ckpt.config_hash(self.cfg.to_dict())}
+        for obs in self.observers:
+            stamp.update(getattr(obs, "checkpoint_stamp", dict)())
+        return stamp
 
     def save_checkpoint(self, phase: str, cycle: int, due: bool = True) -> Path | None:
         """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers
@@ -810,6 +824,7 @@ class Runner:
         data: DataBundle | None = None,
         threads: int = 0,
         label: str | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> Runner:
         """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
 
@@ -818,10 +833,13 @@ class Runner:
         there on. A checkpoint that reads but lacks a part, whose weights do not fit
         its architecture spec, or whose position its run never reaches, is a
         :class:`CheckpointError`, like a corrupt one. ``label`` names the checkpoint
-        in those errors (default: ``checkpoint <path>``).
+        in those errors (default: ``checkpoint <path>``). ``owner`` is ``(run id, config
+        hash)`` of the run that resumes: a checkpoint of another run is refused.
         """
         label = label or f"checkpoint {path}"
         state = ckpt.load(path, label)
+        if owner is not None:
+            ckpt.check_owner(state, *owner, label)
         with ckpt.restoring(path, label):
             saved = state["config"]
             if "speed" not in saved:

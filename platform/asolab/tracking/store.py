@@ -106,6 +106,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
                 "tracking.tracking_uri"
             )
         check_sqlite_store(uri)
+        from .health import check_writable_db
+
+        check_writable_db(uri)  # a read-only file in a writable folder, a full disk
         _check_api(uri)
         return
     if uri.startswith("file:") or "://" not in uri:
@@ -198,6 +201,11 @@ def foreign_sqlite(db: Path, own_tables: frozenset[str], what: str) -> str:
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
+        if "malformed" in str(exc):
+            return (
+                f"{db} is corrupt ({exc}); restore it from a backup (sqlite3 {db} .recover may "
+                "save its runs)"
+            )
         return f"{db} is not an SQLite database ({exc})"
     if tables and not own_tables <= tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
@@ -234,7 +242,8 @@ def _check_api(uri: str) -> None:
 
     # MLflow announces at INFO level that it creates a new SQLite store's tables;
     # on the user's terminal that is noise before asolab's own output (or error line).
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    db_log = logging.getLogger("mlflow.store.db.utils")
+    db_log.setLevel(max(db_log.level, logging.WARNING))  # the CLI may have made it quieter
     try:
         open_store(uri)
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
@@ -271,6 +280,11 @@ def open_store(uri: str) -> None:
 
 def _api_failure(uri: str, exc: Exception) -> str:
     """One line: what the store answered, and the fix."""
+    from .health import store_failure
+
+    failure = store_failure(exc, uri)
+    if failure is not None:
+        return str(failure)
     text = " ".join(str(exc).split())
     status = _http_status(exc)
     if status == 403 and "Invalid Host header" in text:

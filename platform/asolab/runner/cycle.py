@@ -839,7 +839,7 @@ class Runner:
         label = label or f"checkpoint {path}"
         state = ckpt.load(path, label)
         if owner is not None:
-            ckpt.check_owner(state, *owner, label)
+            ckpt.check_owner(state, owner[0], label, owner[1])
         with ckpt.restoring(path, label):
             saved = state["config"]
             if "speed" not in saved:

@@ -377,11 +377,15 @@ def find_run(mlflow_client: MlflowClient, ref: str, where: str = "the tracking s
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
+    from .health import store_failure
+
     ref = ref.strip()
     try:
         return mlflow_client.get_run(ref)
-    except MlflowException:
-        pass  # not a full id: a prefix or a name
+    except MlflowException as exc:  # not a full id (a prefix or a name), or a broken store
+        failure = store_failure(exc, mlflow_client.tracking_uri)
+        if failure is not None:
+            raise failure from None
     clauses = []
     if _ID_PREFIX.fullmatch(ref):
         clauses.append(f"attributes.run_id LIKE '{ref}%'")

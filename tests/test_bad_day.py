@@ -26,7 +26,6 @@ import pytest
 from mlflow import MlflowClient
 
 from asolab.cli import main
-from asolab.config import load
 from asolab.progress import ProgressObserver
 from asolab.runner import Runner
 from asolab.runner import checkpoint as ckpt

@@ -31,6 +31,21 @@ TINY = {
     "data.train_subset": 300,
 }
 
+# The smallest whole run: one cycle of one epoch per phase, one node per cell, no model
+# logged (tests of data sets, plugins and the Python API; tracking stays as each test sets).
+ONE_CYCLE = {
+    "threads": 1,
+    "space.init_channels": 4,
+    "space.steps": 1,
+    "search.cycles": 1,
+    "search.w_epochs": 1,
+    "search.alpha_epochs": 1,
+    "search.retrain_epochs": 1,
+    "search.final_epochs": 0,
+    "search.calibration_batches": 0,
+    "data.batch_size": 16,
+    "tracking.log_models": False,
+}
 
 PROJECT_MLRUNS = config.PROJECT_ROOT / "mlruns"
 

@@ -109,8 +109,13 @@ CASES = {
     "run unknown device": (["run", "--set", "device=tpu"], "cuda:N"),
     "run unknown data set": (["run", "--set", "data.name=imagenet"], "data.name"),
     "run batch size 0": (["run", "--set", "data.batch_size=0"], "data.batch_size"),
+    "run one training image": (
+        ["run", "--no-track", "--set", "data.train_subset=1"],
+        "data.train_subset = 1 keeps 1 of the",
+    ),
     "run float for int": (["run", "--set", "search.cycles=1.5"], "integer"),
-    "run infinite clip": (["run", "--set", "search.grad_clip=inf"], "finite"),
+    "run infinite learning rate": (["run", "--set", "search.weight_lr=inf"], "finite"),
+    "run clip -inf": (["run", "--set", "search.grad_clip=-inf"], "finite"),
     "run min above initial temperature": (
         ["run", "--set", "temperature.min_temperature=10"],
         "must not exceed",
@@ -168,6 +173,11 @@ CASES = {
     "study no workers": ([*STUDY, "--workers", "0"], "--workers"),
     "study trials not a number": ([*STUDY, "--n-trials", "abc"], "invalid int value"),
     "study negative seed": ([*STUDY, "--seed", "-5"], "--seed"),
+    "study unknown flag": ([*STUDY, "--bogus"], "study: unrecognized arguments: --bogus"),
+    "study --set without =": ([*STUDY, "--set", "seed"], "expected section.key=value"),
+    "study --set out of range": ([*STUDY, "--set", "search.cycles=0"], "search.cycles"),
+    "study --set unknown key": ([*STUDY, "--set", "search.nope=1"], "unknown key"),
+    "study --set a tuned key": ([*STUDY, "--set", "mutation.strength=0.5"], "the study tunes"),
     "study name with a quote": ([*STUDY, "--study-name", 'bad"name'], "--study-name"),
     "study unknown storage": ([*STUDY[:-2], "--storage", "bogus://x"], "not supported"),
     "study dead database": (
@@ -221,6 +231,7 @@ CASES = {
     ),
     "compare old file store": (["compare", "--tracking-uri", "file:///tmp"], "old file store"),
     "compare negative top": ([*COMPARE, "--top", "-1"], "--top"),
+    "compare top 0": ([*COMPARE, "--top", "0"], "leave --top out to compare every"),
     "compare top not a number": ([*COMPARE, "--top", "x"], "invalid int value"),
     # asolab ui
     "ui port too big": ([*UI, "--port", "70000"], "1-65535"),
@@ -251,6 +262,7 @@ def test_bad_input_is_one_error_line_and_status_2(argv, words, place, ok_store, 
     rc, err = run_main(argv, capsys)
     assert rc == 2, err
     assert err.startswith("asolab: error: ") and "\n" not in err, err
+    assert not err.startswith("asolab: error: asolab"), err  # one prefix, not two
     assert "Traceback" not in err and words in err, err
     assert time.monotonic() - started < 30, (
         "unreachable stores fail fast, without minutes of retries"
@@ -315,7 +327,7 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(
     def out_of_memory(self):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
-    monkeypatch.setattr(Runner, "_w_train", out_of_memory)
+    monkeypatch.setattr(Runner, "w_train", out_of_memory)
     store = ok_store
     rc, err = run_main(
         [

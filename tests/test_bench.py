@@ -138,6 +138,17 @@ def test_search_throughput_neuroexapt_shaped_cycle(capsys):
     assert all(float(v) > 0 for r in rows for v in r[3:])
 
 
+def test_search_throughput_compares_with_neuroexapt_per_image():
+    """NeuroExapt's W-step figure is one batch of 64 and its W-retraining figure 256 images;
+    asolab's are per 256 images: the same time per image reads 1.00x, a 4x slower one 0.25x."""
+    bench = _module("search_throughput")
+    (w_s, w_n), (r_s, r_n) = bench.NEUROEXAPT["W-step"], bench.NEUROEXAPT["W-retrain"]
+    assert (w_n, r_n) == (64, 256)
+    line = bench.vs_neuroexapt({"W-step": w_s * 256 / w_n, "W-retrain": 4 * r_s * 256 / r_n})
+    assert "W-step 96.4 vs 96.4 ms/image (6.17 s per 64): 1.00x" in line
+    assert "W-retrain 75.0 vs 18.8 ms/image (4.8 s per 256): 0.25x" in line
+
+
 def test_final_speed(capsys):
     lines = _run(capsys, "final_speed", ["--smoke", "--threads", "1"])
     assert [line.split()[0] for line in lines[2:5]] == ["eager", "channels-last", "bf16"]

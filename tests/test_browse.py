@@ -67,6 +67,8 @@ STUDY = """
 name = "tiny"
 experiment = "tiny.toml"
 n_trials = 2
+[objective]
+seeds = 2
 [sampler]
 name = "random"
 [pruner]
@@ -246,36 +248,68 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     )
     _shot(browser, "run_overview")
 
-    # The study: its trials nested under the parent run, each with a distinct name.
+    # The study: its trials nested under the parent run, each with a distinct name, and
+    # each trial's seed runs nested under the trial's run.
     study_exp = c.get_experiment_by_name("study-tiny") or exp
-    trials = [r for r in c.search_runs([study_exp.experiment_id]) if r.data.tags.get(L.TAG_TRIAL)]
+    every = c.search_runs([study_exp.experiment_id])
+    parent = [r for r in every if r.data.tags.get("asolab.study_parent")][0]
+    trials = [r for r in every if r.data.tags.get(L.MLFLOW_PARENT_RUN) == parent.info.run_id]
     names = [r.info.run_name for r in trials]
     assert len(names) == 2 and len(set(names)) == 2
+    seeds = {
+        t.info.run_id: sorted(
+            r.info.run_name for r in every if r.data.tags.get(L.MLFLOW_PARENT_RUN) == t.info.run_id
+        )
+        for t in trials
+    }
+    assert all(len(v) == 2 for v in seeds.values()), seeds
     browser.get(runs_url(ui["base"], study_exp.experiment_id))
     _wait_text(browser, "study-tiny")
     # nested: the trials are hidden under the study's row until its expander opens them
-    parent = [
-        r
-        for r in c.search_runs([study_exp.experiment_id])
-        if r.data.tags.get("asolab.study_parent")
-    ][0]
     body = browser.find_element(By.TAG_NAME, "body").text
     assert not any(n in body for n in names), body[:2000]
-    expander_css = f"[row-id='{parent.info.run_id}'] [col-id=\"attributes.`Run Name`\"] button"
+    _expand(browser, parent.info.run_id)
+    body = _wait_text(browser, *names)
+    first_trial = min(body.index(n) for n in names)
+    assert body.index("study-tiny", body.index("Run Name")) < first_trial, body[:2000]
+    # a trial is one row: its seed runs stay folded under it, and the row reads the
+    # trial's objective (the mean over its seeds) in the final_val_acc column
+    assert not any(n in body for v in seeds.values() for n in v), body[:2000]
+    for t in trials:
+        row = _row_text(browser, t.info.run_id)
+        mean = f"{t.data.metrics['final_val_acc']:.4f}"[:5]
+        assert mean in row, (mean, row)
+    _shot(browser, "study_trials")
+    first = min(trials, key=lambda r: r.info.run_name)
+    _expand(browser, first.info.run_id)
+    body = _wait_text(browser, *seeds[first.info.run_id])
+    # the seed rows come right under their trial's row, trial and seed first in their names
+    at = body.index(first.info.run_name)
+    assert all(body.index(n) > at for n in seeds[first.info.run_id]), body[:2000]
+    assert [n.split()[:2] for n in seeds[first.info.run_id]] == [
+        [first.info.run_name.split()[0], f"seed{s}"] for s in (0, 1)
+    ]
+    _shot(browser, "study_trial_seeds")
+    best = [r for r in trials if r.data.tags.get(L.TAG_BEST) == "true"]
+    assert len(best) == 1
+
+
+def _expand(browser, run_id: str) -> None:
+    """Click the expander on a run's row of the runs table (it opens the nested runs)."""
+    expander_css = f"[row-id='{run_id}'] [col-id=\"attributes.`Run Name`\"] button"
     try:  # the grid shows the row's text before it renders the row's buttons
         expander = WebDriverWait(browser, 40, poll_frequency=0.5).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, expander_css)
         )
     except TimeoutException:
         expander = []
-    assert expander, "no expander on the study's row"
+    assert expander, f"no expander on the row of run {run_id}"
     expander[0].click()
-    body = _wait_text(browser, *names)
-    first_trial = min(body.index(n) for n in names)
-    assert body.index("study-tiny", body.index("Run Name")) < first_trial, body[:2000]
-    _shot(browser, "study_trials")
-    best = [r for r in trials if r.data.tags.get(L.TAG_BEST) == "true"]
-    assert len(best) == 1
+
+
+def _row_text(browser, run_id: str) -> str:
+    """A run's row as the grid shows it (its pinned and scrolling parts together)."""
+    return " ".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, f"[row-id='{run_id}']"))
 
 
 def test_compare_report_fits_1400px_and_links_every_run(store, browser, tmp_path) -> None:

@@ -521,9 +521,11 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
     assert sorted(u.split("/runs/")[1].split("?")[0] for u in run_links) == sorted(runs)
     assert _network_references(re.sub(r'<a class="run" href="[^"]+"', "<a", page)) == []
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    # 3 accuracy plots + op frequencies + evolution + one picture per distinct genotype
+    # 3 accuracy plots + op frequencies + evolution + the Pareto view + one picture per
+    # distinct genotype
     n_genotypes = len({e.genotype.canonical for _, _, e, _ in runs.values()})
-    assert len(images) == 5 + n_genotypes
+    assert len(images) == 6 + n_genotypes
+    assert "Accuracy against size (Pareto view)" in page and (report / "pareto.png").exists()
     assert all(_png_ok(base64.b64decode(b)) for b in images)
     assert not re.search(r'<img[^>]+src="(?!data:image/png;base64,)', page)
     for run_id in runs:
@@ -769,3 +771,32 @@ def test_warm_up_is_part_of_the_budget_and_the_ranking_table_reads_tau_with_its_
     assert row["proxy"] == "size not recorded"  # ranked before the proxy's size was logged
     assert "proxy seed vs seed: tau (p)" not in shown  # nobody measured the proxy
     assert "alphas lead, stand-alone" not in shown  # ... nor the alphas' lead
+
+
+def test_terminal_compare_warns_of_different_budgets_as_the_report_does(
+    store, scratch_experiment, tmp_path, capsys
+):
+    """A 15-final-epoch run ranked "best" against 0-final-epoch trials: the terminal says
+    the budgets differ, with the same sentence as the HTML report."""
+    uri, _, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-budget")
+    other = _g(
+        BASE.canonical.replace("sep_conv_3x3(0) skip_connect(1)", "skip_connect(0) skip_connect(1)")
+    )
+    runs = (("long", "15", 0.9, BASE), ("short-a", "0", 0.5, other), ("short-b", "0", 0.6, other))
+    for name, final, acc, genotype in runs:
+        run_id = _genotype_run(client, exp_id, name, genotype, metrics={"final_val_acc": acc})
+        client.log_param(run_id, "search.final_epochs", final)
+    report = tmp_path / "report"
+    argv = ["compare", "--tracking-uri", uri, "--experiment", "cmp-budget"]
+    assert main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: different budgets." in out and "(final_epochs 0, 15)" in out, out
+    assert "differences from the best run long (cmp-budget) (by val acc across different" in out
+    page = html.unescape((report / "index.html").read_text())
+    sentence = out.split("warning: different budgets. ", 1)[1].splitlines()[0]
+    assert sentence in page
+
+    assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-alpha"]) == 0
+    assert "different budgets" not in capsys.readouterr().out  # one budget: no warning

@@ -151,3 +151,49 @@ def test_reading_a_config_does_not_import_torch():
     code = "import sys, asolab.config; assert 'torch' not in sys.modules, 'torch imported'"
     env = {**os.environ, "PYTHONPATH": str(config.PROJECT_ROOT / "platform")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def _float_fields(cls=config.ExperimentConfig, prefix=""):
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        sub = config.section_type(f)
+        if sub is not None:
+            yield from _float_fields(sub, f"{prefix}{f.name}.")
+        elif str(f.type) == "float":
+            yield f"{prefix}{f.name}", f.metadata
+
+
+def test_inf_is_accepted_exactly_where_the_message_and_the_docs_say_so():
+    """A float field's allowed range ends in "inf]" only if the validator takes inf;
+    search.grad_clip = inf means no clipping, as docs/configuration.md says."""
+    from asolab.config_doc import DOC
+
+    page = DOC.read_text()
+    takes_inf = []
+    for key, meta in _float_fields():
+        allowed = config.describe_allowed(meta)
+        try:
+            config.load(None, {key: float("inf")})
+            accepted = True
+        except ConfigError as exc:
+            accepted = False
+            assert "finite" in str(exc) and "inf]" not in str(exc), (key, str(exc))
+        assert accepted == allowed.endswith("inf]"), (key, allowed)
+        assert accepted == (f"| `{key}` |" in page and _doc_row(page, key).endswith("inf] |"))
+        if accepted:
+            takes_inf.append(key)
+    assert takes_inf == ["search.grad_clip"]
+    assert "inf = no clipping" in _doc_row(page, "search.grad_clip")
+
+
+def _doc_row(page: str, key: str) -> str:
+    return next(line for line in page.splitlines() if line.startswith(f"| `{key}` |"))
+
+
+def test_a_run_without_gradient_clipping(tiny_cfg):
+    from asolab.runner import Runner
+
+    cfg = tiny_cfg.replace(**{"search.grad_clip": float("inf"), "search.cycles": 1})
+    result = Runner(cfg, []).run()
+    assert 0.0 < result.val_acc <= 1.0 and result.derived_params > 0

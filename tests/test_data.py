@@ -27,6 +27,23 @@ def test_train_subset_limits_search_data_only():
     assert len(d.train) == 100 and len(d.full_train) > 1000
 
 
+def test_a_search_subset_smaller_than_the_classes_is_refused_and_one_below_a_batch_warned(
+    caplog,
+):
+    """data.train_subset = 1 would search on one image without a word: fewer examples than
+    classes is refused with the least that works; fewer than a batch is a warning."""
+    for subset in (1, 9):
+        with pytest.raises(DataError, match=rf"train_subset = {subset} keeps .* use .* >= 10"):
+            load_data(config.DataConfig(train_subset=subset), seed=0)
+    with caplog.at_level("WARNING", logger="asolab.data"):
+        assert len(load_data(config.DataConfig(train_subset=10), seed=0).train) == 10
+    assert "less than data.batch_size = 64" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asolab.data"):
+        load_data(config.DataConfig(train_subset=64), seed=0)
+    assert "batch_size" not in caplog.text
+
+
 def test_a_validation_split_smaller_than_the_classes_is_refused_with_the_least_fraction():
     """An empty split would make every val_acc 0 (and alpha-training a no-op): refused,
     and the fraction the message suggests gives one example per class at least."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
+import textwrap
 import venv
 from pathlib import Path
 
@@ -79,6 +81,72 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def make_venv_seeing_this_python(env_dir: Path) -> Path:
+    """A fresh venv (no pip) that sees the packages of the interpreter running the tests.
+
+    ``system_site_packages=True`` would show the *base* interpreter's site-packages: when
+    the suite runs inside a virtual environment, whose site-packages hold the
+    dependencies, the new venv would lack them. A .pth file adds the running
+    interpreter's site folders instead (with their own .pth files, as site.py does),
+    after the new venv's own site-packages, so what is installed there wins.
+    """
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    inner = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs)
+    (Path(inner) / "_outer_site_packages.pth").write_text(line + "\n")
+    return py
+
+
+def test_the_test_venv_sees_the_running_interpreters_packages(tmp_path):
+    """Run from inside a plain virtual environment (as a user runs the README's test
+    command), the test venv sees what is installed in that environment: a module that
+    only the outer venv holds imports in the inner one."""
+    outer = tmp_path / "outer"
+    venv.EnvBuilder(with_pip=False).create(outer)
+    outer_py = outer / "bin" / "python"
+    purelib = subprocess.run(
+        [str(outer_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "asolab_probe_only_in_outer.py").write_text("HERE = True\n")
+    # what the outer venv's own pip install would give it: the test tools beside the probe
+    (Path(purelib) / "_deps.pth").write_text(
+        "".join(
+            f"{d}\n"
+            for d in [
+                *site.getsitepackages(),
+                Path(config.__file__).parents[2],  # platform/: asolab/config/__init__.py
+                Path(__file__).parent,
+            ]
+        )
+    )
+    script = textwrap.dedent(
+        f"""
+        import sys, subprocess
+        from pathlib import Path
+        assert sys.prefix != sys.base_prefix
+        from test_packaging import make_venv_seeing_this_python
+        py = make_venv_seeing_this_python(Path({str(tmp_path / "inner")!r}))
+        subprocess.run([str(py), "-c", "import asolab_probe_only_in_outer, psutil"], check=True)
+        """
+    )
+    proc = subprocess.run(
+        [str(outer_py), "-c", script], env=_clean_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     # Build from a copy: a build in the checkout leaves build/ and *.egg-info behind.
@@ -110,8 +178,7 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     )
     (wheel,) = wheels.glob("asolab-*.whl")
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = make_venv_seeing_this_python(env_dir)
     subprocess.run(
         [
             sys.executable,

@@ -21,6 +21,7 @@ import psutil
 import pytest
 from layout_check import undeclared
 from mlflow import MlflowClient
+from optuna.storages import JournalStorage
 from optuna.trial import TrialState
 
 from asolab.cli import main
@@ -38,6 +39,7 @@ from asolab.study.storage import (
     ATTR_OWNER_STARTED,
     ATTR_RETRY_OF,
     ATTR_STALE,
+    JOURNAL_NAME,
     Heartbeat,
     budget_lock,
     owner_id,
@@ -45,6 +47,7 @@ from asolab.study.storage import (
     recover_stale_trials,
     used_budget,
 )
+from asolab.tracking import layout
 from asolab.tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
 
 pytestmark = pytest.mark.slow
@@ -317,8 +320,6 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         "par",
         """
         n_trials = 4
-        [overrides]
-        data.train_subset = 150
         [sampler]
         name = "tpe"
         n_startup_trials = 10
@@ -327,7 +328,8 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         """
         + SPACE,
     )
-    outcome = run_study(load_study(file), workers=2, **stores(tmp_path))
+    # --set reaches the worker processes, which re-read the file
+    outcome = run_study(load_study(file, ["data.train_subset=150"]), workers=2, **stores(tmp_path))
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -337,6 +339,7 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert sorted(int(r.data.tags[TAG_TRIAL]) for r in children) == [0, 1, 2, 3]
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
+    assert {r.data.params["data.train_subset"] for r in children} == {"150"}
     # each worker's sampler seed differs, so they do not propose the same point
     assert len({t.params["mutation.strength"] for t in trials}) == 4
 
@@ -431,7 +434,7 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
             "storage.heartbeat_interval (60) must be less than storage.grace_period"
         ),
         "n_trials = 0\ntimeout = 0": "needs a time budget",
-        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf]",
+        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf)",
         'timeout = "1h"': "timeout must be a number",
         "sampler = { population_size = 1 }": "sampler.population_size = 1 is out of range",
     }
@@ -765,8 +768,9 @@ def test_storage_of_reaches_the_studys_storage(tmp_path: Path, kind: str) -> Non
 
 
 def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
-    """objective.seeds = 2: a trial is two runs (seeds 0 and 1), its value their mean,
-    reported to the pruner at distinct steps; the first seed's run holds the trial's values."""
+    """objective.seeds = 2: a trial is one MLflow run under the study's run (its knobs,
+    its objective = the mean over seeds, its state) with its two seed runs (seeds 0 and 1)
+    nested under it, named trial first, then seed; the pruner sees distinct steps."""
     file = write_study(
         tmp_path,
         "sd",
@@ -783,24 +787,107 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     (trial,) = load(tmp_path, "sd").get_trials()
     assert trial.state == TrialState.COMPLETE
     _, children = runs_of(tmp_path, "sd")
-    by_seed = {r.data.params["seed"]: r for r in children}
-    assert sorted(by_seed) == ["0", "1"]
-    names = [by_seed[s].info.run_name for s in ("0", "1")]
-    assert (
-        names[0].startswith("t000 ") and names[0].endswith(" seed0") and names[1].endswith(" seed1")
+    (trial_run,) = children  # one row per trial under the study's run
+    assert trial_run.info.run_id == trial.user_attrs[ATTR_MLFLOW_RUN]
+    assert trial_run.info.status == "FINISHED"
+    assert trial_run.data.tags[TAG_TRIAL_STATE] == "COMPLETE"
+    assert trial_run.data.tags[layout.TAG_RUN_KIND] == layout.KIND_TRIAL
+    assert trial_run.info.run_name.startswith("t000 τ") and "seed" not in trial_run.info.run_name
+    c = MlflowClient(stores(tmp_path)["tracking_uri"])
+    seeds = c.search_runs(
+        [trial_run.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{trial_run.info.run_id}'",
     )
+    by_seed = {r.data.params["seed"]: r for r in seeds}
+    assert sorted(by_seed) == ["0", "1"]
+    for s in ("0", "1"):
+        assert by_seed[s].info.run_name.startswith(f"t000 seed{s} τ"), by_seed[s].info.run_name
+        assert by_seed[s].data.tags[TAG_TRIAL] == "0" and by_seed[s].info.status == "FINISHED"
     accs = [by_seed[s].data.metrics["final_val_acc"] for s in ("0", "1")]
     assert trial.value == pytest.approx(sum(accs) / 2)
     assert [v for (v,) in trial.user_attrs["objective_per_seed"]] == pytest.approx(accs)
     assert sorted(trial.intermediate_values) == [0, 1]  # one cycle per seed, steps kept apart
-    assert trial.user_attrs[ATTR_MLFLOW_RUN] == by_seed["0"].info.run_id
-    first = by_seed["0"].info.run_id
-    assert MlflowClient(stores(tmp_path)["tracking_uri"]).get_run(first).data.metrics[
-        "objective.val_acc"
-    ] == pytest.approx(trial.value)
+    # the trial's row reads its objective and its knobs in the UI's default columns
+    assert trial_run.data.metrics["objective.val_acc"] == pytest.approx(trial.value)
+    assert trial_run.data.metrics["final_val_acc"] == pytest.approx(trial.value)
+    for key in ("temperature.initial_temperature", "mutation.strength"):
+        assert float(trial_run.data.params[key]) == pytest.approx(trial.params[key])
+    assert "seed" not in trial_run.data.params
+    assert "**Trial 0**" in trial_run.data.tags[layout.TAG_NOTE]
+    assert undeclared(c, trial_run.info.run_id, load_study(file).base.flat()) == []
+    # compare sees the seed runs (with genotypes), never the trial's grouping run
+    from asolab.compare.select import load_selection
+
+    selection = load_selection(stores(tmp_path)["tracking_uri"], study="sd")
+    assert sorted(r.run_id for r in selection.records) == sorted(
+        r.info.run_id for r in by_seed.values()
+    )
+    assert not selection.skipped
 
 
 def test_objective_seeds_must_be_positive(tmp_path: Path) -> None:
     file = write_study(tmp_path, "bad", "[objective]\nseeds = 0\n" + SPACE)
     with pytest.raises(ConfigError, match="objective.seeds = 0 is out of range"):
         load_study(file)
+
+
+def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One store folder: with no --storage and no --tracking-uri, a study keeps its journal
+    in ./mlruns beside mlflow.db, so two project folders never share a study; with a
+    SQLite tracking URI elsewhere, the journal lies beside that file. --summary is
+    read-only: it creates no file and no folder."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        file = write_study(folder, "one", ONE_SHORT_RANDOM_TRIAL + SPACE)
+        monkeypatch.chdir(folder)
+        capsys.readouterr()
+        assert main(["study", "--summary", str(file)]) == 2  # nothing recorded here yet
+        assert "no study 'one'" in capsys.readouterr().err
+        assert sorted(p.name for p in folder.iterdir()) == ["one.toml", "tiny.toml"]
+        assert main(["study", str(file)]) == 0
+        store = folder / "mlruns"
+        assert {"mlflow.db", "optuna-journal.log"} <= {p.name for p in store.iterdir()}
+        journal = optuna.storages.journal.JournalFileBackend(str(store / JOURNAL_NAME))
+        (study,) = optuna.get_all_study_summaries(JournalStorage(journal))
+        assert study.n_trials == 1  # its own trial only: b did not pick up a's study
+        before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+        assert main(["study", "--summary", str(file)]) == 0
+        assert "1 trials (1 complete)" in capsys.readouterr().out
+        assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    file = write_study(elsewhere, "two", ONE_SHORT_RANDOM_TRIAL + SPACE)
+    uri = f"sqlite:///{elsewhere / 'store' / 'runs.db'}"
+    assert main(["study", str(file), "--tracking-uri", uri]) == 0
+    assert {p.name for p in (elsewhere / "store").iterdir()} >= {"runs.db", "optuna-journal.log"}
+    here = optuna.storages.journal.JournalFileBackend(str(folders[1] / "mlruns" / JOURNAL_NAME))
+    there = optuna.storages.journal.JournalFileBackend(str(elsewhere / "store" / JOURNAL_NAME))
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(here))] == ["one"]
+    assert [s.study_name for s in optuna.get_all_study_summaries(JournalStorage(there))] == ["two"]
+
+
+def test_set_applies_to_every_trial_and_the_cost_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A quick study without copying the file: --set changes every trial's experiment
+    over the file's [overrides]; the planned cost comes first, and after the first trial
+    an estimate of the time left."""
+    file = write_study(tmp_path, "quick", "n_trials = 2\n" + SHORT_RANDOM_TRIALS + SPACE)
+    s = stores(tmp_path)
+    argv = ["study", str(file), "--storage", s["storage_url"], "--tracking-uri", s["tracking_uri"]]
+    capsys.readouterr()
+    assert main([*argv, "--set", "data.train_subset=150", "--set", "search.cycles=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("study quick: 2 trials x 1 seeds = 2 runs of 2 cycles"), lines[0]
+    assert lines[1].startswith("trial    0 COMPLETE")
+    assert lines[2].startswith("  about ") and "left for 1 more trials" in lines[2], lines[2]
+    _, children = runs_of(tmp_path, "quick")
+    assert len(children) == 2
+    for run in children:  # the file says cycles = 1 ([overrides]); --set wins
+        assert run.data.params["data.train_subset"] == "150"
+        assert run.data.params["search.cycles"] == "2"

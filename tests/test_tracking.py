@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -657,7 +658,7 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
 def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
     """Store writes on the thread must fill the gaps training leaves, not preempt
     torch's workers: the thread, and the processes it starts, run at nice 19."""
-    from asolab.tracking.mlflow_tracker import _StoreWriter
+    from asolab.tracking.writer import StoreWriter
 
     seen = {}
 
@@ -666,7 +667,7 @@ def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
         out = subprocess.run(["sh", "-c", "ps -o ni= -p $$"], capture_output=True, text=True)
         seen["child"] = int(out.stdout)
 
-    writer = _StoreWriter(inline=False)
+    writer = StoreWriter(inline=False)
     writer.submit(job)
     writer.drain()
     assert seen == {"thread": 19, "child": 19}
@@ -809,13 +810,14 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
 
 
 def test_layout_names_what_the_runner_reports(tracked):
-    """The phase_index values follow the runner's phase table; the memory metrics are
-    memory_stats' keys; the learning rates are the EpochEnd.lrs keys."""
-    from asolab.runner.cycle import PHASES
+    """The phase_index values follow the runner's phase table and keep the values runs
+    already recorded; the memory metrics are memory_stats' keys; the learning rates are
+    the EpochEnd.lrs keys."""
     from asolab.runner.memory import memory_stats
+    from asolab.runner.phases import PHASES
 
     assert list(L.PHASE_INDEX) == [p.name for p in PHASES] + ["final"]
-    assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
+    assert L.PHASE_INDEX == {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
     assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
     assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {
         L.WEIGHT_LR,
@@ -1076,3 +1078,29 @@ def test_runs_started_at_the_same_moment_on_a_new_store_both_open_it(tmp_path):
         outs = [(p.wait(timeout=120), p.communicate()[0].decode()) for p in procs]
         assert [rc for rc, _ in outs] == [0, 0, 0], "\n".join(out[-600:] for _, out in outs)
         assert MlflowClient(uri).search_experiments()  # a usable store, fully migrated
+
+
+def test_cell_pictures_without_graphviz_are_noted_in_the_run(
+    store, tracked, tmp_path, monkeypatch, caplog
+):
+    """Where graphviz's dot is missing, Pillow draws the cells (labels may crowd): the run
+    carries a one-line note saying so and how to install graphviz, and the log says it
+    once; with dot installed, no note."""
+    from asolab.space import plot
+
+    client = MlflowClient(store)
+    if shutil.which("dot"):
+        assert L.TAG_CELLS_NOTE not in client.get_run(tracked["tracker"].run_id).data.tags
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without graphviz
+    plot._warn_no_dot.cache_clear()
+    cfg = load(None, [*TINY, "search.cycles=1"])
+    tracker = MlflowTracker(tracking_uri=store, experiment="tracking-no-dot", log_models=False)
+    with caplog.at_level("WARNING", logger="asolab.space.plot"):
+        Runner(cfg, [tracker]).run()
+    run = client.get_run(tracker.run_id)
+    assert run.data.tags[L.TAG_CELLS_NOTE] == plot.NO_DOT_NOTE
+    assert "install graphviz" in plot.NO_DOT_NOTE and "\n" not in plot.NO_DOT_NOTE
+    assert "final.png" in [
+        Path(a.path).name for a in client.list_artifacts(run.info.run_id, "cells")
+    ]
+    assert caplog.text.count("graphviz's dot is not installed") == 1

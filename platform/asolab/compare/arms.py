@@ -13,14 +13,16 @@ anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
 from ..tracking import layout as L
 from .select import RunRecord
+from .sizefit import SIZE_MEASURES, adjusted, adjusted_lines, ahead_text, size_columns
 
-ARM_METRICS = (("test_acc", ("test_acc",)), ("val_acc", ("final_val_acc",)))
+# an arm column -> the run metrics it reads, first found
+ARM_METRICS = (("test_acc", (L.TEST_ACC,)), ("val_acc", (L.FINAL_VAL_ACC,)))
 ARM_COLUMNS = (
     "arm",
     "metric",
@@ -33,14 +35,20 @@ ARM_COLUMNS = (
     "ci95_high",
     "per_seed_diff",
 )
+# beside each paired difference: the same with size taken out (compare/sizefit.py)
+ARM_COLUMNS += tuple(c for m, _ in SIZE_MEASURES for c in size_columns(m))
 
 
 def has_arms(records: Sequence[RunRecord]) -> bool:
     return any(L.TAG_ARM in r.tags for r in records)
 
 
-def arm_runs(records: Sequence[RunRecord]) -> pd.DataFrame:
-    """One row per run with an arm: arm, seed, the run it controls for, the two accuracies."""
+def arm_runs(
+    records: Sequence[RunRecord], flops: Mapping[str, float] | None = None
+) -> pd.DataFrame:
+    """One row per run with an arm: arm, seed, the run it controls for, the two accuracies,
+    the final network's parameters and (from ``flops``, by run id) multiply-adds."""
+    flops = flops or {}
     rows = []
     for r in records:
         arm = r.tags.get(L.TAG_ARM)
@@ -56,6 +64,7 @@ def arm_runs(records: Sequence[RunRecord]) -> pd.DataFrame:
                 "baseline_of": r.tags.get(L.TAG_BASELINE_OF, ""),
                 **{name: r.metric(*sources) for name, sources in ARM_METRICS},
                 "params": r.metric(L.FINAL_PARAMS),
+                "flops": flops.get(r.run_id, math.nan),
                 "minutes": r.metric(L.RUN_SECONDS) / 60,
             }
         )
@@ -70,6 +79,7 @@ def arm_runs(records: Sequence[RunRecord]) -> pd.DataFrame:
             "baseline_of",
             *(m for m, _ in ARM_METRICS),
             "params",
+            "flops",
             "minutes",
         ],
     )
@@ -125,6 +135,11 @@ def arm_summary(runs: pd.DataFrame) -> pd.DataFrame:
                     "ci95_high": high,
                     "per_seed_diff": " ".join(f"s{s}:{100 * x:+.2f}" for s, x in sorted(diffs)),
                 }
+                | {
+                    k: v
+                    for m, _ in SIZE_MEASURES
+                    for k, v in adjusted(runs, arm, metric, m).items()
+                }
             )
     return pd.DataFrame(rows, columns=list(ARM_COLUMNS))
 
@@ -158,6 +173,10 @@ def arm_lines(summary: pd.DataFrame) -> list[str]:
                     f"{r['per_seed_diff']}"
                 )
             lines.append(text)
+        lines += adjusted_lines(summary, metric)
+    ahead = ahead_text(summary)
+    if ahead:
+        lines.append(ahead)
     return lines
 
 
@@ -197,7 +216,7 @@ def arm_seed_display(table: pd.DataFrame) -> pd.DataFrame:
         return text + ("" if pd.isna(minutes) else f" {minutes:.0f}m")
 
     rows = [
-        {"seed": str(row["seed"]), "aso-se run": str(row["aso_se_run"])[:8]}
+        {"seed": str(row["seed"]), "aso-se run": L.short_id(str(row["aso_se_run"]))}
         | {arm: cell(row, arm) for arm in arms}
         for _, row in table.iterrows()
     ]

@@ -59,6 +59,9 @@ class MutationEvent:
     edits: tuple[Any, ...]
     temperature: float
     strength: float
+    # search.selection = "perturbation": the measurement the genotype rests on
+    # (evolution/selection.py's selection_record); None with "alpha"
+    selection: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,6 @@ class CycleEnd:
 
     cycle: int
     genotype: Genotype  # the (mutated) genotype that was retrained this cycle
-    derived_genotype: Genotype  # what the alphas said before mutation
     supernet_params: int
     derived_params: int
     memory: dict[str, float]

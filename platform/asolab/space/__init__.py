@@ -2,7 +2,7 @@
 
 from .genotype import Genotype, diff, distance
 from .network import DerivedNetwork, SearchNetwork
-from .ops import OPS, PRIMITIVES
+from .ops import OPS, PRIMITIVES, register_op
 from .spec import ArchSpec, CellSpec
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "Genotype",
     "SearchNetwork",
     "diff",
+    "register_op",
     "distance",
 ]

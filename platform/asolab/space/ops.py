@@ -2,17 +2,24 @@
 
 Every factory has one signature, ``OPS[name](channels, stride, affine)``, and
 returns a module mapping ``(N, C, H, W)`` to ``(N, C, H/stride, W/stride)``.
-These are the DARTS operations; an experiment chooses a subset of them.
-``OPS`` is the one list of operations: ``space.primitives`` accepts its names,
-and its order is ``PRIMITIVES``, the default search space.
+The built-in ones are the DARTS operations, in the order of ``PRIMITIVES``, the
+default search space. ``OPS`` is the one list of operations: ``space.primitives``
+accepts its names, which include the ops of installed packages (entry-point group
+``asolab.ops``) and those registered in code (:func:`register_op`). A factory
+that is not built in is tried once, when it is first used, on a small input at
+both strides, and refused by name when its output has the wrong shape.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
+
+from ..plugins import PluginError, Registry, qualname
 
 
 class ReLUConvBN(nn.Sequential):
@@ -125,8 +132,10 @@ class Pool(nn.Module):
 
 OpFactory = Callable[[int, int, bool], nn.Module]
 
-OPS: dict[str, OpFactory] = {
-    "none": lambda c, stride, affine: Zero(stride),
+NONE = "none"  # the op that cuts an edge: zero output, no weights, never trained
+
+BUILTIN_OPS: dict[str, OpFactory] = {
+    NONE: lambda c, stride, affine: Zero(stride),
     "max_pool_3x3": lambda c, stride, affine: Pool("max", c, stride, affine),
     "avg_pool_3x3": lambda c, stride, affine: Pool("avg", c, stride, affine),
     "skip_connect": lambda c, stride, affine: (
@@ -138,7 +147,54 @@ OPS: dict[str, OpFactory] = {
     "dil_conv_5x5": lambda c, stride, affine: DilConv(c, c, 5, stride, 4, 2, affine),
 }
 
-PRIMITIVES: tuple[str, ...] = tuple(OPS)
+PRIMITIVES: tuple[str, ...] = tuple(BUILTIN_OPS)
+GROUP = "asolab.ops"
+_NAME = re.compile(r"[a-z][a-z0-9_]*")  # what a genotype string can hold (Genotype.parse)
+
+
+def _checked(name: str, factory: Any) -> OpFactory:
+    """``factory`` if it builds a module of the right output shape, else PluginError."""
+    where = f"op {name!r} ({qualname(factory)})"
+    if not _NAME.fullmatch(name):
+        raise PluginError(
+            f"op name {name!r} is not valid; use lower-case letters, digits and _ (as in "
+            "sep_conv_3x3), so that genotype strings can hold it"
+        )
+    if not callable(factory):
+        raise PluginError(f"{where} is a {type(factory).__name__}, not a factory")
+    c, x = 4, torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    for stride in (1, 2):
+        want = (2, c, 8 // stride, 8 // stride)
+        try:
+            module = factory(c, stride, False)
+            if not isinstance(module, nn.Module):
+                raise TypeError(f"it returns a {type(module).__name__}, not a torch.nn.Module")
+            with torch.no_grad():
+                got = tuple(module.eval()(x).shape)
+        except Exception as exc:  # a plugin's code can fail in any way; name the op
+            raise PluginError(
+                f"{where} fails at factory({c}, stride={stride}, affine=False) on an input of "
+                f"shape {tuple(x.shape)}: {type(exc).__name__}: {exc}"
+            ) from None
+        if got != want:
+            raise PluginError(
+                f"{where} returns shape {got} for an input of shape {tuple(x.shape)} at "
+                f"stride {stride}; an op must return {want}: (N, C, H/stride, W/stride)"
+            )
+    return factory
+
+
+OPS: Registry[OpFactory] = Registry("op", GROUP, BUILTIN_OPS, _checked)
+
+
+def register_op(name: str, factory: OpFactory) -> None:
+    """Make ``name`` a valid entry of ``space.primitives`` in this process.
+
+    ``factory(channels, stride, affine)`` returns a module mapping ``(N, C, H, W)`` to
+    ``(N, C, H/stride, W/stride)``; it is checked on a small input now.
+    """
+    OPS.register(name, factory, qualname(factory))
+
 
 # The ops a DARTS-style search collapses to when its alphas decide early: no
 # spatial filter to train, so they win the supernet's first epochs. A reducing

@@ -7,7 +7,8 @@ on the right, one box per cell. ``dot`` places every edge label as a node of its
 own, so labels never overlap each other, the arrows or the states, and the
 drawing is sized to its contents, so nothing is clipped. A picture costs one
 ``dot`` process (about 30 ms), once per cycle. Without ``dot``, Pillow draws the
-same content by hand placement (about 15 ms; labels may crowd on dense cells).
+same content by hand placement (about 15 ms; labels may crowd on dense cells), and
+says so: one warning per process, and :func:`drawing_note` for the run's record.
 
 ``cell_layout`` decides what goes where (plain data, so tests can read what a
 picture shows); ``genotype_dot`` writes it as DOT; ``genotype_png`` renders it.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import html
 import io
+import logging
 import math
 import shutil
 import subprocess
@@ -29,6 +31,16 @@ from functools import cache
 from PIL import Image, ImageDraw, ImageFont
 
 from .genotype import Genotype
+from .ops import NONE
+
+log = logging.getLogger(__name__)
+
+# What a run records (and the log says once) when the pictures are Pillow's fallback.
+NO_DOT_NOTE = (
+    "cell pictures drawn by Pillow: graphviz's dot is not installed, so edge labels may "
+    "overlap on dense cells; install graphviz (apt install graphviz, brew install graphviz "
+    "or conda install graphviz) for laid-out pictures"
+)
 
 # Okabe-Ito hues, darkened to at least 4.5:1 contrast on white (labels are drawn in them).
 _COLOURS = {
@@ -39,7 +51,7 @@ _COLOURS = {
     "max_pool_3x3": "#B24A00",
     "avg_pool_3x3": "#A0327A",
     "skip_connect": "#505050",
-    "none": "#767676",
+    NONE: "#767676",
 }
 _INPUT, _NODE, _OUTPUT = "#F6D9A0", "#CDE6F7", "#C9EBDD"  # pale fills behind black text
 # state labels: c_{k-2} and c_{k-1} (the two previous cells' outputs), 0..n-1, c_{k} (the output)
@@ -299,9 +311,20 @@ def has_dot() -> bool:
     return shutil.which("dot") is not None
 
 
+def drawing_note() -> str:
+    """One line for a run's record when its pictures are Pillow's fallback ('' with dot)."""
+    return "" if has_dot() else NO_DOT_NOTE
+
+
+@cache
+def _warn_no_dot() -> None:
+    log.warning(NO_DOT_NOTE)
+
+
 def genotype_png(genotype: Genotype, title: str = "") -> bytes:
     """PNG bytes of every cell of ``genotype``, under an optional title: graphviz's
-    layout when ``dot`` is installed, else Pillow's hand placement."""
+    layout when ``dot`` is installed, else Pillow's hand placement (said once)."""
     if has_dot():
         return run_dot(genotype_dot(genotype, title), "png")
+    _warn_no_dot()
     return _pillow_png(genotype, title)

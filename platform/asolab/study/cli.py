@@ -7,7 +7,10 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import first_line
+from ..options import add_set, add_threads, add_tracking_uri
 from ..tracking.layout import TAG_ERROR
+from ..tracking.store import mask_password
 from .config import check_study_name
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/"
         ),
     )
+    add_set(
+        p,
+        help=(
+            "override a key of every trial's experiment, over the file's [overrides] "
+            "(repeatable), e.g. --set search.cycles=1 for a quick study"
+        ),
+    )
+    _budget_options(p)
+    _place_options(p)
+    # internal: one worker process started by --workers
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
+    add_threads(p, help=argparse.SUPPRESS, default=1)
+    p.set_defaults(func=cmd_study)
+
+
+def _budget_options(p: argparse.ArgumentParser) -> None:
+    """How many trials, for how long, in how many processes."""
     p.add_argument(
         "--n-trials",
         type=int,
@@ -54,12 +75,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="K worker processes on this machine, each with cores // K torch threads",
     )
+
+
+def _place_options(p: argparse.ArgumentParser) -> None:
+    """Where the study lives and what it is called; its sampler seed; --summary."""
     p.add_argument(
         "--storage",
         default="",
         metavar="URL",
         help=(
-            "Optuna storage URL (default: journal file mlruns/optuna-journal.log); "
+            "Optuna storage URL (default: optuna-journal.log beside the MLflow store, "
+            "./mlruns/ unless --tracking-uri names a SQLite file elsewhere); "
             "postgresql://... for several machines"
         ),
     )
@@ -78,17 +104,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the best trials and where to find them; run nothing",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)",
+    add_tracking_uri(
+        p, help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)"
     )
-    # internal: one worker process started by --workers
-    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_study)
 
 
 def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
@@ -101,6 +119,59 @@ def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
     return f"trial {t.number:4d} {t.state.name:8s} {values}  [{params}]{extra}"
 
 
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{minutes:.0f} min"
+        if minutes < 90
+        else (f"{minutes / 60:.1f} h")
+    )
+
+
+class _TrialPrinter:
+    """Prints the planned cost at start, a line per finished trial, and after the first
+    trial of this invocation an estimate of the time left (one worker)."""
+
+    def __init__(self, cfg: Any, budget: int = 0, seconds: float = 0.0, name: str = "") -> None:
+        self.cfg, self.budget, self.seconds, self.name = cfg, budget, seconds, name or cfg.name
+        self.first: float | None = None  # seconds the first trial took
+
+    def plan(self, workers: int) -> str:
+        seeds, cycles = self.cfg.objective.seeds, self.cfg.base.search.cycles
+        size = (
+            f"{self.budget} trials x {seeds} seeds = {self.budget * seeds} runs"
+            if self.budget
+            else f"no trial limit, {seeds} runs a trial"
+        )
+        limit = f", stopping after {_duration(self.seconds)}" if self.seconds else ""
+        held = f" (trials already in the study count towards {self.budget})" if self.budget else ""
+        return (
+            f"study {self.name}: {size} of {cycles} cycle{'s' if cycles > 1 else ''}{limit}, "
+            f"{workers} worker{'s' if workers > 1 else ''}{held}"
+        )
+
+    def __call__(self, t: Any) -> None:
+        print(_trial_line(t, self.cfg.objective.metrics), flush=True)
+        if self.first is not None or t.duration is None:
+            return
+        self.first = t.duration.total_seconds()
+        left = max(0, self.budget - (t.number + 1)) if self.budget else None
+        if left == 0:
+            return
+        if left is None:
+            print(f"  a trial takes about {_duration(self.first)}", flush=True)
+            return
+        estimate = left * self.first
+        capped = " (the timeout ends it sooner)" if self.seconds and estimate > self.seconds else ""
+        print(
+            f"  about {_duration(estimate)} left for {left} more trials at "
+            f"{_duration(self.first)} a trial{capped}",
+            flush=True,
+        )
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     import optuna
 
@@ -108,7 +179,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     if not getattr(args, "verbose", False):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-    cfg = load_study(args.file)
+    cfg = load_study(args.file, args.overrides)
     if args.seed is not None:
         if args.seed < 0:
             raise ConfigError(f"--seed must be >= 0 (got {args.seed})")
@@ -118,10 +189,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.summary:
         return _summary(args, cfg)
 
-    def show(t: Any) -> None:
-        print(_trial_line(t, cfg.objective.metrics), flush=True)
-
     if args.worker is not None:
+        show = _TrialPrinter(cfg)
         from .run import run_worker
 
         run_worker(
@@ -137,8 +206,16 @@ def cmd_study(args: argparse.Namespace) -> int:
             show,
         )
         return 0
-    from .run import WorkersFailed, run_study
+    return _run(args, cfg)
 
+
+def _run(args: argparse.Namespace, cfg: Any) -> int:
+    """The study in this process and its workers, then its summary (after a failure too)."""
+    from .run import WorkersFailed, resolve_budget, run_study
+
+    budget, seconds = resolve_budget(cfg, args.n_trials, args.timeout)
+    show = _TrialPrinter(cfg, budget, seconds, args.study_name)
+    print(show.plan(args.workers), flush=True)
     try:
         outcome = run_study(
             cfg,
@@ -166,30 +243,39 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace, cfg: Any) -> int:
+    """Print what the study holds; read-only: creates no store, no journal, no folder."""
     import optuna
 
     from ..tracking import check_reachable, resolve_tracking_uri
+    from ..tracking.store import sqlite_path
     from . import report
-    from .storage import make_storage, resolve_storage_url
+    from .storage import journal_missing, make_storage, resolve_storage_url
 
-    url = resolve_storage_url(args.storage, cfg.storage.url)
-    name = args.study_name or cfg.name
-    try:
-        study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
-    except KeyError:
-        command = " ".join(["asolab study"] + ([args.file] if args.file else []))
-        raise ConfigError(
-            f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
-            "--storage/--study-name"
-        ) from None
     uri = resolve_tracking_uri(
         args.tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
     )
+    url = resolve_storage_url(args.storage, cfg.storage.url, uri)
+    name = args.study_name or cfg.name
+    command = " ".join(["asolab study"] + ([args.file] if args.file else []))
+    no_study = ConfigError(
+        f"no study {name!r} in {mask_password(url)}; run `{command}` first, or pass "
+        "--storage/--study-name"
+    )
+    if journal_missing(url):
+        raise no_study
     try:
-        check_reachable(uri)
-        parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
+        study = optuna.load_study(study_name=name, storage=make_storage(url, cfg.storage))
+    except KeyError:
+        raise no_study from None
+    db = sqlite_path(uri)
+    try:
+        if db is not None and not db.is_file():
+            parent = "(none yet)"  # no MLflow store: the check would create an empty one
+        else:
+            check_reachable(uri)
+            parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
     except Exception as exc:  # the summary still helps without MLflow, but must not hide why
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc) or type(exc).__name__
         parent = f"(unknown: the MLflow store could not be read: {reason})"
     _print_summary(cfg, study, url, uri, parent)
     return 0
@@ -207,7 +293,7 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     print(
         f"study {study.study_name}: {len(trials)} trials "
         f"({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage "
-        f"{report.mask_password(url)}"
+        f"{mask_password(url)}"
     )
     if frame.empty:
         print("no complete trial yet")

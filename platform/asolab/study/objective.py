@@ -21,6 +21,7 @@ from ..runner import Runner
 from ..runner.device import resolve_device
 from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
 from ..tracking.layout import TAG_STUDY, TAG_TRIAL
+from . import report
 from .config import ParamSpec, StudyConfig, trial_overrides
 from .report import trial_run_name
 from .storage import ATTR_MLFLOW_RUN
@@ -90,7 +91,7 @@ class RunLink(Observer):
         self.trial, self.tracker = trial, tracker
 
     def on_run_start(self, event: RunStart) -> None:
-        # With several seeds the first seed's run is the trial's (its values are written there).
+        # With several seeds the trial has a run of its own, set before its seeds run.
         if getattr(self.tracker, "run_id", None) and ATTR_MLFLOW_RUN not in self.trial.user_attrs:
             self.trial.set_user_attr(ATTR_MLFLOW_RUN, self.tracker.run_id)
 
@@ -138,42 +139,81 @@ def objective_values(end: RunEnd, metrics: tuple[str, ...]) -> list[float]:
     return values
 
 
-def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
-    """Run one trial and return its objective values.
-
-    Exceptions (``TrialPruned``, ``FloatingPointError`` on a NaN loss, anything
-    else) propagate after the tracker has closed the MLflow run; the study loop
-    tells Optuna and records the state.
-    """
+def _run_seed(
+    trial: optuna.Trial, ctx: TrialContext, exp: ExperimentConfig, index: int, parent: str
+) -> RunEnd:
+    """One run of the trial's config (seed ``exp.seed + index``), an MLflow child of
+    ``parent``; the pruner sees its cycles at steps ``index * cycles + cycle``."""
     from ..tracking import MlflowTracker
 
     cfg = ctx.cfg
-    exp = trial_config(trial, cfg, ctx.threads)
     first = cfg.objective.metrics[0]
     # Optuna cannot prune multi-objective trials; single objectives report per cycle.
     metric = first if not cfg.multi_objective and first in EVENT_FIELD else None
-    seeds = cfg.objective.seeds
-    per_seed = []
-    for i in range(seeds):
-        run_exp = exp.replace(seed=exp.seed + i) if i else exp
-        suffix = f" seed{run_exp.seed}" if seeds > 1 else ""
-        name = trial_run_name(
-            trial.number, exp.temperature.initial_temperature, exp.mutation.strength
-        )
-        tracker = MlflowTracker(
-            tracking_uri=ctx.tracking_uri,
-            experiment=cfg.mlflow_experiment,
-            run_name=name + suffix,
-            parent_run_id=ctx.parent_run_id,
-            tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
-            log_models=run_exp.tracking.log_models,
-        )
-        keeper = _RunEndKeeper()
-        reporter = TrialReporter(trial, metric, offset=i * exp.search.cycles)
-        observers = [tracker, RunLink(trial, tracker), keeper, reporter]
-        Runner(run_exp, observers, data=ctx.data_for(run_exp)).run()
-        assert keeper.end is not None
-        per_seed.append(objective_values(keeper.end, cfg.objective.metrics))
-    if seeds > 1:
-        trial.set_user_attr("objective_per_seed", per_seed)
+    run_exp = exp.replace(seed=exp.seed + index) if index else exp
+    seed = run_exp.seed if cfg.objective.seeds > 1 else None
+    name = trial_run_name(
+        trial.number, exp.temperature.initial_temperature, exp.mutation.strength, seed
+    )
+    tracker = MlflowTracker(
+        tracking_uri=ctx.tracking_uri,
+        experiment=cfg.mlflow_experiment,
+        run_name=name,
+        parent_run_id=parent,
+        tags={TAG_STUDY: ctx.study_name, TAG_TRIAL: str(trial.number)},
+        log_models=run_exp.tracking.log_models,
+    )
+    keeper = _RunEndKeeper()
+    reporter = TrialReporter(trial, metric, offset=index * exp.search.cycles)
+    observers = [tracker, RunLink(trial, tracker), keeper, reporter]
+    Runner(run_exp, observers, data=ctx.data_for(run_exp)).run()
+    assert keeper.end is not None
+    return keeper.end
+
+
+def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:
+    """Run one trial and return its objective values.
+
+    One seed: the trial is one MLflow run, a child of the study's run. Several seeds:
+    the trial gets a run of its own under the study's run (its knobs, the mean over
+    seeds, its state), and each seed's run is nested under it.
+
+    Exceptions (``TrialPruned``, ``FloatingPointError`` on a NaN loss, anything
+    else) propagate after the trackers have closed the MLflow runs; the study loop
+    tells Optuna and records the state.
+    """
+    cfg = ctx.cfg
+    exp = trial_config(trial, cfg, ctx.threads)
+    metrics, seeds = cfg.objective.metrics, cfg.objective.seeds
+    if seeds == 1:
+        return objective_values(_run_seed(trial, ctx, exp, 0, ctx.parent_run_id), metrics)
+    run_id = report.start_trial_run(
+        ctx.tracking_uri, cfg, ctx.study_name, ctx.parent_run_id, trial.number, exp
+    )
+    trial.set_user_attr(ATTR_MLFLOW_RUN, run_id)
+    ends: list[tuple[int, RunEnd]] = []
+    per_seed: list[list[float]] = []
+    status = "FAILED"
+    try:
+        for i in range(seeds):
+            end = _run_seed(trial, ctx, exp, i, run_id)
+            per_seed.append(objective_values(end, metrics))
+            ends.append((exp.seed + i, end))
+        status = "FINISHED"
+    except optuna.TrialPruned:
+        status = "FINISHED"  # as a pruned single-seed run: its state tag says PRUNED
+        raise
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        _finish(ctx, run_id, trial.number, ends if len(ends) == seeds else [], status)
+    trial.set_user_attr("objective_per_seed", per_seed)
     return [sum(v) / seeds for v in zip(*per_seed)]
+
+
+def _finish(ctx: TrialContext, run_id: str, number: int, ends: list, status: str) -> None:
+    try:
+        report.finish_trial_run(ctx.tracking_uri, run_id, number, ends, status)
+    except Exception:  # the trial's outcome matters more than its MLflow summary
+        log.warning("could not close the MLflow run of trial %d", number, exc_info=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from ..tracking.layout import (
     TAG_TRIAL,
     TAG_TRIAL_STATE,
 )
+from ..tracking.store import mask_password
 from .config import StudyConfig
+from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +44,20 @@ CONTOUR_PARAMS = ("temperature.initial_temperature", "mutation.strength")
 
 
 def trial_run_name(
-    number: int, temperature: float | None = None, strength: float | None = None
+    number: int,
+    temperature: float | None = None,
+    strength: float | None = None,
+    seed: int | None = None,
 ) -> str:
     """A trial run's name that tells trials apart in the UI's narrow name column:
-    ``t007 τ2.1 s0.30`` (trial number, initial temperature, mutation strength)."""
-    name = f"t{number:03d}"
+    ``t007 τ2.1 s0.30`` (trial number, initial temperature, mutation strength); a seed
+    run of a multi-seed trial has its seed next: ``t007 seed1 τ2.1 s0.30``."""
+    name = f"t{number:03d}" + (f" seed{seed}" if seed is not None else "")
     if temperature is not None:
         name += f" τ{temperature:.2g}" if temperature < 10 else f" τ{temperature:.0f}"
     if strength is not None:
         name += f" s{strength:.2f}"
     return name
-
-
-def mask_password(url: str) -> str:
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        cred, host = rest.rsplit("@", 1)
-        user = cred.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
 
 
 def client(uri: str) -> Any:
@@ -137,8 +135,6 @@ def record_trial(
     """
     from mlflow.entities import Metric, Param, RunTag
 
-    from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
-
     c = client(uri)
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -182,8 +178,8 @@ def record_trial(
 
 
 def mark_stale_run(uri: str, trial: FrozenTrial, reason: str) -> None:
-    """The MLflow run of a trial whose worker died: KILLED, with the reason."""
-    from .storage import ATTR_MLFLOW_RUN
+    """The MLflow run of a trial whose worker died: KILLED, with the reason (and a
+    multi-seed trial's seed run that was running)."""
 
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -192,6 +188,87 @@ def mark_stale_run(uri: str, trial: FrozenTrial, reason: str) -> None:
     c.set_tag(run_id, TAG_TRIAL_STATE, TrialState.FAIL.name)
     c.set_tag(run_id, TAG_ERROR, f"stale trial: {reason}")
     c.set_terminated(run_id, status="KILLED")
+    exp_id = c.get_run(run_id).info.experiment_id
+    running = f"tags.`{L.MLFLOW_PARENT_RUN}` = '{run_id}' and attributes.status = 'RUNNING'"
+    for child in c.search_runs([exp_id], running):
+        c.set_tag(child.info.run_id, TAG_ERROR, f"stale trial: {reason}")
+        c.set_terminated(child.info.run_id, status="KILLED")
+
+
+def start_trial_run(
+    uri: str, cfg: StudyConfig, study_name: str, parent_run_id: str, number: int, exp: Any
+) -> str:
+    """The run of a multi-seed trial, nested under the study's run: one row in the UI
+    with the trial's knobs (the experiment's keys but the seed) and, when it ends, its
+    objective; its seed runs are nested under it (:func:`finish_trial_run`)."""
+    from mlflow.entities import Param
+
+    from ..tracking.store import ensure_experiment
+
+    c = client(uri)
+    exp_id = ensure_experiment(c, uri, cfg.mlflow_experiment)
+    tags = {
+        L.MLFLOW_PARENT_RUN: parent_run_id,
+        TAG_STUDY: study_name,
+        TAG_TRIAL: str(number),
+        TAG_RUN_KIND: L.KIND_TRIAL,
+        TAG_TRIAL_STATE: TrialState.RUNNING.name,
+    }
+    t = exp.temperature.initial_temperature
+    run = c.create_run(exp_id, tags=tags, run_name=trial_run_name(number, t, exp.mutation.strength))
+    knobs = {k: v for k, v in exp.flat().items() if k != "seed"}
+    c.log_batch(run.info.run_id, params=[Param(k, _param_text(v)) for k, v in knobs.items()])
+    return run.info.run_id
+
+
+def _param_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if isinstance(value, (list, tuple)) else str(value)[:500]
+
+
+def finish_trial_run(
+    uri: str, run_id: str, number: int, seeds: list[tuple[int, Any]], status: str
+) -> None:
+    """End a multi-seed trial's run: with every seed's RunEnd (``seeds``: (seed, RunEnd)),
+    the means over seeds of the runs' final metrics (the objective's ``final_val_acc``
+    among them, so the UI's columns read the trial's values) and a description with the
+    per-seed table; ``status``: FINISHED, FAILED or KILLED. The trial's state and
+    ``objective.*`` values come from :func:`record_trial`."""
+    from mlflow.entities import Metric
+
+    c = client(uri)
+    if seeds:
+        now, n = int(time.time() * 1000), len(seeds)
+        values = {
+            L.FINAL_VAL_ACC: sum(e.val_acc for _, e in seeds) / n,
+            L.FINAL_VAL_LOSS: sum(e.val_loss for _, e in seeds) / n,
+            L.TEST_ACC: sum(e.test_acc for _, e in seeds) / n,
+            L.FINAL_PARAMS: sum(e.derived_params for _, e in seeds) / n,
+            L.RUN_SECONDS: sum(e.seconds for _, e in seeds),  # the trial's cost: all its runs
+        }
+        c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
+        rows = [
+            f"| {seed} | {e.val_acc:.4f} | {e.test_acc:.4f} | {e.derived_params:,} |"
+            for seed, e in seeds
+        ]
+        c.set_tag(
+            run_id,
+            L.TAG_NOTE,
+            "\n".join(
+                [
+                    f"**Trial {number}**: the mean over seeds {', '.join(str(s) for s, _ in seeds)}"
+                    f" (their runs are nested under this one): validation accuracy "
+                    f"**{values[L.FINAL_VAL_ACC]:.4f}**, test accuracy "
+                    f"{values[L.TEST_ACC]:.4f} (reported, never optimised).",
+                    "",
+                    "| seed | val acc | test acc | parameters |",
+                    "|---|---|---|---|",
+                    *rows,
+                ]
+            ),
+        )
+    c.set_terminated(run_id, status=status)
 
 
 # --------------------------------------------------------------------------- the parent's summary
@@ -259,7 +336,6 @@ def finish_parent_run(
 def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[FrozenTrial]) -> None:
     """``asolab.best = true`` on the runs of the best trial (or the Pareto front), and on
     no other run of the study, so the runs table can filter on it."""
-    from .storage import ATTR_MLFLOW_RUN
 
     keep = {t.user_attrs.get(ATTR_MLFLOW_RUN) for t in best} - {None}
     exp = c.get_experiment_by_name(cfg.mlflow_experiment)
@@ -279,7 +355,6 @@ def study_description(
     c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str, best: list[FrozenTrial]
 ) -> str:
     """The parent run's Markdown description: objective, best trial (linked), top trials."""
-    from .storage import ATTR_MLFLOW_RUN
 
     exp_id = c.get_run(parent_run_id).info.experiment_id
     trials = study.get_trials(deepcopy=False)
@@ -335,26 +410,45 @@ def _save(ax: Any, path: Path) -> None:
 
 def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[str], list[str]]:
     """Write the study's plots as PNG (matplotlib); returns (written, notes on skipped plots)."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    written: list[str] = []
+    notes: list[str] = []
+    for name, make, needs in _plot_jobs(cfg, study):
+        if len(complete) < needs:
+            notes.append(
+                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
+                f"{len(complete)}"
+            )
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
+                ax = make()
+            _save(ax, out / f"{name}.png")
+            written.append(f"{name}.png")
+        except Exception as exc:  # a plot must never fail the study
+            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
+            log.info("study plot %s skipped: %s", name, exc)
+    return written, notes
+
+
+def _plot_jobs(cfg: StudyConfig, study: optuna.Study) -> list[tuple[str, Any, int]]:
+    """(name, a function that draws it, the complete trials it needs) for each plot."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import optuna.visualization.matplotlib as vis
     from optuna.importance import FanovaImportanceEvaluator
 
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     multi = len(study.directions) > 1
     names = list(cfg.objective.metrics)
     target = (lambda t: t.values[0]) if multi else None
     target_name = names[0]
-    written: list[str] = []
-    notes: list[str] = []
     params = [p.optuna_name for p in cfg.params]
-    contour = [
-        c for c in CONTOUR_PARAMS if c in params
-    ]  # temperature x mutation strength when both are tuned
+    # temperature x mutation strength when both are tuned
+    contour = [c for c in CONTOUR_PARAMS if c in params]
     if len(contour) < 2:
         contour = params[:2]
-
     jobs: list[tuple[str, Any, int]] = [
         (
             "optimization_history",
@@ -391,23 +485,7 @@ def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[
         jobs.append(("pareto_front", lambda: vis.plot_pareto_front(study, target_names=names), 1))
     elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         jobs.append(("intermediate_values", lambda: vis.plot_intermediate_values(study), 0))
-    for name, make, needs in jobs:
-        if len(complete) < needs:
-            notes.append(
-                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
-                f"{len(complete)}"
-            )
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
-                ax = make()
-            _save(ax, out / f"{name}.png")
-            written.append(f"{name}.png")
-        except Exception as exc:  # a plot must never fail the study
-            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
-            log.info("study plot %s skipped: %s", name, exc)
-    return written, notes
+    return jobs
 
 
 def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> list[str]:
@@ -427,8 +505,6 @@ def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> lis
 def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
     """The best trials as a pandas DataFrame (the Pareto front for two objectives)."""
     import pandas as pd
-
-    from .storage import ATTR_MLFLOW_RUN
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(study.directions) > 1:

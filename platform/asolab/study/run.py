@@ -32,7 +32,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..threads import auto_threads
+from ..tracking.store import mask_password
 from . import report
 from .config import StudyConfig, check_study_name
 from .objective import TrialContext, run_trial
@@ -168,14 +170,12 @@ def open_study(
             load_if_exists=True,
         )
     except ValueError as exc:
-        raise ConfigError(
-            f"study {study_name!r} in {report.mask_password(storage_url)}: {exc}"
-        ) from None
+        raise ConfigError(f"study {study_name!r} in {mask_password(storage_url)}: {exc}") from None
     if list(study.directions) != [
         optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions
     ]:
         raise ConfigError(
-            f"study {study_name!r} in {report.mask_password(storage_url)} exists with other "
+            f"study {study_name!r} in {mask_password(storage_url)} exists with other "
             f"objectives ({[d.name for d in study.directions]}); use another --study-name or "
             "storage"
         )
@@ -243,7 +243,7 @@ def _tell(
 
 
 def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
-    one_line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    one_line = f"{type(exc).__name__}: {first_line(exc)}"
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:
@@ -333,7 +333,10 @@ def run_study(
     from ..tracking import check_reachable, resolve_tracking_uri
 
     name = check_study_name(study_name) if study_name else cfg.name
-    url = resolve_storage_url(storage_url, cfg.storage.url)
+    uri = resolve_tracking_uri(
+        tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
+    )
+    url = resolve_storage_url(storage_url, cfg.storage.url, uri)
     budget, seconds = resolve_budget(cfg, n_trials, timeout)
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1 (got {workers})")
@@ -343,9 +346,6 @@ def run_study(
             "as unsafe for concurrent workers; use the default journal storage (omit --storage, "
             "or give a path ending in .log) or PostgreSQL"
         )
-    uri = resolve_tracking_uri(
-        tracking_uri or cfg.tracking.tracking_uri or cfg.base.tracking.tracking_uri
-    )
     check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
@@ -411,6 +411,8 @@ def _run_workers(
             "--seed",
             str(cfg.seed),
         ]
+        for text in cfg.set_overrides:
+            cmd += ["--set", text]
         log.info("starting worker %d: %s", k, " ".join(cmd))
         procs.append(subprocess.Popen(cmd))
     try:

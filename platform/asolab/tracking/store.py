@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import first_line
+
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
 
@@ -47,6 +49,14 @@ def default_store_dir() -> Path:
 def default_tracking_uri() -> str:
     """``sqlite:///<working directory>/mlruns/mlflow.db``."""
     return f"sqlite:///{default_store_dir() / DB_NAME}"
+
+
+def store_dir(uri: str) -> Path:
+    """The folder of the store ``uri`` names: a local SQLite file's folder, else
+    :func:`default_store_dir`. The Optuna journal of studies lies there, beside MLflow's
+    database, so that one folder holds a project's whole record."""
+    db = sqlite_path(uri)
+    return db.absolute().parent if db is not None else default_store_dir()
 
 
 def resolve_tracking_uri(config_uri: str = "") -> str:
@@ -159,8 +169,7 @@ def database_unreachable(url: str, timeout: float = 5.0) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(exc).__name__}: {first_line(exc)}"[:300]
 
 
 def mask_password(url: str) -> str:

@@ -1,0 +1,140 @@
+"""``load_data``: a registered data set, loaded, checked and split deterministically.
+
+Splits: ``test`` is the data set's own test split (sets without one, digits
+among them, get a fixed carve-out from ``data.split_seed``); ``val`` is carved
+out of the training data from the run's seed and is what alpha-training and
+every selection use. The test split is reported, never optimised. A set without
+declared normalisation is normalised by the per-channel mean and std of its
+training split (everything but the test split), recorded with the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+
+from ..config import DataConfig
+from ..plugins import PluginError
+from .checks import channel_stats, standardise
+from .core import Arrays, Augmentation, DataBundle, DataError, DatasetSpec, Split
+from .registry import REGISTRY
+
+log = logging.getLogger(__name__)
+
+
+def _check_val_size(fraction: float, n_val: int, n: int, name: str, need: int) -> None:
+    """Refuse a validation split smaller than the number of classes.
+
+    Alpha-training, the per-epoch val_acc, the choice of the final network and
+    every study objective are measured on it: an empty split makes them all 0,
+    and one with fewer examples than classes cannot hold an example of every
+    class, so the search would steer by a measurement blind to some classes.
+    """
+    if n_val >= need:
+        return
+    least = math.ceil(need / n * 10_000) / 10_000  # 4 decimals, rounded up: n * least >= need
+    raise DataError(
+        f"data.val_fraction = {fraction:g} holds out {n_val} of the {n} training examples of "
+        f"{name} for validation, which needs at least {need} (one per class: alpha-training "
+        f"and selection are measured on it); use data.val_fraction >= {least:g}"
+    )
+
+
+def _check_train_subset(cfg: DataConfig, n: int, need: int) -> None:
+    """Refuse a search subset that cannot hold one example per class (``train_subset = 1``
+    would train on one image without a word); warn when it is less than one batch."""
+    subset = cfg.train_subset
+    if not subset or subset >= n:
+        return
+    if subset < need:
+        raise DataError(
+            f"data.train_subset = {subset} keeps {subset} of the {n} training examples of "
+            f"{cfg.name} for the search, fewer than its {need} classes; use "
+            f"data.train_subset >= {need} (0 = all)"
+        )
+    if subset < cfg.batch_size:
+        log.warning(
+            "data.train_subset = %d is less than data.batch_size = %d: each search epoch is "
+            "one step on %d examples",
+            subset,
+            cfg.batch_size,
+            subset,
+        )
+
+
+def _spec(name: str) -> DatasetSpec:
+    if name not in REGISTRY:
+        raise DataError(f"unknown data set {name!r}; known: {', '.join(REGISTRY)}")
+    try:
+        return REGISTRY[name]
+    except PluginError as exc:
+        raise DataError(str(exc)) from None
+
+
+def _load(spec: DatasetSpec, cfg: DataConfig) -> Arrays:
+    """The loader's arrays, checked; a plugin's own failure is one line naming it."""
+    origin = REGISTRY.origin(cfg.name)
+    where = f"data set {cfg.name!r}" + ("" if REGISTRY.builtin(cfg.name) else f" ({origin})")
+    try:
+        raw = spec.loader(cfg)
+    except DataError:
+        raise
+    except Exception as exc:  # a plugin's loader can fail in any way; say which one failed
+        if REGISTRY.builtin(cfg.name):
+            raise
+        log.debug("loader of %s failed", cfg.name, exc_info=True)
+        raise DataError(f"{where}: its loader failed: {type(exc).__name__}: {exc}") from None
+    return standardise(spec, raw, where, cfg.image_size)
+
+
+def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
+    """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
+    ``seed``)."""
+    spec = _spec(cfg.name)
+    a = _load(spec, cfg)
+    xtr, ytr, xte, yte = a.x_train, a.y_train, a.x_test, a.y_test
+    if xte is None or yte is None:
+        perm = np.random.default_rng(cfg.split_seed).permutation(len(ytr))
+        n_test = int(round(cfg.test_fraction * len(ytr)))
+        xte, yte = xtr[perm[:n_test]], ytr[perm[:n_test]]
+        xtr, ytr = xtr[perm[n_test:]], ytr[perm[n_test:]]
+    mean_, std_ = (a.mean, a.std) if a.mean and a.std else channel_stats(xtr)
+    num_classes = int(a.num_classes or 0)
+    perm = np.random.default_rng(seed).permutation(len(ytr))
+    n_val = int(round(cfg.val_fraction * len(ytr)))
+    _check_val_size(cfg.val_fraction, n_val, len(ytr), cfg.name, num_classes)
+    val_idx, train_idx = perm[:n_val], perm[n_val:]
+    _check_train_subset(cfg, len(train_idx), num_classes)
+    mean = torch.tensor(mean_, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(std_, dtype=torch.float32).view(1, -1, 1, 1)
+
+    def split(x: np.ndarray, y: np.ndarray) -> Split:
+        xt = (torch.from_numpy(np.ascontiguousarray(x)) - mean) / std
+        return Split(xt.to(device), torch.from_numpy(np.ascontiguousarray(y)).to(device))
+
+    full_train = split(xtr[train_idx], ytr[train_idx])
+    train = full_train.head(cfg.train_subset) if cfg.train_subset else full_train
+    height, width = int(xtr.shape[2]), int(xtr.shape[3])
+    bundle = DataBundle(
+        name=cfg.name,
+        train=train,
+        val=split(xtr[val_idx], ytr[val_idx]),
+        test=split(xte, yte),
+        full_train=full_train,
+        num_classes=num_classes,
+        in_channels=int(xtr.shape[1]),
+        image_size=max(height, width),
+        augmentation=spec.augmentation if cfg.augment else Augmentation(),
+        source=a.source,
+        mean=tuple(float(m) for m in mean_),
+        std=tuple(float(s) for s in std_),
+        origin=str(REGISTRY.origin(cfg.name)),
+        height=height,
+        width=width,
+        classes=a.classes,
+    )
+    log.info("data set %s: %s", cfg.name, bundle.summary())
+    return bundle

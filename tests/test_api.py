@@ -1,0 +1,84 @@
+"""The Python API: ``asolab.run``, ``load_config``, ``runs``, ``load_model``, light to import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ONE_CYCLE
+from mlflow import MlflowClient
+
+import asolab
+from asolab.config import PROJECT_ROOT, ConfigError, ExperimentConfig
+from asolab.data import load_data
+from asolab.tracking import layout as L
+
+
+def test_import_asolab_loads_neither_torch_nor_mlflow():
+    code = (
+        "import sys, asolab; asolab.run; asolab.load_config; "
+        "print(json.dumps(sorted(m for m in ('torch', 'mlflow', 'pandas') if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code],
+        env={"PYTHONPATH": str(PROJECT_ROOT / "platform")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out) == []
+
+
+def test_load_config_takes_a_name_a_path_or_a_config_with_overrides():
+    by_name = asolab.load_config("digits", {"search.cycles": 1})
+    by_path = asolab.load_config(PROJECT_ROOT / "experiments" / "digits.toml", ["search.cycles=1"])
+    assert isinstance(by_name, ExperimentConfig) and by_name == by_path
+    again = asolab.load_config(by_name, {"seed": 3})
+    assert again.seed == 3 and again.search.cycles == 1
+    with pytest.raises(ConfigError, match="search.cycles"):
+        asolab.load_config("digits", {"search.cycles": 0})
+    with pytest.raises(ConfigError, match="mapping or a list"):
+        asolab.load_config("digits", "search.cycles=1")
+
+
+def test_run_returns_the_result_and_the_mlflow_run_and_load_model_predicts(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = {**ONE_CYCLE, "data.train_subset": 150, "tracking.log_models": True}
+    result = asolab.run("digits", overrides, tracking_uri=store)
+    assert isinstance(result, asolab.RunResult) and result.tracking_uri == store
+    run = MlflowClient(store).get_run(result.run_id)
+    assert run.data.metrics[L.TEST_ACC] == pytest.approx(result.test_acc)
+    assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(result.genotype)
+    assert result.params == int(run.data.metrics[L.FINAL_PARAMS])
+
+    # the compare table of the store, as a DataFrame
+    table = asolab.runs(tracking_uri=store)
+    assert list(table["run_id"]) == [result.run_id]
+    assert table.loc[0, "test_acc"] == pytest.approx(result.test_acc)
+    assert asolab.runs(tracking_uri=store, filter="params.seed = '7'").empty
+
+    # the final network, by a prefix of the run id, predicts as the run measured
+    model = asolab.load_model(result.run_id[:8], tracking_uri=store)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    data = load_data(result.config.data, seed=result.config.seed)
+    with torch.no_grad():
+        acc = (model(data.test.x).argmax(1) == data.test.y).float().mean().item()
+    assert acc == pytest.approx(result.test_acc, abs=1e-6)
+
+
+def test_load_model_of_a_run_without_a_model_says_so(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = asolab.run("digits", {**ONE_CYCLE, "data.train_subset": 100}, store)
+    with pytest.raises(ConfigError, match="has no model"):
+        asolab.load_model(result.run_id, tracking_uri=store)
+    with pytest.raises(ConfigError, match="nope"):
+        asolab.load_model("nope", tracking_uri=store)
+
+
+def test_run_untracked_records_nothing_and_has_no_run_id(tmp_path):
+    result = asolab.run("digits", {**ONE_CYCLE, "data.train_subset": 100}, track=False)
+    assert result.run_id is None and result.tracking_uri is None
+    assert 0 <= result.val_acc <= 1 and result.genotype.num_edges > 0

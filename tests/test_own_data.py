@@ -1,0 +1,300 @@
+"""A researcher's own data, no code: an ImageFolder of images and an ``.npz`` of arrays.
+
+The images and arrays are written by the tests; runs use tiny sizes. Every bad
+input is one line ``asolab: error: ...`` and exit status 2, before any training.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ONE_CYCLE
+from mlflow import MlflowClient
+from PIL import Image
+
+import asolab
+from asolab import config
+from asolab.cli import main
+from asolab.data import DataError, load_data
+
+CLASSES = ("cat", "dog", "owl")
+TINY = ONE_CYCLE
+
+
+def _image(rng, label: int, size: tuple[int, int], mode: str) -> Image.Image:
+    """A class-dependent brightness, so the classes can be told apart."""
+    w, h = size
+    base = rng.random((h, w)) * 60 + 80 * label
+    if mode == "L":
+        return Image.fromarray(base.astype(np.uint8), "L")
+    rgb = np.stack([base, base * 0.5, 255 - base], axis=2).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB")
+
+
+def write_folder(
+    root: Path,
+    per_class: int = 10,
+    test_per_class: int = 0,
+    mode: str = "L",
+    size: tuple[int, int] = (10, 10),
+    classes: tuple[str, ...] = CLASSES,
+) -> Path:
+    """``root/train/<class>/*.png`` (and ``root/test/...`` when test_per_class)."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("test", test_per_class)):
+        for label, name in enumerate(classes):
+            if not n:
+                continue
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                _image(rng, label, size, mode).save(folder / f"{i:03d}.png")
+    return root
+
+
+def write_npz(path: Path, n: int = 60, channels: int = 1, **extra) -> Path:
+    rng = np.random.default_rng(0)
+    y = np.arange(n) % 3
+    x = (rng.random((n, channels, 8, 8)) * 80 + 60 * y[:, None, None, None]).astype(np.uint8)
+    if channels == 1:
+        x = x[:, 0]  # (N, H, W) is accepted too
+    arrays = {"x_train": x, "y_train": y, **extra}
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+def _sets(overrides: dict) -> list[str]:
+    """``--set key=value`` arguments, values in TOML (json.dumps writes TOML's scalars)."""
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+def _cfg(**data) -> config.DataConfig:
+    return config.DataConfig(**data)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def test_a_folder_loads_with_its_class_names_test_split_and_training_statistics(tmp_path):
+    root = write_folder(tmp_path / "imgs", per_class=10, test_per_class=3)
+    d = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert d.num_classes == 3 and d.in_channels == 1 and d.image_size == 10
+    assert len(d.test) == 9  # test/ is the test split, not a carve-out
+    assert len(d.train) + len(d.val) == 30
+    assert d.classes == CLASSES and d.source == str(root.resolve())
+    # normalised by the training split's statistics: its pixels have mean ~0, std ~1
+    train = torch.cat([d.full_train.x, d.val.x])
+    assert abs(train.mean().item()) < 1e-4 and abs(train.std().item() - 1) < 1e-2
+    summary = d.summary()
+    assert summary["source"] == str(root.resolve()) and len(summary["mean"]) == 1
+
+
+def test_a_folder_without_test_images_gets_the_fixed_carve_out(tmp_path):
+    root = write_folder(tmp_path / "imgs", per_class=10)
+    a = load_data(_cfg(name="folder", data_dir=str(root), test_fraction=0.2), seed=0)
+    b = load_data(_cfg(name="folder", data_dir=str(root), test_fraction=0.2), seed=1)
+    assert len(a.test) == 6 and torch.equal(a.test.x, b.test.x)  # split_seed, not the seed
+    c = load_data(_cfg(name="folder", data_dir=str(root), split_seed=3), seed=0)
+    assert not torch.equal(a.test.y, c.test.y) or not torch.equal(a.test.x, c.test.x)
+
+
+def test_mixed_grey_and_colour_images_become_rgb_at_the_most_common_size(tmp_path):
+    root = write_folder(tmp_path / "imgs", per_class=6, mode="L", size=(10, 10))
+    # a few colour images of another size: reconciled, not refused
+    write_folder(tmp_path / "other", per_class=2, mode="RGB", size=(14, 12))
+    for name in CLASSES:
+        for p in (tmp_path / "other" / "train" / name).iterdir():
+            p.rename(root / "train" / name / f"rgb_{p.name}")
+    d = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert d.in_channels == 3 and tuple(d.train.x.shape[2:]) == (10, 10)
+    sized = load_data(_cfg(name="folder", data_dir=str(root), image_size=6), seed=0)
+    assert tuple(sized.train.x.shape[1:]) == (3, 6, 6) and sized.image_size == 6
+
+
+def test_arrays_load_uint8_and_float_with_or_without_a_test_split(tmp_path):
+    path = write_npz(tmp_path / "a.npz", n=60)
+    d = load_data(_cfg(name="arrays", path=str(path)), seed=0)
+    assert d.num_classes == 3 and d.in_channels == 1 and len(d.test) == 12
+    rng = np.random.default_rng(1)
+    path = tmp_path / "f.npz"
+    np.savez(
+        path,
+        x_train=rng.random((40, 3, 6, 6), dtype=np.float32),
+        y_train=np.arange(40) % 4,
+        x_test=rng.random((8, 3, 6, 6), dtype=np.float32),
+        y_test=np.arange(8) % 4,
+        classes=np.array(["a", "b", "c", "d", "e"]),
+    )
+    d = load_data(_cfg(name="arrays", path=str(path), image_size=8), seed=0)
+    assert d.num_classes == 5 and d.classes == ("a", "b", "c", "d", "e")  # classes fixes k
+    assert tuple(d.test.x.shape) == (8, 3, 8, 8) and len(d.mean) == 3
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _truncated_png(path: Path) -> None:
+    """A PNG cut inside its pixel data: the header reads, the pixels do not."""
+    noise = np.random.default_rng(0).integers(0, 255, (10, 10), dtype=np.uint8)
+    Image.fromarray(noise).save(path)
+    path.write_bytes(path.read_bytes()[:-40])
+
+
+def _bad_folder(tmp_path: Path, case: str) -> dict:
+    root = tmp_path / "imgs"
+    if case == "one class":
+        write_folder(root, classes=("cat",))
+    elif case == "no images":
+        for name in CLASSES:
+            (root / "train" / name).mkdir(parents=True)
+            (root / "train" / name / "notes.txt").write_text("not an image")
+    elif case == "not an image":
+        write_folder(root)
+        (root / "train" / "dog" / "broken.png").write_text("this is text, not a PNG")
+    elif case == "corrupt image":
+        write_folder(root)
+        _truncated_png(root / "train" / "owl" / "cut.png")
+    elif case == "transparency mixed":
+        write_folder(root)
+        rgba = np.full((10, 10, 4), 200, np.uint8)
+        rgba[..., 3] = 10  # real transparency, which the other images lack
+        Image.fromarray(rgba, "RGBA").save(root / "train" / "cat" / "clear.png")
+    elif case == "no folder":
+        root = tmp_path / "missing"
+    return {"data.name": "folder", "data.data_dir": str(root)}
+
+
+def _bad_arrays(tmp_path: Path, case: str) -> dict:
+    path = tmp_path / "a.npz"
+    y = np.arange(60) % 3
+    if case == "missing keys":
+        np.savez(path, images=np.zeros((60, 8, 8), np.uint8), y_train=y)
+    elif case == "mismatched lengths":
+        np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=y[:50])
+    elif case == "labels out of range":
+        np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=y - 1)
+    elif case == "test labels out of range":
+        np.savez(
+            path,
+            x_train=np.zeros((60, 8, 8), np.uint8),
+            y_train=y,
+            x_test=np.zeros((6, 8, 8), np.uint8),
+            y_test=np.full(6, 7),
+        )
+    elif case == "channels differ":
+        np.savez(
+            path,
+            x_train=np.zeros((60, 1, 8, 8), np.uint8),
+            y_train=y,
+            x_test=np.zeros((6, 3, 8, 8), np.uint8),
+            y_test=y[:6],
+        )
+    elif case == "not an npz":
+        path.write_text("x_train,y_train\n1,2\n")
+    elif case == "no path":
+        return {"data.name": "arrays"}
+    return {"data.name": "arrays", "data.path": str(path)}
+
+
+BAD = {
+    "one class": (_bad_folder, ["holds 1 class folder", "cat", "two or more"]),
+    "no images": (_bad_folder, ["no images", ".png"]),
+    "not an image": (_bad_folder, ["broken.png", "not an image"]),
+    "corrupt image": (_bad_folder, ["cut.png", "corrupt"]),
+    "transparency mixed": (_bad_folder, ["cannot be reconciled", "clear.png", "transparency"]),
+    "no folder": (_bad_folder, ["missing", "not a folder"]),
+    "missing keys": (_bad_arrays, ["missing key(s) x_train", "it has: images, y_train"]),
+    "mismatched lengths": (_bad_arrays, ["60 images", "50 labels"]),
+    "labels out of range": (_bad_arrays, ["y_train[0] = -1", "out of range"]),
+    "test labels out of range": (_bad_arrays, ["y_test[0] = 7", "0..2"]),
+    "channels differ": (_bad_arrays, ["3 channel(s)", "cannot be reconciled"]),
+    "not an npz": (_bad_arrays, ["not a readable .npz"]),
+    "no path": (_bad_arrays, ["needs data.path"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_own_data_is_one_error_line_and_status_2(case, tmp_path, capsys):
+    make, words = BAD[case]
+    overrides = make(tmp_path, case)
+    rc = main(["run", "--quiet", "--no-track", "--set", "threads=1", *_sets(overrides)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("asolab: error: ") and "\n" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_a_set_too_large_for_memory_is_refused_before_loading_with_the_estimate(tmp_path):
+    """The .npz's header claims a million 3x1024x1024 images (12 TB as float32): refused
+    from the header alone; its data was never written, so loading would have failed."""
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        for key, shape, dtype in (
+            ("x_train", (10**6, 3, 1024, 1024), "|u1"),
+            ("y_train", (10**6,), "<i8"),
+        ):
+            with zf.open(f"{key}.npy", "w") as fh:
+                header = {"descr": dtype, "fortran_order": False, "shape": shape}
+                np.lib.format.write_array_header_1_0(fh, header)
+    with pytest.raises(DataError, match=r"needs about \d+\.\d GB .* GB are free") as info:
+        load_data(_cfg(name="arrays", path=str(path)), seed=0)
+    assert "11718.75 GB as float32" in str(info.value)
+    # the same for a folder, sized from its images' headers before any is decoded
+    root = write_folder(tmp_path / "imgs", per_class=10)
+    with pytest.raises(DataError, match=r"data set 'folder' .* needs about"):
+        load_data(_cfg(name="folder", data_dir=str(root), image_size=60000), seed=0)
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_a_folder_run_records_the_data_set_source_sizes_and_normalisation(tmp_path, capsys):
+    """Through ``asolab run``: the run's dataset input in MLflow names the folder and
+    holds the split sizes and the training split's mean and std."""
+    root = write_folder(tmp_path / "imgs", per_class=12, test_per_class=3)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = {**TINY, "data.name": "folder", "data.data_dir": str(root)}
+    rc = main(["run", "--quiet", *_sets({**overrides, "tracking.tracking_uri": store})])
+    assert rc == 0, capsys.readouterr().err
+    client = MlflowClient(store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.params["data.name"] == "folder"
+    assert run.data.params["data.data_dir"] == str(root)
+    (inp,) = run.inputs.dataset_inputs
+    ds = inp.dataset
+    assert ds.name == "folder" and ds.source_type == "local"
+    assert json.loads(ds.source) == {"uri": str(root.resolve())}
+    profile = json.loads(ds.profile)
+    assert profile["train"] + profile["val"] == 36 and profile["test"] == 9
+    assert profile["num_classes"] == 3 and profile["image_size"] == 10
+    assert profile["classes"] == list(CLASSES)
+    assert len(profile["mean"]) == len(profile["std"]) == 1 and 0 < profile["std"][0] < 1
+
+
+def test_own_data_through_the_python_api_rgb_folder_and_arrays(tmp_path):
+    root = write_folder(tmp_path / "rgb", per_class=12, mode="RGB", size=(9, 9))
+    result = asolab.run(
+        "digits", {**TINY, "data.name": "folder", "data.data_dir": str(root)}, track=False
+    )
+    assert result.run_id is None and 0.0 <= result.val_acc <= 1.0 and result.params > 0
+    assert result.config.data.name == "folder"
+    path = write_npz(tmp_path / "a.npz", n=60, channels=3)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = asolab.run("digits", {**TINY, "data.name": "arrays", "data.path": str(path)}, store)
+    run = MlflowClient(store).get_run(result.run_id)
+    profile = json.loads(run.inputs.dataset_inputs[0].dataset.profile)
+    assert profile["in_channels"] == 3 and len(profile["mean"]) == 3
+    assert run.data.metrics["test_acc"] == pytest.approx(result.test_acc)
+
+
+def test_an_arrays_run_through_asolab_run(tmp_path, capsys):
+    path = write_npz(tmp_path / "a.npz", n=60)
+    overrides = {**TINY, "data.name": "arrays", "data.path": str(path)}
+    rc = main(["run", "--quiet", "--no-track", *_sets(overrides)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "test accuracy" in out

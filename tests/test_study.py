@@ -847,6 +847,8 @@ def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
         capsys.readouterr()
         assert main(["study", "--summary", str(file)]) == 2  # nothing recorded here yet
         assert "no study 'one'" in capsys.readouterr().err
+        assert main(["compare"]) == 2  # read-only too
+        assert "no MLflow store" in capsys.readouterr().err
         assert sorted(p.name for p in folder.iterdir()) == ["one.toml", "tiny.toml"]
         assert main(["study", str(file)]) == 0
         store = folder / "mlruns"

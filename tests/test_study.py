@@ -890,6 +890,8 @@ def test_set_applies_to_every_trial_and_the_cost_is_printed(
     assert lines[2].startswith("  about ") and "left for 1 more trials" in lines[2], lines[2]
     _, children = runs_of(tmp_path, "quick")
     assert len(children) == 2
+    assert main(argv) == 0  # the budget is met: the plan says so, nothing runs
+    assert "2 held already, 0 to run" in capsys.readouterr().out.splitlines()[0]
     for run in children:  # the file says cycles = 1 ([overrides]); --set wins
         assert run.data.params["data.train_subset"] == "150"
         assert run.data.params["search.cycles"] == "2"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import platform as _platform  # the standard library module (platform/ is not a package)
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from asolab import threads
+from asolab.interrupt import Terminated, sigterm_as_interrupt
 
 # Before torch loads OpenMP (a benchmark imports this module first): sleeping waits.
 threads.prepare_environment()
@@ -71,3 +73,14 @@ def machine() -> str:
         f"{_platform.machine()}, {torch.get_num_threads()} torch threads, {gpu}, "
         f"torch {torch.__version__}"
     )
+
+
+def run_resumable(main: Callable[[], int], stopped: str) -> None:
+    """Exit with ``main()``'s status; a Ctrl-C or SIGTERM (a killed run ends KILLED with
+    its checkpoint) prints ``stopped`` and exits 130 or 143."""
+    try:
+        with sigterm_as_interrupt():
+            sys.exit(main())
+    except KeyboardInterrupt as exc:
+        print(stopped, file=sys.stderr)
+        sys.exit(143 if isinstance(exc, Terminated) else 130)

@@ -43,7 +43,7 @@ def measure(
     for x, y in list(
         Batches(runner.data.train.head(4 * runner.cfg.data.batch_size), runner.cfg.data.batch_size)
     ):
-        runner._weight_step(x, y, runner.net.sample_plans(tau, differentiable=False))
+        runner.weight_step(x, y, runner.net.sample_plans(tau, differentiable=False))
     waiting = total = 0.0
     images = 0
     for _ in range(epochs):
@@ -64,7 +64,7 @@ def measure(
                 waiting += time.perf_counter() - t0
                 break
             waiting += time.perf_counter() - t0
-            runner._weight_step(x, y, runner.net.sample_plans(tau, differentiable=False))
+            runner.weight_step(x, y, runner.net.sample_plans(tau, differentiable=False))
             images += len(y)
         total += time.perf_counter() - start
     return images, waiting, total

@@ -31,10 +31,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
+import tempfile
 
 import torch
-from _common import machine
+from _common import machine, run_resumable
 
 from asolab.baseline.arms import ARMS, DEFAULT_ARMS
 from asolab.baseline.run import run_set
@@ -47,7 +47,6 @@ from asolab.compare.arms import (
 )
 from asolab.compare.select import load_selection
 from asolab.config import load, parse_override
-from asolab.interrupt import Terminated, sigterm_as_interrupt
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker, resolve_tracking_uri
 from asolab.tracking import layout as L
@@ -117,7 +116,9 @@ def source_run(uri: str, cfg, experiment: str) -> str:
         run_name=f"{cfg.data.name}-aso-se-seed{cfg.seed}",
         log_models=cfg.tracking.log_models,
     )
-    Runner(cfg, [tracker]).run()
+    # checkpointed into the run, as `asolab run` does: `asolab rank` needs the supernet
+    with tempfile.TemporaryDirectory(prefix="search-quality-") as work:
+        Runner(cfg, [tracker], checkpoint_dir=work).run()
     return tracker.run_id or ""
 
 
@@ -237,13 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        with sigterm_as_interrupt():  # a killed run ends KILLED with its checkpoint
-            sys.exit(main())
-    except KeyboardInterrupt as exc:
-        print(
-            "search_quality: stopped; the same command continues it (finished runs are kept, "
-            "the stopped one resumes from its checkpoint)",
-            file=sys.stderr,
-        )
-        sys.exit(143 if isinstance(exc, Terminated) else 130)
+    run_resumable(
+        main,
+        "search_quality: stopped; the same command continues it (finished runs are kept, "
+        "the stopped one resumes from its checkpoint)",
+    )

@@ -17,7 +17,7 @@ path sampling over the relaxation; the target is at least 5x with 8 ops.
 shape of NeuroExapt's ASO-SE code (``init_channels`` 16, 5 or 8 cells, 4 nodes,
 all 8 ops, batch 64, random 3x32x32 and 3x8x8 images, a synthetic data set made
 here): a sampled W-step, a straight-through alpha step and a W-retraining step
-of the derived network, as the runner runs them (``Runner._weight_step`` /
+of the derived network, as the runner runs them (``Runner.weight_step`` /
 ``_alpha_step``, gradient clipping included), each in seconds per 256 images.
 The per-phase evaluation and BatchNorm calibration are not included. The last
 line sets the L8 3x32x32 figures beside NeuroExapt's, per image: its figures
@@ -160,11 +160,11 @@ def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, di
         runner = Runner(load(None, overrides), data=data)
         plans = runner.net.genotype_plans(runner.net.derive())
         runner.net.train()
-        fns[(layout, "W-step")] = lambda r=runner: r._weight_step(
+        fns[(layout, "W-step")] = lambda r=runner: r.weight_step(
             x, y, r.net.sample_plans(1.0, differentiable=False)
         )
-        fns[(layout, "alpha")] = lambda r=runner: r._alpha_step(x, y, 1.0)
-        fns[(layout, "W-retrain")] = lambda r=runner, p=plans: r._weight_step(x, y, p)
+        fns[(layout, "alpha")] = lambda r=runner: r.alpha_step(x, y, 1.0)
+        fns[(layout, "W-retrain")] = lambda r=runner, p=plans: r.weight_step(x, y, p)
     seconds = interleaved(fns, 1 if smoke else 5)
     out: dict[str, dict[str, float]] = {layout: {} for layout in LAYOUTS}
     for (layout, step), s in seconds.items():

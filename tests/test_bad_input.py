@@ -327,7 +327,7 @@ def test_out_of_memory_during_a_run_ends_it_failed_with_one_line(
     def out_of_memory(self):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
-    monkeypatch.setattr(Runner, "_w_train", out_of_memory)
+    monkeypatch.setattr(Runner, "w_train", out_of_memory)
     store = ok_store
     rc, err = run_main(
         [

@@ -404,7 +404,7 @@ def test_ranking_never_reads_the_test_split(tiny_cfg):
     runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
     for _ in range(4):
         # the search without its final evaluation (which reports the test split)
-        runner._next_phase()
+        runner.next_phase()
     pairs = measure(runner, samples=2, epochs=1, seed=0)
     assert sorted(p.source for p in pairs) == ["alphas", "alphas", "random", "random"]
     assert all(0 <= p.one_shot_val_acc <= 1 and 0 <= p.standalone_val_acc <= 1 for p in pairs)

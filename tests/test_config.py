@@ -157,7 +157,7 @@ def _float_fields(cls=config.ExperimentConfig, prefix=""):
     import dataclasses
 
     for f in dataclasses.fields(cls):
-        sub = config._section_type(f)
+        sub = config.section_type(f)
         if sub is not None:
             yield from _float_fields(sub, f"{prefix}{f.name}.")
         elif str(f.type) == "float":
@@ -172,7 +172,7 @@ def test_inf_is_accepted_exactly_where_the_message_and_the_docs_say_so():
     page = DOC.read_text()
     takes_inf = []
     for key, meta in _float_fields():
-        allowed = config._allowed(meta)
+        allowed = config.describe_allowed(meta)
         try:
             config.load(None, {key: float("inf")})
             accepted = True

@@ -126,7 +126,7 @@ def test_the_test_venv_sees_the_running_interpreters_packages(tmp_path):
             f"{d}\n"
             for d in [
                 *site.getsitepackages(),
-                Path(config.__file__).parents[1],
+                Path(config.__file__).parents[2],  # platform/: asolab/config/__init__.py
                 Path(__file__).parent,
             ]
         )

@@ -1,20 +1,24 @@
 """Plugins, the Python way: a package the test builds and installs adds a data set and
 ops through the entry-point groups ``asolab.datasets`` and ``asolab.ops``.
 
-The package is installed with ``pip install --no-deps --target DIR``; with DIR on
+The package (a wheel the test writes) is installed with ``pip install --no-deps --target
+DIR``; with DIR on
 PYTHONPATH its entry points are read by ``importlib.metadata``, so its names are
 valid config values at once, in ``asolab run`` (a subprocess) and in ``asolab.run``.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,31 +63,47 @@ def wide_1x1(c, stride, affine):
     return nn.Conv2d(c, 2 * c, 1, stride=stride)  # twice the channels: the wrong shape
 '''
 
-PYPROJECT = """
-[build-system]
-requires = ["setuptools"]
-build-backend = "setuptools.build_meta"
+ENTRY_POINTS = """\
+[asolab.datasets]
+blobs = asolab_blobs:load_blobs
 
-[project]
-name = "asolab-blobs"
-version = "0.3.1"
-
-[project.entry-points."asolab.datasets"]
-blobs = "asolab_blobs:load_blobs"
-
-[project.entry-points."asolab.ops"]
-conv_1x1 = "asolab_blobs:conv_1x1"
-wide_1x1 = "asolab_blobs:wide_1x1"
+[asolab.ops]
+conv_1x1 = asolab_blobs:conv_1x1
+wide_1x1 = asolab_blobs:wide_1x1
 """
 OPS_WITH_PLUGIN = ["skip_connect", "sep_conv_3x3", "conv_1x1"]
 
 
+def build_wheel(folder: Path) -> Path:
+    """The package as a wheel, written by hand (a wheel is a zip with its metadata), so
+    that building it needs no build backend and no network."""
+    dist = "asolab_blobs-0.3.1"
+    files = {
+        "asolab_blobs.py": textwrap.dedent(PLUGIN),
+        f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\nName: asolab-blobs\nVersion: 0.3.1\n",
+        f"{dist}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        f"{dist}.dist-info/entry_points.txt": ENTRY_POINTS,
+    }
+    record = [
+        f"{name},sha256="
+        + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        + f",{len(text.encode())}"
+        for name, text in files.items()
+    ]
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    wheel = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory) -> Path:
-    """The package built from source and installed into a folder of its own."""
-    src = tmp_path_factory.mktemp("src")
-    (src / "pyproject.toml").write_text(PYPROJECT)
-    (src / "asolab_blobs.py").write_text(textwrap.dedent(PLUGIN))
+    """The package built and installed into a folder of its own, as pip installs it."""
+    wheel = build_wheel(tmp_path_factory.mktemp("dist"))
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [
@@ -93,16 +113,15 @@ def plugin_dir(tmp_path_factory) -> Path:
             "install",
             "--quiet",
             "--no-deps",
-            "--no-build-isolation",
             "--no-index",
             "--target",
             str(target),
-            str(src),
+            str(wheel),
         ],
         check=True,
         capture_output=True,
-        cwd=src,
     )
+    assert (target / "asolab_blobs-0.3.1.dist-info" / "entry_points.txt").is_file()
     return target
 
 
@@ -148,6 +167,7 @@ def test_plugin_names_are_config_values_and_show_in_run_help(plugin_path, capsys
     assert cfg.data.name == "blobs" and cfg.space.primitives == ("conv_1x1",)
 
 
+@pytest.mark.slow
 def test_asolab_run_searches_a_plugin_data_set_with_a_plugin_op(plugin_dir, tmp_path):
     """A subprocess, as a researcher runs it: the plugin's data set and op are used and
     recorded (tag asolab.plugins with the package and version; the op set in the
@@ -240,6 +260,7 @@ def test_code_registration_adds_a_data_set_and_an_op_and_checks_the_op():
         asolab.load_config("digits", {"space.primitives": ["pool_1x1"]})
 
 
+@pytest.mark.slow
 def test_compare_warns_when_runs_searched_different_op_sets(tmp_path, capsys):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     small = {**TINY, "data.train_subset": 100}
@@ -252,13 +273,16 @@ def test_compare_warns_when_runs_searched_different_op_sets(tmp_path, capsys):
         )
     ]
     capsys.readouterr()
-    assert main(["compare", "--tracking-uri", store]) == 0
-    err = capsys.readouterr().err
-    (line,) = [x for x in err.splitlines() if x.startswith("asolab: warning:")]
+    report = tmp_path / "report"
+    assert main(["compare", "--tracking-uri", store, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    page = (report / "index.html").read_text()
+    assert "<b>Different op sets.</b> The compared runs searched 2" in page
+    (line,) = [x for x in out.splitlines() if x.startswith("warning: different op sets.")]
     assert "2 different op sets" in line and "[sep_conv_3x3]" in line and "[max_pool_3x3]" in line
     # runs that searched one op set: no warning
     assert main(["compare", "--tracking-uri", store, "--run", ids[0], "--run", ids[2]]) == 0
-    assert "op sets" not in capsys.readouterr().err
+    assert "op sets" not in capsys.readouterr().out
     # the Python API's table warns the same way
     with caplog_at_warning() as records:
         table = asolab.runs(tracking_uri=store)

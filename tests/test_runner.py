@@ -17,8 +17,8 @@ from asolab import config
 from asolab.data import Batches, Split, load_data
 from asolab.progress import ProgressObserver
 from asolab.runner import Runner
-from asolab.runner.cycle import PHASES
 from asolab.runner.events import Recorder
+from asolab.runner.phases import PHASES
 from asolab.space.network import DerivedNetwork
 
 
@@ -33,7 +33,7 @@ def _changed(before, params):
 def test_alpha_training_changes_only_alphas(tiny_cfg):
     r = Runner(tiny_cfg)
     w0, a0 = _snapshot(r.net.weight_parameters()), _snapshot(r.net.alpha_parameters())
-    r._alpha_train()
+    r.alpha_train()
     assert not any(_changed(w0, r.net.weight_parameters()))
     assert all(_changed(a0, r.net.alpha_parameters()))
     assert all(p.requires_grad for p in r.net.weight_parameters())  # unfrozen afterwards
@@ -47,7 +47,7 @@ def test_alpha_entropy_says_how_far_the_alphas_have_decided(tiny_cfg):
         for a in r.net.alpha_parameters():
             a.zero_()
     assert r.net.alpha_entropy() == pytest.approx(1.0)
-    r._alpha_train()
+    r.alpha_train()
     moved = r.net.alpha_entropy()
     assert 0.5 < moved < 1.0
     with torch.no_grad():
@@ -60,7 +60,7 @@ def test_alpha_entropy_says_how_far_the_alphas_have_decided(tiny_cfg):
 def test_w_training_changes_only_weights(tiny_cfg):
     r = Runner(tiny_cfg)
     w0, a0 = _snapshot(r.net.weight_parameters()), _snapshot(r.net.alpha_parameters())
-    r._w_train()
+    r.w_train()
     assert not any(_changed(a0, r.net.alpha_parameters()))
     assert sum(_changed(w0, r.net.weight_parameters())) > len(w0) // 4
 
@@ -70,22 +70,22 @@ def test_phases_back_to_back_on_one_batch_never_backprop_twice(tiny_cfg):
     x, y = next(iter(Batches(r.data.train, 16)))
     r.net.train()
     for _ in range(2):
-        r._weight_step(x, y, r.net.sample_plans(1.0, differentiable=False))
-        r._alpha_step(x, y, 1.0)
+        r.weight_step(x, y, r.net.sample_plans(1.0, differentiable=False))
+        r.alpha_step(x, y, 1.0)
     r.state.genotype = r.net.derive()
-    r._weight_step(x, y, r.net.genotype_plans(r.state.genotype))
-    r._alpha_step(x, y, 1.0)
+    r.weight_step(x, y, r.net.genotype_plans(r.state.genotype))
+    r.alpha_step(x, y, 1.0)
 
 
 def test_optimizers_live_for_the_whole_run_and_keep_momentum(tiny_cfg):
     r = Runner(tiny_cfg)
     wopt, aopt = r.weight_opt, r.alpha_opt
-    r._w_train()
+    r.w_train()
     stem_weight = r.net.stem[0].weight
     momentum = r.weight_opt.state[stem_weight]["momentum_buffer"].clone()
-    r._alpha_train()
-    r._mutate()
-    r._retrain("retrain", 1, r.data.train)
+    r.alpha_train()
+    r.mutate_phase()
+    r.retrain("retrain", 1, r.data.train)
     assert r.weight_opt is wopt and r.alpha_opt is aopt
     assert not torch.equal(
         r.weight_opt.state[stem_weight]["momentum_buffer"], momentum
@@ -98,13 +98,13 @@ def test_optimizers_live_for_the_whole_run_and_keep_momentum(tiny_cfg):
 
 def test_derived_network_shares_the_supernets_weights(tiny_cfg):
     r = Runner(tiny_cfg)
-    r._w_train()
-    r._mutate()
+    r.w_train()
+    r.mutate_phase()
     view = DerivedNetwork(r.net, r.state.genotype)
     assert {id(p) for p in view.parameters()} == {id(p) for p in r.net.parameters()}
     used = list(r.net.derived_parameters(r.state.genotype))
     before = _snapshot(used)
-    r._retrain("retrain", 1, r.data.train)
+    r.retrain("retrain", 1, r.data.train)
     assert any(_changed(before, used))  # retraining improved the supernet's own tensors
 
 
@@ -113,10 +113,10 @@ def test_derived_network_starts_from_the_supernets_training(tiny_cfg):
         **{"search.w_epochs": 4, "data.train_subset": 0, "space.init_channels": 8}
     )
     trained = Runner(cfg)
-    trained._w_train()
+    trained.w_train()
     genotype = trained._derive_calibrated()
     fresh = Runner(cfg)
-    fresh._calibrate(genotype)
+    fresh.calibrate(genotype)
     inherited_acc = trained.evaluate(trained.data.val, genotype)[1]
     fresh_acc = fresh.evaluate(fresh.data.val, genotype)[1]
     assert inherited_acc > 0.2 and inherited_acc > fresh_acc + 0.05, (inherited_acc, fresh_acc)
@@ -640,7 +640,7 @@ def test_checkpoint_at_a_position_its_run_never_reaches_is_refused(tiny_cfg, tmp
 
 def test_every_checkpoint_of_a_run_is_at_a_position_it_reaches(tmp_path):
     """The position check accepts every checkpoint a real run writes (warm-up, final epochs)."""
-    from asolab.runner.cycle import epochs_done
+    from asolab.runner.state import epochs_done
 
     class Check(Recorder):
         def on_checkpoint(self, event):
@@ -732,8 +732,8 @@ def test_a_diverging_loss_is_a_one_line_cli_error(capsys):
 
 def test_run_state_round_trips_through_plain_data(tiny_cfg):
     """What a checkpoint stores of RunState reads back equal, field by field."""
-    from asolab.runner.cycle import Position, RunState
     from asolab.runner.events import GrowthEvent
+    from asolab.runner.state import Position, RunState
 
     g = Runner(tiny_cfg).net.derive()
     event = GrowthEvent(

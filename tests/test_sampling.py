@@ -7,8 +7,9 @@ import torch
 
 from asolab.config import TemperatureConfig
 from asolab.evolution.mutation import mutate, num_edits
-from asolab.evolution.sampling import SCHEDULES, FairPaths, gumbel_softmax_st, temperature
+from asolab.evolution.sampling import SCHEDULES, temperature
 from asolab.space import PRIMITIVES, Genotype
+from asolab.space.sampling import FairPaths, gumbel_softmax_st
 
 CFG = TemperatureConfig(initial_temperature=5.0, min_temperature=0.5, anneal_fraction=0.8)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import torch
 from conftest import TINY
@@ -46,7 +47,7 @@ def _planted_supernet(tiny_cfg):
     cfg = tiny_cfg.replace(**{k: v for k, v in ONE_CELL.items() if k != "space.primitives"})
     cfg = cfg.replace(**{"space.primitives": PRIMS})
     runner = Runner(cfg, data=dataclasses.replace(load_data(cfg.data, cfg.seed), test=None))
-    runner._next_phase()  # W-training
+    runner.next_phase()  # W-training
     cell = runner.net.cells[0]
     with torch.no_grad():
         for (node, inp), keep in (((0, 0), None), ((0, 1), PRIMS.index(PLANTED))):
@@ -138,6 +139,41 @@ def test_perturbation_selection_never_reads_the_test_split(tiny_cfg):
     recorder = Recorder()
     runner = Runner(cfg, [recorder], data=dataclasses.replace(load_data(cfg.data, 0), test=None))
     for _ in range(4):  # the search without its final evaluation (which reports the test split)
-        runner._next_phase()
+        runner.next_phase()
     (mutation,) = recorder.of("mutation")
     assert mutation.selection["genotype"] == str(mutation.before)
+
+
+def test_selection_quality_driver_pairs_both_selections_and_ranks(capsys, tmp_path):
+    """bench/selection_quality.py (smoke sizes, digits): both selections' sets and ranks are
+    recorded; a second invocation with --report trains nothing and prints the pairs."""
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(
+        "bench_selection_quality", bench / "selection_quality.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--smoke", "--datasets", "digits", "--seeds", "0,1", "--threads", "1"]
+    args += ["--tracking-uri", uri]
+    assert module.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("  ranked ") == 4  # two ASO-SE runs per selection
+    assert module.main([*args, "--report"]) == 0
+    report = capsys.readouterr().out
+    assert "  ranked " not in report and "# selection" not in report
+    assert "perturbation - alpha" in report and "size taken out" in report
+    assert "ranking, perturbation: supernet tau" in report
+    assert "per seed: test % (val %) and parameters" in report
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        f"params.`search.selection` = 'perturbation' and tags.`{L.TAG_ARM}` = 'aso-se'",
+    )
+    assert len(runs) == 2
+    listed = [a.path for a in client.list_artifacts(runs[0].info.run_id, L.SELECTION_DIR)]
+    assert L.selection_artifact(0) in listed

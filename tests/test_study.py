@@ -434,7 +434,7 @@ def test_study_file_errors_name_file_and_key(tmp_path: Path) -> None:
             "storage.heartbeat_interval (60) must be less than storage.grace_period"
         ),
         "n_trials = 0\ntimeout = 0": "needs a time budget",
-        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf]",
+        "n_trials = -1": "n_trials = -1 is out of range; allowed: in [0, inf)",
         'timeout = "1h"': "timeout must be a number",
         "sampler = { population_size = 1 }": "sampler.population_size = 1 is out of range",
     }

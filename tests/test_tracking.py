@@ -658,7 +658,7 @@ def test_store_writes_inline_or_on_a_thread_record_the_same_run(store, tmp_path)
 def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
     """Store writes on the thread must fill the gaps training leaves, not preempt
     torch's workers: the thread, and the processes it starts, run at nice 19."""
-    from asolab.tracking.mlflow_tracker import _StoreWriter
+    from asolab.tracking.writer import StoreWriter
 
     seen = {}
 
@@ -667,7 +667,7 @@ def test_the_writer_thread_and_its_dot_processes_run_at_the_lowest_priority():
         out = subprocess.run(["sh", "-c", "ps -o ni= -p $$"], capture_output=True, text=True)
         seen["child"] = int(out.stdout)
 
-    writer = _StoreWriter(inline=False)
+    writer = StoreWriter(inline=False)
     writer.submit(job)
     writer.drain()
     assert seen == {"thread": 19, "child": 19}
@@ -810,13 +810,14 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
 
 
 def test_layout_names_what_the_runner_reports(tracked):
-    """The phase_index values follow the runner's phase table; the memory metrics are
-    memory_stats' keys; the learning rates are the EpochEnd.lrs keys."""
-    from asolab.runner.cycle import PHASES
+    """The phase_index values follow the runner's phase table and keep the values runs
+    already recorded; the memory metrics are memory_stats' keys; the learning rates are
+    the EpochEnd.lrs keys."""
     from asolab.runner.memory import memory_stats
+    from asolab.runner.phases import PHASES
 
     assert list(L.PHASE_INDEX) == [p.name for p in PHASES] + ["final"]
-    assert list(L.PHASE_INDEX.values()) == list(range(len(PHASES) + 1))
+    assert L.PHASE_INDEX == {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
     assert set(memory_stats(torch.device("cpu"))) <= set(L.MEMORY_METRICS)
     assert {k for e in tracked["recorder"].of("epoch_end") for k in e.lrs} == {
         L.WEIGHT_LR,

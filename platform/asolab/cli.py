@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from . import threads as _threads
+from .options import add_quiet, add_set
 
 # Before anything imports torch: OpenMP reads its wait policy once, when torch loads it.
 _threads.prepare_environment()
@@ -56,15 +57,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
             "experiment TOML (default: experiments/digits.toml); a bare name looks in experiments/"
         ),
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value (repeatable)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_set(p)
+    add_quiet(p)
     p.add_argument(
         "--no-track",
         action="store_true",

@@ -1,7 +1,7 @@
 """The configuration reference, generated from the config fields themselves.
 
 Every key of an experiment file and of a study file is a dataclass field that
-carries its default, its constraint and its help text (``config._field``); this
+carries its default, its constraint and its help text (``config.field``); this
 module turns them into the tables of ``docs/configuration.md``, so the page
 cannot drift from the code (a test regenerates it and compares)::
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .config import PROJECT_ROOT, ExperimentConfig, Registered, _allowed, _section_type
+from .config import PROJECT_ROOT, ExperimentConfig, Registered, describe_allowed, section_type
 
 DOC = PROJECT_ROOT / "docs" / "configuration.md"
 BEGIN = (
@@ -45,14 +45,14 @@ def _allowed_text(meta: Any) -> str:
         path = "platform/" + choices.module.replace(".", "/")
         path += "/" if (PROJECT_ROOT / path).is_dir() else ".py"  # a package: data/
         return f"a name in `{choices.attr}` of `{path}`"
-    return _allowed(meta)
+    return describe_allowed(meta)
 
 
 def _rows(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """``(key, default, meaning)`` for every leaf field of ``cls``, tables flattened."""
     instance = cls()
     for f in dataclasses.fields(cls):
-        sub = _section_type(f)
+        sub = section_type(f)
         if sub is not None:
             yield from _rows(sub, f"{prefix}{f.name}.")
             continue

@@ -21,13 +21,7 @@ from .runner.events import (
     RunInterrupted,
     RunStart,
 )
-
-PHASE_TITLES = {
-    "w_train": "W-training",
-    "alpha": "alpha-training",
-    "retrain": "W-retraining",
-    "final": "final training",
-}
+from .runner.phases import ALPHA, FINAL, PHASE_TITLES, RETRAIN, W_TRAIN
 
 
 class ProgressObserver(Observer):
@@ -51,10 +45,10 @@ class ProgressObserver(Observer):
     def on_run_start(self, event: RunStart) -> None:
         s = event.config.search
         self.epochs = {
-            "w_train": s.w_epochs,
-            "alpha": s.alpha_epochs,
-            "retrain": s.retrain_epochs,
-            "final": event.final_epochs or s.final_epochs,
+            W_TRAIN: s.w_epochs,
+            ALPHA: s.alpha_epochs,
+            RETRAIN: s.retrain_epochs,
+            FINAL: event.final_epochs or s.final_epochs,
         }
         self.warmup = s.warmup_epochs
         d = event.data
@@ -66,7 +60,7 @@ class ProgressObserver(Observer):
 
     @staticmethod
     def _resumed(position: dict) -> str:
-        if position.get("next") == "final" and position.get("stage_epoch"):
+        if position.get("next") == FINAL and position.get("stage_epoch"):
             return f"resumed in the final stage at epoch {position['stage_epoch'] + 1}"
         return f"resumed at cycle {position['cycle']}"
 
@@ -76,9 +70,9 @@ class ProgressObserver(Observer):
             self._close()
             self.key = key
             label = PHASE_TITLES[event.phase] + (
-                "" if event.phase == "final" else f" {event.cycle + 1}"
+                "" if event.phase == FINAL else f" {event.cycle + 1}"
             )
-            total = self.epochs[event.phase] + (self.warmup if key == (0, "w_train") else 0)
+            total = self.epochs[event.phase] + (self.warmup if key == (0, W_TRAIN) else 0)
             # A run resumed inside the final stage starts its bar at the epoch it resumed at.
             # The bar appears after the phase's first epoch, so tqdm's own clock would miss
             # that epoch (and show a rate of many epochs per second): the time and what is
@@ -138,8 +132,8 @@ class ProgressObserver(Observer):
         )
 
     def on_final_plan(self, event: FinalPlan) -> None:
-        self.epochs["final"] = event.epochs
-        if self.bar is not None and self.key is not None and self.key[1] == "final":
+        self.epochs[FINAL] = event.epochs
+        if self.bar is not None and self.key is not None and self.key[1] == FINAL:
             self.bar.total = event.epochs
             self._show_left()
         self._write(

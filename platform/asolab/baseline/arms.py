@@ -39,9 +39,10 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
-from ..runner.cycle import Position, epochs_done
+from ..runner.phases import W_TRAIN
+from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
-from ..space.ops import PARAMETER_FREE
+from ..space.ops import NONE, PARAMETER_FREE
 
 GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
 FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
@@ -72,12 +73,12 @@ class FixedGenotypeRunner(Runner):
         # arm trains the same epochs on the same schedule instead of fitting its own.
         self.state.final_epochs = final_epochs
 
-    def _w_train(self) -> None:
+    def w_train(self) -> None:
         s = self.cfg.search
         epochs = s.w_epochs + (s.warmup_epochs if self.state.position.cycle == 0 else 0)
-        self._retrain("w_train", epochs, self.data.train)
+        self.retrain(W_TRAIN, epochs, self.data.train)
 
-    def _alpha_train(self) -> None:
+    def alpha_train(self) -> None:
         pass
 
     @classmethod
@@ -85,14 +86,14 @@ class FixedGenotypeRunner(Runner):
         # alpha-training trains nothing here, so its epochs never count
         return epochs_done(position, dataclasses.replace(search, alpha_epochs=0))
 
-    def _mutate(self) -> None:
+    def mutate_phase(self) -> None:
         pass
 
-    def _final_genotype(self) -> Genotype:
+    def choose_final_genotype(self) -> Genotype:
         assert self.state.genotype is not None
         return self.state.genotype
 
-    def _fresh_weights(self) -> None:
+    def fresh_weights(self) -> None:
         # An arm's weights are its own from the start: search.final_weights (the search's
         # hand-over to the final network) would discard the arm's search-split epochs.
         pass
@@ -103,7 +104,7 @@ class FinalOnlyRunner(FixedGenotypeRunner):
     W-training and W-retraining epochs pass untrained (counted, so the final
     epochs keep their places and learning rates in the schedule)."""
 
-    def _retrain(self, phase: str, epochs: int, split) -> None:
+    def retrain(self, phase: str, epochs: int, split) -> None:
         self.state.position.global_epoch += epochs
         self.state.position.weight_epoch += epochs
 
@@ -119,7 +120,7 @@ def random_genotype(
     """A uniformly random genotype: per node two distinct inputs, each with a non-none op;
     with ``param_free_cap`` >= 0, uniform over those whose cells keep within the cap
     (drawn again until one does)."""
-    ops = [p for p in primitives if p != "none"]
+    ops = [p for p in primitives if p != NONE]
     while True:
         g = _uniform_genotype(rng, ops, steps)
         if param_free_cap < 0 or g.most_param_free() <= param_free_cap:

@@ -10,6 +10,8 @@ import sys
 
 from ..config import ConfigError
 from ..interrupt import sigterm_as_interrupt
+from ..options import add_quiet, add_threads, add_tracking_uri
+from ..tracking import layout as L
 from .arms import ARMS, DEFAULT_ARMS
 
 BASELINE_TEXT = (
@@ -50,20 +52,9 @@ def _arms(text: str) -> list[str]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        metavar="N",
-        help="torch CPU threads (default: the run's own)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
-    )
+    add_threads(p, help="torch CPU threads (default: the run's own)")
+    add_quiet(p)
+    add_tracking_uri(p)
 
 
 def add_baseline(sub: argparse._SubParsersAction) -> None:
@@ -184,27 +175,10 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 def cmd_rank(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
-    from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning, rank_run
-    from .sizerank import size_lines
+    from .ranking import rank_run
 
     uri = resolve_tracking_uri(args.tracking_uri)
     check_reachable(uri)
-
-    def pair(p) -> None:
-        if not args.quiet:
-            seeds = (
-                " (" + " ".join(f"{a:.4f}" for a in p.standalone_by_seed) + ")"
-                if len(p.standalone_by_seed) > 1
-                else ""
-            )
-            print(
-                f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
-                f"stand-alone {p.standalone_val_acc:.4f}{seeds}  "
-                f"{p.genotype}",
-                file=sys.stderr,
-                flush=True,
-            )
-
     figures = rank_run(
         uri,
         args.run,
@@ -212,42 +186,64 @@ def cmd_rank(args: argparse.Namespace) -> int:
         args.epochs,
         args.seed,
         overrides={"threads": args.threads} if args.threads else None,
-        on_pair=pair,
+        on_pair=(lambda p: None) if args.quiet else _print_pair,
         standalone_seeds=args.standalone_seeds,
     )
+    _print_ranking(args.run, figures)
+    return 0
+
+
+def _print_pair(p) -> None:
+    """One genotype's accuracies as it is measured (on stderr: the summary goes to stdout)."""
+    seeds = (
+        " (" + " ".join(f"{a:.4f}" for a in p.standalone_by_seed) + ")"
+        if len(p.standalone_by_seed) > 1
+        else ""
+    )
     print(
-        f"ranking of run {args.run}'s supernet ({int(figures['ranking_genotypes'])} genotypes, "
+        f"  {p.source:<6} one-shot {p.one_shot_val_acc:.4f}  "
+        f"stand-alone {p.standalone_val_acc:.4f}{seeds}  "
+        f"{p.genotype}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _print_ranking(run: str, figures: dict[str, float]) -> None:
+    from .ranking import lead_text, lead_warning, p_text, proxy_text, proxy_warning
+    from .sizerank import size_lines
+
+    print(
+        f"ranking of run {run}'s supernet ({int(figures[L.RANKING_GENOTYPES])} genotypes, "
         f"{proxy_text(figures)}):"
     )
-    for label, suffix in (("sampled from alphas", ""), ("random", "_random"), ("all", "_all")):
+    labels = ("sampled from alphas", "random", "all")
+    for label, (suffix, _) in zip(labels, L.RANKING_GROUPS):
         print(
-            f"  {label:<20} Kendall tau {_fig(figures[f'ranking_kendall_tau{suffix}'])}"
-            f"{p_text(figures[f'ranking_kendall_p{suffix}'])}  "
-            f"Spearman rho {_fig(figures[f'ranking_spearman_rho{suffix}'])}"
+            f"  {label:<20} Kendall tau {_fig(figures[L.RANKING_KENDALL_TAU + suffix])}"
+            f"{p_text(figures[L.RANKING_KENDALL_P + suffix])}  "
+            f"Spearman rho {_fig(figures[L.RANKING_SPEARMAN_RHO + suffix])}"
         )
-    if "ranking_proxy_kendall_tau" in figures:
+    if L.RANKING_PROXY_TAU in figures:
         print(
             f"  {'proxy (seed vs seed)':<20} Kendall tau "
-            f"{_fig(figures['ranking_proxy_kendall_tau'])}"
-            f"{p_text(figures['ranking_proxy_kendall_p'])}  "
+            f"{_fig(figures[L.RANKING_PROXY_TAU])}"
+            f"{p_text(figures[L.RANKING_PROXY_P])}  "
             "(the stand-alone proxy against itself: the most a one-shot tau can show)"
         )
-        warning = proxy_warning(figures)
-        if warning:
+        if warning := proxy_warning(figures):
             print(f"  {warning}")
     print("  (p: two-sided, how often a tau this far from 0 comes by chance alone)")
     lead = lead_text(figures)
     print(
-        f"  stand-alone val acc, mean: from alphas {figures['ranking_standalone_mean']:.4f}, "
-        f"random {figures['ranking_standalone_mean_random']:.4f}"
+        f"  stand-alone val acc, mean: from alphas {figures[L.RANKING_STANDALONE_MEAN]:.4f}, "
+        f"random {figures[L.RANKING_STANDALONE_MEAN_RANDOM]:.4f}"
         + (f"; the alphas lead by {lead}" if lead else "")
     )
-    warning = lead_warning(figures)
-    if warning:
+    if warning := lead_warning(figures):
         print(f"  {warning}")
     for line in size_lines(figures):
         print(f"  {line}")
-    return 0
 
 
 def _fig(v: float) -> str:

@@ -61,60 +61,64 @@ def pareto_png(panels: Sequence[tuple[str, Sequence[Point]]]) -> bytes | None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(7.4 * len(panels), 4.2), squeeze=False)
-    cmap = plt.get_cmap("tab10")
     for ax, (title, pts) in zip(axes[0], panels):
-        groups = list(dict.fromkeys(p.group for p in pts))
-        for g, group in enumerate(groups):
-            mine = [p for p in pts if p.group == group]
-            colour = cmap(g % 10)
-            label = f"{group} (val)"
-            for hl in (False, True):
-                chosen = [p for p in mine if p.highlight == hl]
-                if not chosen:
-                    continue
-                style = {"s": 70, "edgecolors": "black", "linewidths": 1.2} if hl else {"s": 26}
-                ax.scatter(
-                    [p.params for p in chosen],
-                    [p.val_acc for p in chosen],
-                    color=colour,
-                    marker="o",
-                    label=label,
-                    zorder=3,
-                    **style,
-                )
-                label = None  # one legend entry per group
-            tests = [p for p in mine if not math.isnan(p.test_acc)]
-            if tests:
-                ax.scatter(
-                    [p.params for p in tests],
-                    [p.test_acc for p in tests],
-                    color=colour,
-                    marker="x",
-                    s=30,
-                    label=f"{group} (test, marked)",
-                    zorder=2,
-                )
-        front = [pts[k] for k in pareto_front([(p.params, p.val_acc) for p in pts])]
-        ax.step(
-            [p.params for p in front],
-            [p.val_acc for p in front],
-            where="post",
-            color="black",
-            linewidth=1,
-            label="Pareto front (val)",
-            zorder=1,
-        )
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters")
-        ax.set_ylabel("accuracy")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        _draw_panel(ax, title, pts, plt.get_cmap("tab10"))
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _draw_panel(ax, title: str, pts: Sequence[Point], cmap) -> None:
+    """One panel of :func:`pareto_png`: the groups' points, then the front."""
+    groups = list(dict.fromkeys(p.group for p in pts))
+    for g, group in enumerate(groups):
+        mine = [p for p in pts if p.group == group]
+        colour = cmap(g % 10)
+        label = f"{group} (val)"
+        for hl in (False, True):
+            chosen = [p for p in mine if p.highlight == hl]
+            if not chosen:
+                continue
+            style = {"s": 70, "edgecolors": "black", "linewidths": 1.2} if hl else {"s": 26}
+            ax.scatter(
+                [p.params for p in chosen],
+                [p.val_acc for p in chosen],
+                color=colour,
+                marker="o",
+                label=label,
+                zorder=3,
+                **style,
+            )
+            label = None  # one legend entry per group
+        tests = [p for p in mine if not math.isnan(p.test_acc)]
+        if tests:
+            ax.scatter(
+                [p.params for p in tests],
+                [p.test_acc for p in tests],
+                color=colour,
+                marker="x",
+                s=30,
+                label=f"{group} (test, marked)",
+                zorder=2,
+            )
+    front = [pts[k] for k in pareto_front([(p.params, p.val_acc) for p in pts])]
+    ax.step(
+        [p.params for p in front],
+        [p.val_acc for p in front],
+        where="post",
+        color="black",
+        linewidth=1,
+        label="Pareto front (val)",
+        zorder=1,
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 
 
 def ranking_points(pairs: Sequence[dict]) -> list[Point]:

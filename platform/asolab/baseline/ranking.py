@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,7 +46,8 @@ from ..space.cells import edge_index
 from ..space.flops import network_size
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.network import SearchNetwork
-from ..space.ops import PARAMETER_FREE
+from ..space.ops import NONE, PARAMETER_FREE
+from ..tracking import layout as L
 from .arms import FixedGenotypeRunner, random_genotype
 from .pareto import log_png, pareto_png, ranking_points
 from .sizerank import size_correlations
@@ -75,7 +77,7 @@ def sample_genotype(
     with ``param_free_cap`` >= 0, among the ops with weights once a cell has that many
     parameter-free ones (as mutation does)."""
     prims = net.spec.primitives
-    allowed = [i for i, p in enumerate(prims) if p != "none"]
+    allowed = [i for i, p in enumerate(prims) if p != NONE]
     cells = {}
     for kind in CELL_TYPES:
         w = (net.alphas[kind].detach().cpu() / temperature).softmax(-1)
@@ -139,7 +141,7 @@ def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBund
     validation accuracy; the test split is not even evaluated."""
     runner = FixedGenotypeRunner(cfg, genotype=genotype, data=data)
     while runner.state.position.cycle < runner.cfg.search.cycles:
-        runner._next_phase()
+        runner.next_phase()
     assert runner.state.genotype is not None
     return runner.evaluate(runner.data.val, runner.state.genotype)[1]
 
@@ -175,7 +177,7 @@ def measure(
     # One-shot first, while the supernet is as the run left it (calibration only touches BN
     # statistics).
     one_shot = {
-        (src, g.canonical): runner.evaluate(runner.data.val, runner._calibrate(g))[1]
+        (src, g.canonical): runner.evaluate(runner.data.val, runner.calibrate(g))[1]
         for src, gs in drawn.items()
         for g in gs
     }
@@ -212,26 +214,23 @@ def correlations(pairs: list[Pair]) -> dict[str, float]:
     proxy's reliability: tau (and p) between the first two seeds over all genotypes."""
     from scipy.stats import spearmanr
 
-    out: dict[str, float] = {"ranking_genotypes": float(len(pairs))}
-    for suffix, chosen in (
-        ("", [p for p in pairs if p.source == "alphas"]),
-        ("_random", [p for p in pairs if p.source == "random"]),
-        ("_all", pairs),
-    ):
+    out: dict[str, float] = {L.RANKING_GENOTYPES: float(len(pairs))}
+    for suffix, group in L.RANKING_GROUPS:
+        chosen = [p for p in pairs if p.source == group] if group in SOURCES else pairs
         a = [p.one_shot_val_acc for p in chosen]
         b = [p.standalone_val_acc for p in chosen]
         tau, p = _kendall(a, b)
-        out[f"ranking_kendall_tau{suffix}"] = tau
-        out[f"ranking_kendall_p{suffix}"] = p
-        out[f"ranking_spearman_rho{suffix}"] = (
+        out[L.RANKING_KENDALL_TAU + suffix] = tau
+        out[L.RANKING_KENDALL_P + suffix] = p
+        out[L.RANKING_SPEARMAN_RHO + suffix] = (
             math.nan if math.isnan(tau) else float(spearmanr(a, b).statistic)
         )
     if pairs and all(len(p.standalone_by_seed) >= 2 for p in pairs):
         tau, p = _kendall(
             [p.standalone_by_seed[0] for p in pairs], [p.standalone_by_seed[1] for p in pairs]
         )
-        out["ranking_proxy_kendall_tau"] = tau
-        out["ranking_proxy_kendall_p"] = p
+        out[L.RANKING_PROXY_TAU] = tau
+        out[L.RANKING_PROXY_P] = p
     return out
 
 
@@ -245,30 +244,30 @@ def alphas_lead(pairs: list[Pair]) -> dict[str, float]:
 
     groups = [[p.standalone_val_acc for p in pairs if p.source == s] for s in SOURCES]
     out = {
-        f"ranking_standalone_mean{suffix}": (sum(g) / len(g) if g else math.nan)
-        for suffix, g in zip(("", "_random"), groups)
+        L.RANKING_STANDALONE_MEAN + suffix: (sum(g) / len(g) if g else math.nan)
+        for (suffix, _), g in zip(L.RANKING_GROUPS, groups)
     }
     lead = low = high = math.nan
     if all(len(g) >= 2 for g in groups):
-        lead = out["ranking_standalone_mean"] - out["ranking_standalone_mean_random"]
+        lead = out[L.RANKING_STANDALONE_MEAN] - out[L.RANKING_STANDALONE_MEAN_RANDOM]
         if any(len(set(g)) > 1 for g in groups):  # Welch's interval needs some spread
             interval = ttest_ind(*groups, equal_var=False).confidence_interval(0.95)
             low, high = float(interval.low), float(interval.high)
     return out | {
-        "ranking_alphas_lead": lead,
-        "ranking_alphas_lead_low": low,
-        "ranking_alphas_lead_high": high,
+        L.RANKING_ALPHAS_LEAD: lead,
+        L.RANKING_ALPHAS_LEAD_LOW: low,
+        L.RANKING_ALPHAS_LEAD_HIGH: high,
     }
 
 
 def lead_text(figures: dict[str, float]) -> str:
     """The alphas' lead in points with its interval: "+0.30 points (95% CI -0.61 ..
     +1.21)", or "" for a run ranked before it was logged."""
-    lead = figures.get("ranking_alphas_lead", math.nan)
+    lead = figures.get(L.RANKING_ALPHAS_LEAD, math.nan)
     if math.isnan(lead):
         return ""
-    low = figures.get("ranking_alphas_lead_low", math.nan)
-    high = figures.get("ranking_alphas_lead_high", math.nan)
+    low = figures.get(L.RANKING_ALPHAS_LEAD_LOW, math.nan)
+    high = figures.get(L.RANKING_ALPHAS_LEAD_HIGH, math.nan)
     interval = "" if math.isnan(low) else f" (95% CI {100 * low:+.2f} .. {100 * high:+.2f})"
     return f"{100 * lead:+.2f} points{interval}"
 
@@ -277,10 +276,10 @@ def lead_warning(figures: dict[str, float]) -> str | None:
     """A line for when the alphas' genotypes are not shown to train better alone than
     random ones (the interval of the lead reaches zero): the search's choice then rests
     on the alpha phase, whatever the supernet's ranking. None otherwise."""
-    low = figures.get("ranking_alphas_lead_low", math.nan)
+    low = figures.get(L.RANKING_ALPHAS_LEAD_LOW, math.nan)
     if math.isnan(low) or low > 0:
         return None
-    entropy = figures.get("ranking_alpha_entropy", math.nan)
+    entropy = figures.get(L.RANKING_ALPHA_ENTROPY, math.nan)
     moved = "" if math.isnan(entropy) else f" (their entropy is {entropy:.2f} of uniform)"
     return (
         "the alphas' genotypes are not shown to train better alone than random ones"
@@ -297,8 +296,8 @@ def p_text(p: float) -> str:
 def proxy_text(figures: dict[str, float]) -> str:
     """The stand-alone proxy's size: "stand-alone 6 epochs x 2 seeds" (or "stand-alone
     size not recorded" for a run ranked before it was logged)."""
-    epochs = figures.get("ranking_standalone_epochs", math.nan)
-    seeds = figures.get("ranking_standalone_seeds", math.nan)
+    epochs = figures.get(L.RANKING_STANDALONE_EPOCHS, math.nan)
+    seeds = figures.get(L.RANKING_STANDALONE_SEEDS, math.nan)
     if math.isnan(epochs):
         return "stand-alone size not recorded"
     seeds_text = "" if math.isnan(seeds) else f" x {int(seeds)} seed{'s' if seeds != 1 else ''}"
@@ -310,9 +309,9 @@ def proxy_warning(figures: dict[str, float]) -> str | None:
     seed-vs-seed tau not positive at p < 0.05): then a one-shot tau may be the proxy's
     noise, and the fix is a longer stand-alone training. None when it agrees, or was
     not measured."""
-    if "ranking_proxy_kendall_tau" not in figures:
+    if L.RANKING_PROXY_TAU not in figures:
         return None
-    tau, p = figures["ranking_proxy_kendall_tau"], figures["ranking_proxy_kendall_p"]
+    tau, p = figures[L.RANKING_PROXY_TAU], figures[L.RANKING_PROXY_P]
     if not math.isnan(tau) and tau > 0 and p < 0.05:
         return None
     told = "undefined (tied accuracies)" if math.isnan(tau) else f"{tau:+.2f}{p_text(p)}"
@@ -368,26 +367,13 @@ def rank_run(
 ) -> dict[str, float]:
     """Measure the ranking of recorded run ``run_id``'s supernet; record metrics and artifacts
     in the run."""
-    import json
-
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from ..tracking import layout as L
-    from .run import _get_run
+    from .run import get_run
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    run = _get_run(client, run_id)
-    run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
-    with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
-        try:
-            path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
-        except (MlflowException, OSError):
-            raise ConfigError(
-                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
-                "supernet (runs of 'asolab run' and studies keep one)"
-            ) from None
-        runner = Runner.resume(path, data=data)
+    run = get_run(client, run_id)
+    runner = _resumed_supernet(client, run.info.run_id, data)
     if overrides:
         runner.cfg = runner.cfg.replace(**overrides)
         if runner.cfg.threads:
@@ -402,30 +388,52 @@ def rank_run(
     )
     figures = correlations(pairs) | alphas_lead(pairs) | size_correlations(pairs)
     # alphas that have not moved from uniform cannot gather on anything: say how far they did
-    figures["ranking_alpha_entropy"] = runner.net.alpha_entropy()
+    figures[L.RANKING_ALPHA_ENTROPY] = runner.net.alpha_entropy()
     # the proxy's size travels with its figures: a tau from 2 epochs is not one from 6
-    figures["ranking_standalone_epochs"] = float(epochs)
-    figures["ranking_standalone_seeds"] = float(standalone_seeds)
-    step = 0
+    figures[L.RANKING_STANDALONE_EPOCHS] = float(epochs)
+    figures[L.RANKING_STANDALONE_SEEDS] = float(standalone_seeds)
+    _record(client, run, figures, pairs, {"samples": samples, "epochs": epochs}, standalone_seeds)
+    return figures
+
+
+def _resumed_supernet(client: Any, run_id: str, data: DataBundle | None) -> Runner:
+    """The run's supernet, rebuilt from its checkpoint."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="asolab-rank-") as tmp:
+        try:
+            path = client.download_artifacts(run_id, L.CHECKPOINT_ARTIFACT, tmp)
+        except (MlflowException, OSError):
+            raise ConfigError(
+                f"run {run_id} has no {L.CHECKPOINT_ARTIFACT}: the ranking needs the run's "
+                "supernet (runs of 'asolab run' and studies keep one)"
+            ) from None
+        return Runner.resume(path, data=data)
+
+
+def _record(
+    client: Any,
+    run: Any,
+    figures: dict[str, float],
+    pairs: list[Pair],
+    sizes: dict[str, int],
+    standalone_seeds: int,
+) -> None:
+    """The figures as metrics of the run (step 0), the pairs and the scatter as artifacts."""
+    import json
+
+    run_id = run.info.run_id
     for k, v in figures.items():
         if not math.isnan(v):
-            client.log_metric(run_id, k, v, step=step)
+            client.log_metric(run_id, k, v, step=0)
     records = [asdict(p) for p in pairs]
     client.log_text(
         run_id,
-        json.dumps(
-            {
-                "samples": samples,
-                "epochs": epochs,
-                "standalone_seeds": standalone_seeds,
-                "pairs": records,
-            },
-            indent=1,
-        ),
+        json.dumps({**sizes, "standalone_seeds": standalone_seeds, "pairs": records}, indent=1),
         L.RANKING_PAIRS_ARTIFACT,
     )
     png = scatter_png(
-        records, f"{run.info.run_name}: tau {figures['ranking_kendall_tau']:.2f} (alphas)"
+        records, f"{run.info.run_name}: tau {figures[L.RANKING_KENDALL_TAU]:.2f} (alphas)"
     )
     if png:
         with tempfile.TemporaryDirectory() as tmp:
@@ -434,4 +442,3 @@ def rank_run(
             client.log_artifact(run_id, str(p), L.RANKING_DIR)
     panel = (f"{run.info.run_name}: ranked genotypes, stand-alone", ranking_points(records))
     log_png(client, run_id, pareto_png([panel]), L.RANKING_PARETO_ARTIFACT)
-    return figures

@@ -30,6 +30,7 @@ from ..runner.cycle import RunResult, resolve_device
 from ..runner.events import Observer
 from ..space.genotype import Genotype
 from ..tracking import layout as L
+from ..tracking.runs import final_genotype, read_artifact
 from .arms import ARMS, DEFAULT_ARMS, arm_class, arm_runner
 
 log = logging.getLogger(__name__)
@@ -73,16 +74,10 @@ class Source:
 
     @property
     def name(self) -> str:
-        return self.run.info.run_name or self.run_id[:8]
+        return self.run.info.run_name or L.short_id(self.run_id)
 
 
-def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
-    from ..compare.select import _read_artifact
-
-    return _read_artifact(client, run_id, path)
-
-
-def _get_run(client: MlflowClient, run_id: str) -> Run:
+def get_run(client: MlflowClient, run_id: str) -> Run:
     """The run ``run_id`` names (an id, an id prefix or a run name)."""
     from ..tracking.store import RunNotFound, find_run
 
@@ -97,9 +92,7 @@ def _get_run(client: MlflowClient, run_id: str) -> Run:
 
 def load_source(client: MlflowClient, run_id: str) -> Source:
     """The ASO-SE run ``run_id``, checked to be a finished search (not a control arm)."""
-    from ..compare.select import final_genotype
-
-    run = _get_run(client, run_id)
+    run = get_run(client, run_id)
     run_id = run.info.run_id  # the full id, where the user gave a prefix or a name
     arm = run.data.tags.get(L.TAG_ARM, L.ARM_ASO_SE)
     if arm != L.ARM_ASO_SE:
@@ -112,7 +105,7 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
             f"run {run_id} is {run.info.status}; its control arms need a finished ASO-SE run "
             "(continue it with 'asolab run --resume' first)"
         )
-    text = _artifact_text(client, run_id, L.CONFIG_ARTIFACT)
+    text = read_artifact(client, run_id, L.CONFIG_ARTIFACT)
     if text is None:
         raise ConfigError(
             f"run {run_id} has no {L.CONFIG_ARTIFACT} artifact: it was not recorded by 'asolab run'"
@@ -122,7 +115,7 @@ def load_source(client: MlflowClient, run_id: str) -> Source:
         genotype = final_genotype(client, run)
     except ValueError as exc:
         raise ConfigError(f"run {run_id}: {exc}") from None
-    params = run.data.metrics.get("final_params")
+    params = run.data.metrics.get(L.FINAL_PARAMS)
     if params is None:
         raise ConfigError(
             f"run {run_id} has no final_params metric: it was not recorded by 'asolab run'"
@@ -159,9 +152,9 @@ def _finished(arm: str, seed: int, run: Run) -> SetRun:
         arm,
         seed,
         run.info.run_id,
-        m.get("final_val_acc", float("nan")),
-        m.get("test_acc", float("nan")),
-        int(m.get("final_params", 0)),
+        m.get(L.FINAL_VAL_ACC, float("nan")),
+        m.get(L.TEST_ACC, float("nan")),
+        int(m.get(L.FINAL_PARAMS, 0)),
         trained=False,
     )
 
@@ -249,7 +242,7 @@ def _run_seed(
 
     if (L.ARM_ASO_SE, seed) in done:
         aso = done[(L.ARM_ASO_SE, seed)]
-        found = source.genotype if aso is source.run else _genotype_of(client, aso)
+        found = source.genotype if aso is source.run else final_genotype(client, aso)
         final_epochs = L.final_epochs_trained(aso.data.params) or cfg.search.final_epochs
         found_earlier(L.ARM_ASO_SE)
     else:
@@ -344,9 +337,3 @@ def _tracker(
         run_name=f"{source.name}-{arm}-seed{seed}",
         log_models=cfg.tracking.log_models,
     )
-
-
-def _genotype_of(client: MlflowClient, run: Run) -> Genotype:
-    from ..compare.select import final_genotype
-
-    return final_genotype(client, run)

@@ -24,10 +24,11 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ..space.genotype import CELL_TYPES, Genotype, concat_changes, diff, distance
-from ..space.ops import PRIMITIVES
+from ..space.ops import NONE, PRIMITIVES
 from ..tracking import layout
+from ..tracking.runs import cycle_genotypes, read_artifact
 from .arms import arm_runs, arm_seed_table, arm_summary, has_arms
-from .select import VAL_ACC_METRICS, RunRecord, Selection, _read_artifact, cycle_genotypes
+from .select import VAL_ACC_METRICS, RunRecord, Selection
 
 DIFF_COLUMNS = ("cell", "node", "input", "before", "after")
 OWN_COLUMN = "own"  # op frequencies of the cells with their own alphas
@@ -69,7 +70,7 @@ def labels(records: Sequence[RunRecord]) -> list[str]:
     return [
         r.run_name
         if r.run_name and counts[r.run_name] == 1
-        else f"{r.run_name or 'run'}:{r.run_id[:8]}"
+        else f"{r.run_name or 'run'}:{layout.short_id(r.run_id)}"
         for r in records
     ]
 
@@ -95,7 +96,7 @@ def op_frequencies(genotypes: Sequence[Genotype]) -> pd.DataFrame:
         for kind, _node, op, _i in g.edges():
             counts[kind if kind in CELL_TYPES else OWN_COLUMN][op] += 1
     seen = set().union(*counts.values())
-    ops = [p for p in PRIMITIVES if p in seen or p != "none"] + sorted(seen - set(PRIMITIVES))
+    ops = [p for p in PRIMITIVES if p in seen or p != NONE] + sorted(seen - set(PRIMITIVES))
     shown = columns if counts[OWN_COLUMN] else CELL_TYPES
     df = pd.DataFrame(
         {kind: [counts[kind][op] for op in ops] for kind in shown}, index=pd.Index(ops, name="op")
@@ -326,5 +327,5 @@ def ranking_table(records: Sequence[RunRecord]) -> pd.DataFrame | None:
 
 def ranking_pairs(client: MlflowClient, run_id: str) -> list:
     """The (one-shot, stand-alone) pairs a ranking diagnostic recorded in ``run_id``."""
-    text = _read_artifact(client, run_id, layout.RANKING_PAIRS_ARTIFACT)
+    text = read_artifact(client, run_id, layout.RANKING_PAIRS_ARTIFACT)
     return json.loads(text)["pairs"] if text else []

@@ -21,7 +21,8 @@ from ..tracking import layout as L
 from .select import RunRecord
 from .sizefit import SIZE_MEASURES, adjusted, adjusted_lines, ahead_text, size_columns
 
-ARM_METRICS = (("test_acc", ("test_acc",)), ("val_acc", ("final_val_acc",)))
+# an arm column -> the run metrics it reads, first found
+ARM_METRICS = (("test_acc", (L.TEST_ACC,)), ("val_acc", (L.FINAL_VAL_ACC,)))
 ARM_COLUMNS = (
     "arm",
     "metric",
@@ -215,7 +216,7 @@ def arm_seed_display(table: pd.DataFrame) -> pd.DataFrame:
         return text + ("" if pd.isna(minutes) else f" {minutes:.0f}m")
 
     rows = [
-        {"seed": str(row["seed"]), "aso-se run": str(row["aso_se_run"])[:8]}
+        {"seed": str(row["seed"]), "aso-se run": L.short_id(str(row["aso_se_run"]))}
         | {arm: cell(row, arm) for arm in arms}
         for _, row in table.iterrows()
     ]

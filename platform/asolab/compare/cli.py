@@ -9,10 +9,15 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, TextIO
 
-from ..tracking.layout import FINAL_VAL_ACC
+from ..errors import first_line
+from ..options import add_tracking_uri
+from ..tracking import layout as L
 
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
+
+    from .analysis import Comparison
+    from .select import RunRecord
 
 # The terminal shows the report's columns (compare.select.COLUMNS) but these wide ones;
 # the CSV and the report keep them.
@@ -28,7 +33,6 @@ _SHORT = {
     "mutation_strength": "strength",
     "peak_rss_mb": "peak_mb",
 }
-RUN_ID_PREFIX = 8  # enough to tell runs apart, and accepted by --diff
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Select runs from the MLflow store and compare their final genotypes. "
         "With no selection, every run of every experiment is compared.",
     )
+    _selection_options(p)
+    _output_options(p)
+    add_tracking_uri(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def _selection_options(p: argparse.ArgumentParser) -> None:
+    """Which runs: experiments, run ids, a filter, a study, baseline sets, the top K."""
     p.add_argument(
         "--experiment",
         "-e",
@@ -84,13 +96,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--by",
-        default=FINAL_VAL_ACC,
+        default=L.FINAL_VAL_ACC,
         metavar="METRIC",
-        help=f"metric for --top (default {FINAL_VAL_ACC}; highest first)",
+        help=f"metric for --top (default {L.FINAL_VAL_ACC}; highest first)",
     )
     p.add_argument(
         "--ascending", action="store_true", help="for --top: lowest first (losses, parameters)"
     )
+
+
+def _output_options(p: argparse.ArgumentParser) -> None:
+    """What to show and write: a diff, evolutions, CSV, the HTML report, its MLflow run."""
     p.add_argument(
         "--diff",
         nargs=2,
@@ -117,36 +133,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="experiment for --log-to-mlflow (default asolab-comparisons)",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
-    )
-    p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from ..space.genotype import distance
-    from .analysis import analyse, diff_lines
-    from .arms import arm_lines, arm_seed_lines
-    from .report import budget_warning, log_to_mlflow, write_report
+    from .analysis import analyse
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
     # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    if args.top is not None and args.top < 1:
-        raise CompareError(
-            f"--top must be >= 1 (got {args.top}); leave --top out to compare every selected run"
-        )
-    # Before reading any run: a place that cannot be written costs seconds, not a comparison.
-    if args.csv:
-        check_writable(args.csv, "--csv", CompareError, folder=False)
-    if args.report:
-        check_writable(args.report, "--report", CompareError, folder=True)
-    if args.log_to_mlflow and not args.comparison_experiment.strip():
-        raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
+    _check_outputs(args)
     selection = load_selection(
         args.tracking_uri or None,
         experiments=args.experiment,
@@ -162,158 +158,201 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CompareError(
             f"no runs match the selection ({selection.description}) in {selection.tracking_uri}"
         )
-    warn_op_sets(selection.records)
     # Resolve --diff before printing anything: an unknown or ambiguous run is an error, not a
     # late surprise.
     diff_pair = [selection.record(ref) for ref in args.diff] if args.diff else None
     want_evolution = bool(args.evolution or args.report or args.log_to_mlflow)
     comparison = analyse(selection, with_evolution=want_evolution)
-
     print(
         f"{len(selection.records)} runs compared ({selection.description}); store "
         f"{selection.tracking_uri}",
         file=out,
     )
     if selection.records:
-        print(terminal_table(comparison.table, comparison.clusters), file=out)
-        budgets = budget_warning(comparison.table)
-        if budgets:  # as the HTML report warns: "best" may only have trained longer
-            print(f"\nwarning: different budgets. {budgets}", file=out)
-        print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
-        for _, c in comparison.clusters.iterrows():
-            print(
-                f"  [{c['cluster']}] {c['runs']} run(s): {c['run_names']}\n      {c['genotype']}",
-                file=out,
-            )
-        if comparison.diffs:
-            ref = comparison.diffs[0].reference
-            across = " (by val acc across different budgets)" if budgets else ""
-            print(
-                f"\ndifferences from the best run {ref.run_name} ({ref.experiment}){across}:",
-                file=out,
-            )
-            for d in comparison.diffs:
-                print(
-                    f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out
-                )
-                for line in d.lines:
-                    print(f"    {line}", file=out)
-        print("\noperation frequencies (edges):", file=out)
-        print(comparison.op_frequencies.to_string(), file=out)
+        _print_table(comparison, out)
     if diff_pair:
-        a, b = diff_pair
-        lines = diff_lines(a.genotype, b.genotype)
-        print(
-            f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}",
-            file=out,
-        )
-        for line in lines or ["(identical genotypes)"]:
-            print(f"  {line}", file=out)
+        _print_diff(*diff_pair, out)
     if args.evolution:
-        for r in selection.records:
-            df = comparison.evolutions.get(r.run_id)
-            print(f"\nevolution of {r.run_name} ({r.experiment}):", file=out)
-            if df is None or df.empty:
-                print("  (no genotypes/cycle_NNN.json artifacts)", file=out)
-                continue
-            for _, row in df.iterrows():
-                acc = "" if math.isnan(row["val_acc"]) else f" val_acc {row['val_acc']:.4f}"
-                print(
-                    f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  "
-                    f"{row['genotype']}",
-                    file=out,
-                )
-                if row["changes"]:
-                    print(f"      {row['changes']}", file=out)
-    if comparison.arms is not None:
-        print("\ncontrol arms (asolab baseline):", file=out)
-        for line in arm_lines(comparison.arms) + arm_seed_lines(comparison.arm_seeds):
-            print(f"  {line}", file=out)
-    if comparison.rankings is not None:
-        from ..baseline.ranking import lead_text, p_text, proxy_text
-        from ..baseline.sizerank import compare_text
-
-        print(
-            "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
-            "one-shot vs stand-alone val acc",
-            file=out,
-        )
-        for _, r in comparison.rankings.iterrows():
-            groups = (
-                f"{name} {r[f'ranking_kendall_tau{s}']:+.3f}{p_text(r[f'ranking_kendall_p{s}'])} / "
-                f"{r[f'ranking_spearman_rho{s}']:+.3f}"
-                for name, s in (("alphas", ""), ("random", "_random"), ("all", "_all"))
-            )
-            proxy = r["ranking_proxy_kendall_tau"]
-            reliability = (
-                ""
-                if math.isnan(proxy)
-                else f"; proxy seed vs seed {proxy:+.3f}{p_text(r['ranking_proxy_kendall_p'])}"
-            )
-            lead = lead_text(r)
-            lead = f"; alphas lead {lead}" if lead else ""
-            lead += compare_text(r)  # parameter count as the ranking baseline
-            print(
-                f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
-                file=out,
-            )
+        _print_evolutions(comparison, out)
+    _print_arms_and_rankings(comparison, out)
     if selection.skipped:
         print(f"\nskipped {len(selection.skipped)} run(s):", file=out)
         for s in selection.skipped:
             print(f"  {s}", file=out)
-
     if args.csv:
-        try:
-            comparison.table.to_csv(args.csv, index=False)
-        except OSError as exc:
-            raise CompareError(
-                f"--csv {args.csv}: cannot write it ({exc.strerror or exc})"
-            ) from None
-        print(f"\ntable written to {args.csv}", file=out)
-        if comparison.arms is not None:
-            arms_csv = arms_csv_path(args.csv)
-            comparison.arms.to_csv(arms_csv, index=False)
-            seeds_csv = arms_csv_path(args.csv, "arm_seeds")
-            comparison.arm_seeds.to_csv(seeds_csv, index=False)
-            print(f"arm view written to {arms_csv}, its per-seed table to {seeds_csv}", file=out)
+        _write_csv(comparison, args.csv, out)
     if args.report or args.log_to_mlflow:
-        with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
-            directory = args.report or tmp
-            try:
-                page = write_report(
-                    comparison, directory, title=f"asolab compare: {selection.description}"
-                )
-            except OSError as exc:
-                raise CompareError(
-                    f"--report {directory}: cannot write the report ({exc.strerror or exc})"
-                ) from None
-            if args.report:
-                print(f"report written to {page}", file=out)
-            if args.log_to_mlflow:
-                from mlflow.exceptions import MlflowException
-
-                try:
-                    rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
-                except MlflowException as exc:
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise CompareError(
-                        f"--log-to-mlflow: the store refused the comparison run ({first})"
-                    ) from None
-                print(
-                    f"report logged to run {rid} in experiment {args.comparison_experiment} "
-                    "(artifacts: report/index.html)",
-                    file=out,
-                )
+        _write_report(comparison, args, out)
     return 0
 
 
-def warn_op_sets(records) -> None:
-    """``asolab: warning: ...`` on stderr when the runs searched different op sets."""
-    from .opsets import op_set_warning
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before reading any run: a place that cannot be written costs seconds, not a comparison."""
+    from .select import CompareError
 
-    warning = op_set_warning(records)
-    if warning:
-        print(f"asolab: warning: {warning}", file=sys.stderr)
+    if args.top is not None and args.top < 1:
+        raise CompareError(
+            f"--top must be >= 1 (got {args.top}); leave --top out to compare every selected run"
+        )
+    if args.csv:
+        check_writable(args.csv, "--csv", CompareError, folder=False)
+    if args.report:
+        check_writable(args.report, "--report", CompareError, folder=True)
+    if args.log_to_mlflow and not args.comparison_experiment.strip():
+        raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
+
+
+def _print_table(comparison: Comparison, out: TextIO) -> None:
+    """The runs, the distinct genotypes, the diffs from the best run, op frequencies."""
+    from .opsets import op_set_warning
+    from .report import budget_warning
+
+    print(terminal_table(comparison.table, comparison.clusters), file=out)
+    budgets = budget_warning(comparison.table)
+    if budgets:  # as the HTML report warns: "best" may only have trained longer
+        print(f"\nwarning: different budgets. {budgets}", file=out)
+    op_sets = op_set_warning(comparison.records)
+    if op_sets:  # genotypes found among different ops differ by what they could choose
+        print(f"\nwarning: different op sets. {op_sets}", file=out)
+    print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
+    for _, c in comparison.clusters.iterrows():
+        print(
+            f"  [{c['cluster']}] {c['runs']} run(s): {c['run_names']}\n      {c['genotype']}",
+            file=out,
+        )
+    if comparison.diffs:
+        ref = comparison.diffs[0].reference
+        across = " (by val acc across different budgets)" if budgets else ""
+        print(
+            f"\ndifferences from the best run {ref.run_name} ({ref.experiment}){across}:",
+            file=out,
+        )
+        for d in comparison.diffs:
+            print(f"  {d.other.run_name} ({d.other.experiment}): distance {d.distance}", file=out)
+            for line in d.lines:
+                print(f"    {line}", file=out)
+    print("\noperation frequencies (edges):", file=out)
+    print(comparison.op_frequencies.to_string(), file=out)
+
+
+def _print_diff(a: RunRecord, b: RunRecord, out: TextIO) -> None:
+    from ..space.genotype import distance
+    from .analysis import diff_lines
+
+    lines = diff_lines(a.genotype, b.genotype)
+    print(
+        f"\ndiff {a.run_name} -> {b.run_name}: distance {distance(a.genotype, b.genotype)}",
+        file=out,
+    )
+    for line in lines or ["(identical genotypes)"]:
+        print(f"  {line}", file=out)
+
+
+def _print_evolutions(comparison: Comparison, out: TextIO) -> None:
+    for r in comparison.selection.records:
+        df = comparison.evolutions.get(r.run_id)
+        print(f"\nevolution of {r.run_name} ({r.experiment}):", file=out)
+        if df is None or df.empty:
+            print("  (no genotypes/cycle_NNN.json artifacts)", file=out)
+            continue
+        for _, row in df.iterrows():
+            acc = "" if math.isnan(row["val_acc"]) else f" val_acc {row['val_acc']:.4f}"
+            print(
+                f"  cycle {row['cycle']}: distance {row['distance_prev']}{acc}  {row['genotype']}",
+                file=out,
+            )
+            if row["changes"]:
+                print(f"      {row['changes']}", file=out)
+
+
+def _print_arms_and_rankings(comparison: Comparison, out: TextIO) -> None:
+    from .arms import arm_lines, arm_seed_lines
+
+    if comparison.arms is not None:
+        print("\ncontrol arms (asolab baseline):", file=out)
+        for line in arm_lines(comparison.arms) + arm_seed_lines(comparison.arm_seeds):
+            print(f"  {line}", file=out)
+    if comparison.rankings is None:
+        return
+    from ..baseline.ranking import lead_text, p_text, proxy_text
+    from ..baseline.sizerank import compare_text
+
+    print(
+        "\nranking diagnostic (asolab rank): Kendall tau (two-sided p) / Spearman rho, "
+        "one-shot vs stand-alone val acc",
+        file=out,
+    )
+    for _, r in comparison.rankings.iterrows():
+        groups = (
+            f"{name} {r[L.RANKING_KENDALL_TAU + s]:+.3f}{p_text(r[L.RANKING_KENDALL_P + s])} / "
+            f"{r[L.RANKING_SPEARMAN_RHO + s]:+.3f}"
+            for s, name in L.RANKING_GROUPS
+        )
+        proxy = r[L.RANKING_PROXY_TAU]
+        reliability = (
+            ""
+            if math.isnan(proxy)
+            else f"; proxy seed vs seed {proxy:+.3f}{p_text(r[L.RANKING_PROXY_P])}"
+        )
+        lead = lead_text(r)
+        lead = f"; alphas lead {lead}" if lead else ""
+        lead += compare_text(r)  # parameter count as the ranking baseline
+        print(
+            f"  {r['run_name']} ({proxy_text(r)}): " + ", ".join(groups) + reliability + lead,
+            file=out,
+        )
+
+
+def _write_csv(comparison: Comparison, csv: str, out: TextIO) -> None:
+    from .select import CompareError
+
+    try:
+        comparison.table.to_csv(csv, index=False)
+    except OSError as exc:
+        raise CompareError(f"--csv {csv}: cannot write it ({exc.strerror or exc})") from None
+    print(f"\ntable written to {csv}", file=out)
+    if comparison.arms is not None:
+        arms_csv = arms_csv_path(csv)
+        comparison.arms.to_csv(arms_csv, index=False)
+        seeds_csv = arms_csv_path(csv, "arm_seeds")
+        comparison.arm_seeds.to_csv(seeds_csv, index=False)
+        print(f"arm view written to {arms_csv}, its per-seed table to {seeds_csv}", file=out)
+
+
+def _write_report(comparison: Comparison, args: argparse.Namespace, out: TextIO) -> None:
+    """The HTML report into --report, and/or attached to a comparison run in MLflow."""
+    from .report import log_to_mlflow, write_report
+    from .select import CompareError
+
+    with tempfile.TemporaryDirectory(prefix="asolab-report-") as tmp:
+        directory = args.report or tmp
+        try:
+            page = write_report(
+                comparison,
+                directory,
+                title=f"asolab compare: {comparison.selection.description}",
+            )
+        except OSError as exc:
+            raise CompareError(
+                f"--report {directory}: cannot write the report ({exc.strerror or exc})"
+            ) from None
+        if args.report:
+            print(f"report written to {page}", file=out)
+        if not args.log_to_mlflow:
+            return
+        from mlflow.exceptions import MlflowException
+
+        try:
+            rid = log_to_mlflow(comparison, directory, args.comparison_experiment)
+        except MlflowException as exc:
+            raise CompareError(
+                f"--log-to-mlflow: the store refused the comparison run ({first_line(exc)})"
+            ) from None
+        print(
+            f"report logged to run {rid} in experiment {args.comparison_experiment} "
+            "(artifacts: report/index.html)",
+            file=out,
+        )
 
 
 def check_writable(path: str, flag: str, error: type[Exception], folder: bool) -> None:
@@ -351,7 +390,7 @@ def terminal_table(table: pd.DataFrame, clusters: pd.DataFrame) -> str:
     the genotype."""
     cluster_of = {g: c for g, c in zip(clusters["genotype"], clusters["cluster"])}
     t = table.assign(
-        cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].str[:RUN_ID_PREFIX]
+        cluster=table["genotype"].map(cluster_of), run_id=table["run_id"].map(L.short_id)
     )
     from .select import COLUMNS
 

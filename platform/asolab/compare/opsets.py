@@ -38,7 +38,8 @@ def op_sets(records: Sequence[RunRecord]) -> dict[tuple[str, ...], list[str]]:
 
 
 def op_set_warning(records: Sequence[RunRecord]) -> str:
-    """One line when the runs searched different op sets, else ''."""
+    """One sentence when the runs searched different op sets ('' otherwise): the terminal,
+    the HTML report and ``asolab.runs`` say the same."""
     sets = op_sets(records)
     if len(sets) < 2:
         return ""
@@ -48,7 +49,7 @@ def op_set_warning(records: Sequence[RunRecord]) -> str:
         for ops, runs in sets.items()
     ]
     return (
-        f"the runs searched {len(sets)} different op sets (space.primitives), so their "
-        f"genotypes differ by what they could choose too; besides the shared "
-        f"[{', '.join(sorted(common)) or '-'}]: " + "; ".join(parts)
+        f"The compared runs searched {len(sets)} different op sets (space.primitives), so "
+        f"their genotypes differ by what they could choose too; besides the shared "
+        f"[{', '.join(sorted(common)) or '-'}]: " + "; ".join(parts) + "."
     )

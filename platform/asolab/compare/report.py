@@ -26,9 +26,11 @@ import pandas as pd  # noqa: E402
 from ..baseline.pareto import pareto_png  # noqa: E402
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
+from ..tracking import layout as L  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from ..tracking.layout import RANKING_PARAMS_KENDALL_TAU, RANKING_TAU_MINUS_PARAMS  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .opsets import op_set_warning  # noqa: E402
 from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
 
@@ -153,7 +155,7 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
         for col, _ in _PAGE_COLUMNS:
             if col == "run_name":
                 url = run_url(ui, r["experiment_id"], r["run_id"]) if r["experiment_id"] else ""
-                name = html.escape(str(r["run_name"] or r["run_id"][:8]))
+                name = html.escape(str(r["run_name"] or L.short_id(r["run_id"])))
                 link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
                 cells.append(f"<td>{link}</td>")
             elif col == "epochs":
@@ -295,7 +297,7 @@ def render_html(
 ) -> str:
     """The whole report page as a string; run names link to ``ui`` (default: :func:`ui_base`)."""
     sel = comparison.selection
-    t = comparison.table
+    budgets = budget_warning(comparison.table)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -303,29 +305,61 @@ def render_html(
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{len(comparison.records)} runs compared ({html.escape(sel.description)}); "
         f"store <code>{html.escape(sel.tracking_uri)}</code>.</p>",
+        *_skipped_html(comparison),
+        *_warnings_html(comparison, budgets),
+        *_runs_html(comparison, ui or ui_base(sel.tracking_uri)),
+        *_arms_html(comparison),
+        *_ranking_html(comparison),
+        *pareto_html(comparison, _img),
+        *_accuracy_html(comparison),
+        *_clusters_section_html(comparison),
+        *_diffs_html(comparison, budgets),
+        "<h2>Distances</h2>",
+        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one "
+        "per cell whose concat list differs.</p>",
+        _frame_html(comparison.distances, index=True),
+        *_op_frequencies_html(comparison),
+        *_evolutions_html(comparison),
+        "</body></html>",
     ]
-    if sel.skipped:
-        parts.append(
-            f'<p class="skipped">Skipped {len(sel.skipped)} run(s):</p><ul class="skipped">'
-        )
-        parts += [f"<li><code>{html.escape(str(s))}</code></li>" for s in sel.skipped]
-        parts.append("</ul>")
+    return "\n".join(parts)
 
-    budgets = budget_warning(t)
+
+def _skipped_html(comparison: Comparison) -> list[str]:
+    skipped = comparison.selection.skipped
+    if not skipped:
+        return []
+    return [
+        f'<p class="skipped">Skipped {len(skipped)} run(s):</p><ul class="skipped">',
+        *(f"<li><code>{html.escape(str(s))}</code></li>" for s in skipped),
+        "</ul>",
+    ]
+
+
+def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
+    """Different budgets or op sets: the sentences the terminal prints too."""
+    parts = []
     if budgets:
         parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
-    ui = ui or ui_base(sel.tracking_uri)
+    op_sets = op_set_warning(comparison.records)
+    if op_sets:
+        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
+    return parts
+
+
+def _runs_html(comparison: Comparison, ui: str) -> list[str]:
     host = html.escape(ui.split("://", 1)[-1])  # no scheme: the page names no address it loads
-    parts += [
+    return [
         "<h2>Runs</h2>",
         f'<p class="muted">Run names open the run in the MLflow UI at {host} (start it with '
         "<code>asolab ui</code>); genotype numbers link to the clusters below.</p>",
         runs_table_html(comparison, ui),
     ]
-    parts += _arms_html(comparison) + _ranking_html(comparison)
-    parts += pareto_html(comparison, _img)
 
-    parts.append("<h2>Accuracy</h2>")
+
+def _accuracy_html(comparison: Comparison) -> list[str]:
+    t = comparison.table
+    parts = ["<h2>Accuracy</h2>"]
     for x, xlabel, name in (
         ("params", "parameters of the final network", "accuracy vs parameters"),
         ("initial_temperature", "initial Gumbel temperature", "accuracy vs initial temperature"),
@@ -337,12 +371,15 @@ def render_html(
                 f"<figure>{_img(png, name)}<figcaption>{html.escape(name)}: o validation, x "
                 "test</figcaption></figure>"
             )
+    return parts
 
-    parts += [
+
+def _clusters_section_html(comparison: Comparison) -> list[str]:
+    parts = [
         "<h2>Genotype clusters</h2>",
         "<p>Runs whose final genotypes have the same canonical form.</p>",
+        _clusters_html(comparison.clusters),
     ]
-    parts.append(_clusters_html(comparison.clusters))
     for _, row in comparison.clusters.head(MAX_CELL_PICTURES).iterrows():
         caption = f"cluster {row['cluster']}: {row['runs']} run(s) — {row['run_names']}"
         png = genotype_png(Genotype.parse(row["genotype"]), f"cluster {row['cluster']}")
@@ -354,56 +391,57 @@ def render_html(
             f'<p class="muted">{len(comparison.clusters) - MAX_CELL_PICTURES} more genotypes '
             "not drawn.</p>"
         )
+    return parts
 
-    parts.append("<h2>Differences from the best run</h2>")
-    if comparison.diffs:
-        ref = comparison.diffs[0].reference
+
+def _diffs_html(comparison: Comparison, budgets: str) -> list[str]:
+    parts = ["<h2>Differences from the best run</h2>"]
+    if not comparison.diffs:
+        return [*parts, '<p class="muted">All compared runs share one genotype.</p>']
+    ref = comparison.diffs[0].reference
+    parts.append(
+        f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
+        f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
+        f"{genotype_html(ref.genotype.canonical)}</p>"
+    )
+    if budgets:
         parts.append(
-            f"<p>Reference: <b>{html.escape(ref.run_name)}</b> ({html.escape(ref.experiment)}, "
-            f"val acc {ref.metric(*VAL_ACC_METRICS):.4g})<br>"
-            f"{genotype_html(ref.genotype.canonical)}</p>"
+            '<p class="warning">"Best" is by validation accuracy across different budgets '
+            "(see above).</p>"
         )
-        if budgets:
-            parts.append(
-                '<p class="warning">"Best" is by validation accuracy across different budgets '
-                "(see above).</p>"
-            )
-        for d in comparison.diffs:
-            parts.append(
-                f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — "
-                f"distance {d.distance}</h3><ul>"
-            )
-            parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
-            parts.append("</ul>")
-    else:
-        parts.append('<p class="muted">All compared runs share one genotype.</p>')
+    for d in comparison.diffs:
+        parts.append(
+            f"<h3>{html.escape(d.other.run_name)} ({html.escape(d.other.experiment)}) — "
+            f"distance {d.distance}</h3><ul>"
+        )
+        parts += [f"<li><code>{html.escape(line)}</code></li>" for line in d.lines]
+        parts.append("</ul>")
+    return parts
 
-    parts += [
-        "<h2>Distances</h2>",
-        "<p>Genotype distance: edge positions (cell, node, input) whose ops differ, plus one "
-        "per cell whose concat list differs.</p>",
-    ]
-    parts.append(_frame_html(comparison.distances, index=True))
 
-    parts += ["<h2>Operation frequencies</h2>"]
+def _op_frequencies_html(comparison: Comparison) -> list[str]:
+    parts = ["<h2>Operation frequencies</h2>"]
     png = op_frequency_png(comparison.op_frequencies)
     if png:
         parts.append(_img(png, "operation frequencies"))
     parts.append(_frame_html(comparison.op_frequencies, index=True))
+    return parts
 
-    if comparison.evolutions:
-        parts.append("<h2>Evolution within runs</h2>")
-        png = evolution_png(comparison)
-        if png:
-            parts.append(_img(png, "genotype change per cycle"))
-        for lab, r in zip(labels(comparison.records), comparison.records):
-            df = comparison.evolutions.get(r.run_id)
-            if df is None:
-                continue
-            parts.append(f"<h3>{html.escape(lab)} ({html.escape(r.experiment)})</h3>")
-            parts.append(_frame_html(df))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+
+def _evolutions_html(comparison: Comparison) -> list[str]:
+    if not comparison.evolutions:
+        return []
+    parts = ["<h2>Evolution within runs</h2>"]
+    png = evolution_png(comparison)
+    if png:
+        parts.append(_img(png, "genotype change per cycle"))
+    for lab, r in zip(labels(comparison.records), comparison.records):
+        df = comparison.evolutions.get(r.run_id)
+        if df is None:
+            continue
+        parts.append(f"<h3>{html.escape(lab)} ({html.escape(r.experiment)})</h3>")
+        parts.append(_frame_html(df))
+    return parts
 
 
 def _arms_html(comparison: Comparison) -> list[str]:
@@ -453,18 +491,18 @@ def ranking_display(rankings: pd.DataFrame) -> pd.DataFrame:
     for _, r in rankings.iterrows():
         row = {
             "run": r["run_name"],
-            "genotypes": _fmt(r["ranking_genotypes"]),
+            "genotypes": _fmt(r[L.RANKING_GENOTYPES]),
             "proxy": proxy_text(r).removeprefix("stand-alone "),
         }
-        for group, s in (("from alphas", ""), ("random", "_random"), ("all", "_all")):
-            tau, p = r[f"ranking_kendall_tau{s}"], r[f"ranking_kendall_p{s}"]
+        for (s, _), group in zip(L.RANKING_GROUPS, ("from alphas", "random", "all")):
+            tau, p = r[L.RANKING_KENDALL_TAU + s], r[L.RANKING_KENDALL_P + s]
             row[f"{group}: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
-            row[f"{group}: rho"] = fig(r[f"ranking_spearman_rho{s}"])
-        if rankings["ranking_proxy_kendall_tau"].notna().any():
+            row[f"{group}: rho"] = fig(r[L.RANKING_SPEARMAN_RHO + s])
+        if rankings[L.RANKING_PROXY_TAU].notna().any():
             # the stand-alone proxy against itself (two seeds): the ceiling for the taus above
-            tau, p = r["ranking_proxy_kendall_tau"], r["ranking_proxy_kendall_p"]
+            tau, p = r[L.RANKING_PROXY_TAU], r[L.RANKING_PROXY_P]
             row["proxy seed vs seed: tau (p)"] = fig(tau) + p_text(p).replace("p ", "")
-        if rankings["ranking_alphas_lead"].notna().any():
+        if rankings[L.RANKING_ALPHAS_LEAD].notna().any():
             # do the alphas gather on genotypes that train better alone than random ones?
             row["alphas lead, stand-alone"] = lead_text(r).replace("points ", "") or "–"
         if rankings.get(RANKING_PARAMS_KENDALL_TAU, pd.Series(dtype=float)).notna().any():
@@ -492,7 +530,7 @@ def _ranking_html(comparison: Comparison) -> list[str]:
         _frame_html(ranking_display(comparison.rankings)),
     ]
     for rid, pairs in comparison.ranking_pairs.items():
-        name = next((r.run_name for r in comparison.records if r.run_id == rid), rid[:8])
+        name = next((r.run_name for r in comparison.records if r.run_id == rid), L.short_id(rid))
         png = scatter_png(pairs, f"{name}: one-shot vs stand-alone")
         if png:
             parts.append(
@@ -530,7 +568,6 @@ def log_to_mlflow(
     """
     from mlflow.tracking import MlflowClient
 
-    from ..tracking import layout as L
     from ..tracking.store import ensure_experiment
 
     uri = comparison.selection.tracking_uri
@@ -539,7 +576,7 @@ def log_to_mlflow(
     run = client.create_run(
         exp_id,
         run_name=f"compare {len(comparison.records)} runs",
-        tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.MLFLOW_NOTE: comparison.selection.description},
+        tags={L.TAG_RUN_KIND: L.KIND_COMPARISON, L.TAG_NOTE: comparison.selection.description},
     )
     rid = run.info.run_id
     try:

@@ -11,11 +11,9 @@ never a crash.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import math
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +25,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..space.genotype import Genotype
 from ..tracking import layout
+from ..tracking.runs import final_genotype
 from ..tracking.store import RunNotFound, find_run
 from ..tracking.store import resolve_tracking_uri as store_tracking_uri
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 COMPARISON_EXPERIMENT = "asolab-comparisons"
 # a run's validation accuracy: the final one, else the last cycle's, else the last epoch's
 VAL_ACC_METRICS = (layout.FINAL_VAL_ACC, layout.CYCLE_VAL_ACC, layout.VAL_ACC)
-_CYCLE_RE = re.compile(r"cycle_(\d+)\.json$")
 
 # The training budget: runs that differ here are not compared like for like.
 BUDGET_COLUMNS = (
@@ -253,7 +252,7 @@ def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: 
                 page_token=token,
             )
         except MlflowException as exc:
-            first = str(exc.message if hasattr(exc, "message") else exc).splitlines()[0]
+            first = first_line(exc.message if hasattr(exc, "message") else exc)
             raise CompareError(
                 f"--filter {filter_string!r} is not a valid MLflow search expression: {first}"
             ) from None
@@ -368,66 +367,6 @@ def rank_by_metric(runs: Sequence[Run], by: str, ascending: bool = False) -> lis
     return sorted(runs, key=key)  # stable: ties keep the selection's order
 
 
-# ---------------------------------------------------------------------- artifacts
-
-
-def _read_artifact(client: MlflowClient, run_id: str, path: str) -> str | None:
-    """Text of one artifact, or None when the run has no such artifact."""
-    folder, _, name = path.rpartition("/")
-    try:
-        listed = {Path(a.path).name for a in client.list_artifacts(run_id, folder or None)}
-    except (MlflowException, OSError):
-        return None
-    if name not in listed:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        local = client.download_artifacts(run_id, path, tmp)
-        return Path(local).read_text()
-
-
-def final_genotype(client: MlflowClient, run: Run) -> Genotype:
-    """The run's final genotype: ``genotypes/final.json``, else the final-genotype tag.
-
-    Raises ``ValueError`` saying what is missing or unparsable.
-    """
-    text = _read_artifact(client, run.info.run_id, layout.FINAL_GENOTYPE_ARTIFACT)
-    if text is not None:
-        try:
-            return Genotype.from_json(text)
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{layout.FINAL_GENOTYPE_ARTIFACT} does not parse ({exc})") from None
-    tag = run.data.tags.get(layout.TAG_FINAL_GENOTYPE)
-    if tag:
-        try:
-            return Genotype.parse(tag)
-        except ValueError as exc:
-            raise ValueError(f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})") from None
-    raise ValueError(f"no {layout.FINAL_GENOTYPE_ARTIFACT} artifact (status {run.info.status})")
-
-
-def cycle_genotypes(client: MlflowClient, run_id: str) -> list[tuple[int, Genotype]]:
-    """Every ``genotypes/cycle_NNN.json`` of a run as ``(cycle, genotype)``, by cycle.
-
-    Artifacts that do not parse are logged and left out.
-    """
-    try:
-        listed = client.list_artifacts(run_id, layout.GENOTYPE_DIR)
-    except (MlflowException, OSError):
-        return []
-    cycles = sorted((int(m.group(1)), a.path) for a in listed if (m := _CYCLE_RE.search(a.path)))
-    out = []
-    if not cycles:
-        return out
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(client.download_artifacts(run_id, layout.GENOTYPE_DIR, tmp))
-        for cycle, path in cycles:
-            try:
-                out.append((cycle, Genotype.from_json((local / Path(path).name).read_text())))
-            except (ValueError, KeyError, TypeError, OSError) as exc:
-                log.warning("run %s: %s does not parse (%s); left out", run_id, path, exc)
-    return out
-
-
 def experiment_names(client: MlflowClient, runs: Iterable[Run]) -> dict[str, str]:
     names: dict[str, str] = {}
     for r in runs:
@@ -511,7 +450,7 @@ def describe(
     """The selection in words (report title, comparison-run param)."""
 
     def short(ref: str) -> str:  # a full run id as the tables print it; a prefix or name as given
-        return ref[:8] if re.fullmatch(r"[0-9a-f]{32}", ref) else ref
+        return layout.short_id(ref) if re.fullmatch(r"[0-9a-f]{32}", ref) else ref
 
     parts = [f"control arms of {short(b)}" for b in baseline]
     if experiments:

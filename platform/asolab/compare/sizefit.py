@@ -172,14 +172,14 @@ def run_info_flops(text: str | None, genotype: Genotype, params: float) -> float
 
 def flops_by_run(client: MlflowClient, records: Sequence[RunRecord]) -> dict[str, float]:
     """Multiply-adds of each arm run's final network, counted once per (spec, genotype)."""
-    from .select import _read_artifact
+    from ..tracking.runs import read_artifact
 
     cache: dict[tuple, float] = {}
     out = {}
     for r in records:
         if L.TAG_ARM not in r.tags:
             continue
-        text = _read_artifact(client, r.run_id, L.RUN_INFO_ARTIFACT)
+        text = read_artifact(client, r.run_id, L.RUN_INFO_ARTIFACT)
         key = (text, r.genotype.canonical, r.metric(L.FINAL_PARAMS))
         if key not in cache:
             cache[key] = run_info_flops(text, r.genotype, r.metric(L.FINAL_PARAMS))

@@ -131,6 +131,28 @@ _TV_HINT = (
     "it there"
 )
 
+
+# per-channel mean and std of the training images
+_MNIST = ((0.1307,), (0.3081,))
+_CIFAR10 = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+_CIFAR100 = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
+_CIFAR_AUGMENTATION = Augmentation(shift=4, flip=True)
+
+
+def _torchvision(
+    name: str,
+    cls_name: str,
+    stats: tuple[tuple[float, ...], tuple[float, ...]],
+    classes: int,
+    augmentation: Augmentation,
+) -> DatasetSpec:
+    """A data set that torchvision reads (or downloads) into data.data_dir."""
+    mean, std = stats
+    return DatasetSpec(
+        name, _torchvision_loader(cls_name), mean, std, classes, augmentation, _TV_HINT
+    )
+
+
 BUILTINS: dict[str, DatasetSpec] = {
     "digits": DatasetSpec(
         "digits",
@@ -151,31 +173,9 @@ BUILTINS: dict[str, DatasetSpec] = {
         "install Debian's package (apt-get install dataset-fashion-mnist) or set data.data_dir "
         "to a folder with the four IDX files",
     ),
-    "mnist": DatasetSpec(
-        "mnist",
-        _torchvision_loader("MNIST"),
-        (0.1307,),
-        (0.3081,),
-        10,
-        Augmentation(shift=2),
-        _TV_HINT,
-    ),
-    "cifar10": DatasetSpec(
-        "cifar10",
-        _torchvision_loader("CIFAR10"),
-        (0.4914, 0.4822, 0.4465),
-        (0.2470, 0.2435, 0.2616),
-        10,
-        Augmentation(shift=4, flip=True),
-        _TV_HINT,
-    ),
-    "cifar100": DatasetSpec(
-        "cifar100",
-        _torchvision_loader("CIFAR100"),
-        (0.5071, 0.4865, 0.4409),
-        (0.2673, 0.2564, 0.2762),
-        100,
-        Augmentation(shift=4, flip=True),
-        _TV_HINT,
+    "mnist": _torchvision("mnist", "MNIST", _MNIST, 10, Augmentation(shift=2)),
+    "cifar10": _torchvision("cifar10", "CIFAR10", _CIFAR10, 10, Augmentation(shift=4, flip=True)),
+    "cifar100": _torchvision(
+        "cifar100", "CIFAR100", _CIFAR100, 100, Augmentation(shift=4, flip=True)
     ),
 }

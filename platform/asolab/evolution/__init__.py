@@ -1,1 +1,1 @@
-"""Evolution: Gumbel-softmax sampling, temperature schedules, mutation and growth."""
+"""Evolution: temperature schedules, mutation and growth."""

@@ -28,6 +28,7 @@ import torch
 from ..config import GrowthConfig
 from ..space.cells import edge_index
 from ..space.network import SearchNetwork
+from ..space.ops import NONE
 from . import morphism
 from .morphism import Morph
 
@@ -116,7 +117,7 @@ def _propose_branch(net: SearchNetwork) -> Morph:
     """A random (cell, node, input); the op is the edge's strongest non-none op by
     its alphas that this edge has no branch of yet."""
     spec = net.spec
-    ops = [i for i, p in enumerate(spec.primitives) if p != "none"]
+    ops = [i for i, p in enumerate(spec.primitives) if p != NONE]
     edges = [
         (c, k, j) for c in range(len(spec.cells)) for k in range(spec.steps) for j in range(k + 2)
     ]

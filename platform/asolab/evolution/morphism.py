@@ -10,7 +10,7 @@ was. Three layers of API:
   the identity, the rest random replicas). Producers copy rows ``W[m]``;
   consumers copy columns and divide them by the replica count of their source
   channel, so the sum over replicas equals the old weight.
-* module level -- :func:`widen_conv`, :func:`widen_bn`, :func:`widen_linear`:
+* module level -- :func:`widen_conv`, :func:`widen_bn`:
   rebuild a layer at the new width keeping stride, padding, dilation, groups,
   bias, padding mode, BN eps/momentum/affine; enough to widen any plain
   conv-BN-ReLU stack (depthwise and grouped convolutions included).
@@ -45,7 +45,7 @@ import torch.nn as nn
 from ..space.cells import SearchCell
 from ..space.genotype import Genotype, own_cell_name
 from ..space.network import SearchNetwork
-from ..space.ops import DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
+from ..space.ops import NONE, DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
 from ..space.spec import ArchSpec, CellSpec
 
 # A transform of one stored tensor; ``power`` is 2 for second moments (Adam's
@@ -167,28 +167,6 @@ def widen_conv(
         if conv.bias is not None:
             new.bias.copy_(take(conv.bias, out_map))
     new.train(conv.training)
-    return new
-
-
-def widen_linear(
-    linear: nn.Linear,
-    *,
-    in_map: torch.Tensor | None = None,
-    out_map: torch.Tensor | None = None,
-) -> nn.Linear:
-    c_in = len(in_map) if in_map is not None else linear.in_features
-    c_out = len(out_map) if out_map is not None else linear.out_features
-    new = nn.Linear(
-        c_in,
-        c_out,
-        bias=linear.bias is not None,
-        device=linear.weight.device,
-        dtype=linear.weight.dtype,
-    )
-    with torch.no_grad():
-        new.weight.copy_(widen_conv_weight(linear.weight, out_map=out_map, in_map=in_map))
-        if linear.bias is not None:
-            new.bias.copy_(take(linear.bias, out_map))
     return new
 
 
@@ -370,12 +348,7 @@ def signals(spec: ArchSpec) -> tuple[list[tuple[int, int]], int]:
 
 def needs_even(spec: ArchSpec, index: int) -> bool:
     """Whether cell ``index`` holds a FactorizedReduce producing its channels."""
-    cs = spec.cells[index]
-    reduction_prev = False
-    for c in spec.cells[:index]:
-        if not c.residual:
-            reduction_prev = c.reduction
-    return cs.reduction or reduction_prev
+    return spec.cells[index].reduction or spec.inputs()[index].reduction_prev
 
 
 # ---------------------------------------------------------------------------- supernet: widen
@@ -412,23 +385,7 @@ def widen_cell(
     rules: dict[str, Transform] = {}
     for c, cell in enumerate(net.cells):
         assert isinstance(cell, SearchCell)
-        produce = c in producers
-        for slot in (0, 1):
-            in_map = out_map if sources[c][slot] == index else None
-            if in_map is not None or produce:
-                _op_rules(
-                    rules,
-                    f"cells.{c}.preprocess{slot}.",
-                    getattr(cell, f"preprocess{slot}"),
-                    in_map,
-                    m if produce else None,
-                )
-        if produce:
-            for e, mixed in enumerate(cell.edges):
-                for o, op in enumerate(mixed.ops):
-                    _op_rules(rules, f"cells.{c}.edges.{e}.ops.{o}.", op, m, m)
-            for b, op in enumerate(cell.branches):
-                _op_rules(rules, f"cells.{c}.branches.{b}.", op, m, m)
+        _cell_rules(rules, c, cell, sources[c], index, out_map, m if c in producers else None)
     if final == index:
         rules["classifier.weight"] = lambda t, power: widen_conv_weight(
             t, in_map=out_map, power=power
@@ -448,6 +405,33 @@ def widen_cell(
     )
 
 
+def _cell_rules(
+    rules: dict[str, Transform],
+    c: int,
+    cell: SearchCell,
+    sources: tuple[int, int],
+    index: int,
+    out_map: torch.Tensor,
+    m: torch.Tensor | None,
+) -> None:
+    """The rules for cell ``c``: its preprocessing reads the widened output of cell
+    ``index`` (``out_map``) if that is one of its sources; a producer (``m`` given)
+    widens its preprocessing outputs, every op of its edges and its branches."""
+    for slot in (0, 1):
+        in_map = out_map if sources[slot] == index else None
+        if in_map is not None or m is not None:
+            _op_rules(
+                rules, f"cells.{c}.preprocess{slot}.", getattr(cell, f"preprocess{slot}"), in_map, m
+            )
+    if m is None:
+        return
+    for e, mixed in enumerate(cell.edges):
+        for o, op in enumerate(mixed.ops):
+            _op_rules(rules, f"cells.{c}.edges.{e}.ops.{o}.", op, m, m)
+    for b, op in enumerate(cell.branches):
+        _op_rules(rules, f"cells.{c}.branches.{b}.", op, m, m)
+
+
 def replace_channels(cs: CellSpec, channels: int) -> CellSpec:
     return replace(cs, channels=channels)
 
@@ -458,14 +442,12 @@ def replace_channels(cs: CellSpec, channels: int) -> CellSpec:
 def deepen_positions(spec: ArchSpec) -> list[int]:
     """Where an identity (residual) cell can be inserted: its output width must
     equal its input's (steps * C), and C must be even after a reduction."""
-    out = []
-    c_p, reduction_prev = spec.stem_channels, False
-    for pos in range(len(spec.cells) + 1):
-        if c_p % spec.steps == 0 and not (reduction_prev and (c_p // spec.steps) % 2):
-            out.append(pos)
-        if pos < len(spec.cells) and not spec.cells[pos].residual:
-            c_p, reduction_prev = spec.steps * spec.cells[pos].channels, spec.cells[pos].reduction
-    return out
+    return [
+        pos
+        for pos, into in enumerate(spec.inputs())
+        if into.c_prev % spec.steps == 0
+        and not (into.reduction_prev and (into.c_prev // spec.steps) % 2)
+    ]
 
 
 # State-dict names that carry a cell index: cell modules, residual gates, own alphas.
@@ -492,10 +474,7 @@ def deepen(net: SearchNetwork, position: int) -> Morph:
         raise ValueError(
             f"no identity cell fits at position {position}; allowed: {deepen_positions(spec)}"
         )
-    c_p = spec.stem_channels
-    for cs in spec.cells[:position]:
-        if not cs.residual:
-            c_p = spec.steps * cs.channels
+    c_p = spec.inputs()[position].c_prev
     cells = list(spec.cells)
     cells.insert(position, CellSpec(channels=c_p // spec.steps, residual=True, own_alphas=True))
 
@@ -539,7 +518,7 @@ def add_branch(net: SearchNetwork, index: int, node: int, input_: int, op: str) 
     the branch runs under every plan (sampled, genotype, continuous).
     """
     spec = net.spec
-    if op == "none" or op not in spec.primitives:
+    if op == NONE or op not in spec.primitives:
         raise ValueError(
             f"branch op must be one of the space's primitives other than none, got {op!r}"
         )

@@ -18,8 +18,8 @@ import torch
 
 from ..space.cells import edge_index
 from ..space.genotype import Genotype
-from ..space.ops import PARAMETER_FREE
-from .sampling import gumbel_softmax_st
+from ..space.ops import NONE, PARAMETER_FREE
+from ..space.sampling import gumbel_softmax_st
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def mutate(
     for n in sorted(chosen):
         kind, node, op, j = edges[n]
         logits = alphas[kind][edge_index(node, j)].detach().float().clone()
-        banned = {op, "none"}
+        banned = {op, NONE}
         elsewhere = genotype.param_free(kind) - (op in PARAMETER_FREE)  # the cell's other edges
         if 0 <= param_free_cap <= elsewhere:
             banned |= PARAMETER_FREE

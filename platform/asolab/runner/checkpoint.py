@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..errors import first_line
+
 # 2: the mutation's edits and growth events of the current cycle, the run's
 # seconds, and a checkpoint after the final stage.
 FORMAT = 2
@@ -70,7 +72,7 @@ def restoring(path: str | Path, label: str | None = None) -> Iterator[None]:
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        first = first_line(exc)[:200]
         raise CheckpointError(
             f"{label or f'checkpoint {path}'} is incomplete or from another asolab version "
             f"({type(exc).__name__}: {first}); start a new run"

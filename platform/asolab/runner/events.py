@@ -88,7 +88,6 @@ class CycleEnd:
 
     cycle: int
     genotype: Genotype  # the (mutated) genotype that was retrained this cycle
-    derived_genotype: Genotype  # what the alphas said before mutation
     supernet_params: int
     derived_params: int
     memory: dict[str, float]

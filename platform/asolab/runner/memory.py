@@ -14,6 +14,9 @@ import torch
 import torch.nn as nn
 
 from ..config import ConfigError
+from ..errors import first_line
+from ..space.ops import NONE
+from ..space.spec import edge_stride, halved
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..space.spec import ArchSpec
@@ -132,7 +135,7 @@ def _preprocess(c_in: int, c: int, height: int, reduce: bool) -> tuple[int, int]
             else ReLUConvBN(c_in, c, 1, 1, 0, affine=False)
         )
         params = sum(p.numel() for p in m.parameters())
-    h = (height + 1) // 2 if reduce else height
+    h = halved(height) if reduce else height
     return params, c_in * height**2 + 2 * c * h**2
 
 
@@ -143,32 +146,33 @@ def estimate_supernet(spec: ArchSpec, batch_size: int, image_size: int) -> Memor
     meta device); activations assume the heaviest operation on every edge, since
     a W-training step runs one sampled operation per edge.
     """
-    prims = [p for p in spec.primitives if p != "none"]
+    prims = [p for p in spec.primitives if p != NONE]
     stem = spec.stem_channels
     params = spec.in_channels * stem * 9 + 2 * stem
-    h_stem = (image_size - 1) // spec.stem_stride + 1  # a 3x3 convolution with padding 1
-    elements = 2 * stem * h_stem**2
-    c_pp, c_p, h_pp, h_p, reduction_prev = stem, stem, h_stem, h_stem, False
-    for cs in spec.cells:
-        c, h_out = cs.channels, (h_p + 1) // 2 if cs.reduction else h_p
-        for c_in, h, reduce in ((c_pp, h_pp, reduction_prev), (c_p, h_p, False)):
+    elements = 2 * stem * spec.stem_size(image_size) ** 2
+    inputs = spec.inputs(image_size)
+    for cs, into in zip(spec.cells, inputs, strict=False):
+        c, h_p = cs.channels, into.h_prev
+        h_out = halved(h_p) if cs.reduction else h_p
+        for c_in, h, reduce in (
+            (into.c_prev_prev, into.h_prev_prev, into.reduction_prev),
+            (into.c_prev, h_p, False),
+        ):
             p, e = _preprocess(c_in, c, h, reduce)
             params, elements = params + p, elements + e
         for k in range(spec.steps):
             for j in range(k + 2):
-                stride = 2 if cs.reduction and j < 2 else 1
+                stride = edge_stride(cs.reduction, j)
                 h_in = h_p if stride == 2 else h_out
                 params += _mixed_params(c, stride, tuple(spec.primitives))
                 elements += max(_op_elements(p, c, stride, h_in) for p in prims)
         for _k, j, op in cs.branches:
-            stride = 2 if cs.reduction and j < 2 else 1
+            stride = edge_stride(cs.reduction, j)
             params += _op_params(op, c, stride) + 1  # and its gate
             elements += _op_elements(op, c, stride, h_p if stride == 2 else h_out)
         elements += 2 * spec.steps * c * h_out**2  # node sums and the concatenated output
-        if cs.residual:
-            params += 1  # its gate
-            continue
-        c_pp, c_p, h_pp, h_p, reduction_prev = c_p, spec.steps * c, h_p, h_out, cs.reduction
+        params += 1 if cs.residual else 0  # its gate
+    c_p = inputs[-1].c_prev
     params += c_p * spec.num_classes + spec.num_classes
     params += len(spec.alpha_keys) * spec.num_edges * len(spec.primitives)
     return MemoryEstimate(
@@ -230,7 +234,7 @@ def out_of_memory(exc: BaseException, device: torch.device, batch_size: int) -> 
     so that the next run in this process (a study's next trial) starts clean."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc) or type(exc).__name__
     return MemoryLimitError(
         f"out of memory on {device} at data.batch_size={batch_size} ({first[:200]}); {_LOWER}"
     )

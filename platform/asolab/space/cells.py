@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .ops import OPS, FactorizedReduce, ReLUConvBN
+from .spec import edge_stride
 
 Choice = tuple[int, torch.Tensor | None]
 Plan = Sequence[Sequence[Choice] | None]
@@ -69,7 +70,7 @@ class SearchCell(nn.Module):
         )
         self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, affine=False)
         self.edges = nn.ModuleList(
-            MixedOp(channels, 2 if reduction and j < 2 else 1, primitives)
+            MixedOp(channels, edge_stride(reduction, j), primitives)
             for k in range(steps)
             for j in range(k + 2)
         )
@@ -82,8 +83,7 @@ class SearchCell(nn.Module):
                     f"branch ({k}, {j}, {op!r}) does not fit a cell with {steps} nodes"
                 )
         self.branches = nn.ModuleList(
-            OPS[op](channels, 2 if reduction and j < 2 else 1, False)
-            for _, j, op in self.branch_specs
+            OPS[op](channels, edge_stride(reduction, j), False) for _, j, op in self.branch_specs
         )
         self.branch_gates = nn.ParameterList(
             nn.Parameter(torch.zeros(1)) for _ in self.branch_specs

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..evolution.sampling import FairPaths, gumbel_softmax_st
 from .cells import Plan, SearchCell, edge_index
 from .genotype import CELL_TYPES, Genotype, Node
-from .ops import PARAMETER_FREE
+from .ops import NONE, PARAMETER_FREE
+from .sampling import FairPaths, gumbel_softmax_st
 from .spec import ArchSpec
 
 Plans = dict[str, Plan]
@@ -54,30 +54,29 @@ class SearchNetwork(nn.Module):
         )
         self.cells = nn.ModuleList()
         self.gates = nn.ParameterDict()
-        c_pp, c_p, reduction_prev = spec.stem_channels, spec.stem_channels, False
-        for i, cs in enumerate(spec.cells):
+        inputs = spec.inputs()
+        for i, (cs, into) in enumerate(zip(spec.cells, inputs, strict=False)):
             cell = SearchCell(
                 spec.steps,
-                c_pp,
-                c_p,
+                into.c_prev_prev,
+                into.c_prev,
                 cs.channels,
                 cs.reduction,
-                reduction_prev,
+                into.reduction_prev,
                 spec.primitives,
                 cs.branches,
             )
             self.cells.append(cell)
             if cs.residual:
-                if cs.reduction or cell.out_channels != c_p:
+                if cs.reduction or cell.out_channels != into.c_prev:
                     raise ValueError(
-                        f"residual cell {i} must be a normal cell with {c_p} output channels"
+                        f"residual cell {i} must be a normal cell with {into.c_prev} output "
+                        "channels"
                     )
                 # The gate starts at zero so that an inserted cell is the identity.
                 self.gates[str(i)] = nn.Parameter(torch.zeros(1))
-                continue  # a residual cell passes its input pair on, updated in place
-            c_pp, c_p, reduction_prev = c_p, cell.out_channels, cs.reduction
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Linear(c_p, spec.num_classes)
+        self.classifier = nn.Linear(inputs[-1].c_prev, spec.num_classes)
         n_edges, n_ops = spec.num_edges, len(spec.primitives)
         # Insertion order (cell types, then own cells by index) is the order of
         # alpha_parameters(), hence of the alpha optimizer's saved state.
@@ -138,7 +137,7 @@ class SearchNetwork(nn.Module):
 
     def trainable_ops(self) -> list[int]:
         """Indices of the primitives W-training may sample (all but 'none')."""
-        return [i for i, p in enumerate(self.spec.primitives) if p != "none"]
+        return [i for i, p in enumerate(self.spec.primitives) if p != NONE]
 
     def fair_plans(self, paths: FairPaths) -> Plans:
         """One op per edge and alpha matrix, each edge's ops in fair rounds (W-training)."""
@@ -210,7 +209,7 @@ class SearchNetwork(nn.Module):
         ops (``PARAMETER_FREE``): the kept edges where the swap costs least
         weight take their strongest op with weights instead (-1: no cap)."""
         prims = self.spec.primitives
-        allowed = [i for i, p in enumerate(prims) if p != "none"]
+        allowed = [i for i, p in enumerate(prims) if p != NONE]
         weighted = [i for i in allowed if prims[i] not in PARAMETER_FREE]
         cells = {}
         for kind in self.alphas:

@@ -132,8 +132,10 @@ class Pool(nn.Module):
 
 OpFactory = Callable[[int, int, bool], nn.Module]
 
+NONE = "none"  # the op that cuts an edge: zero output, no weights, never trained
+
 BUILTIN_OPS: dict[str, OpFactory] = {
-    "none": lambda c, stride, affine: Zero(stride),
+    NONE: lambda c, stride, affine: Zero(stride),
     "max_pool_3x3": lambda c, stride, affine: Pool("max", c, stride, affine),
     "avg_pool_3x3": lambda c, stride, affine: Pool("avg", c, stride, affine),
     "skip_connect": lambda c, stride, affine: (

@@ -31,6 +31,7 @@ from functools import cache
 from PIL import Image, ImageDraw, ImageFont
 
 from .genotype import Genotype
+from .ops import NONE
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ _COLOURS = {
     "max_pool_3x3": "#B24A00",
     "avg_pool_3x3": "#A0327A",
     "skip_connect": "#505050",
-    "none": "#767676",
+    NONE: "#767676",
 }
 _INPUT, _NODE, _OUTPUT = "#F6D9A0", "#CDE6F7", "#C9EBDD"  # pale fills behind black text
 # state labels: c_{k-2} and c_{k-1} (the two previous cells' outputs), 0..n-1, c_{k} (the output)

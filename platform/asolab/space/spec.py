@@ -37,6 +37,29 @@ class CellSpec:
         return cls(**{**d, "branches": branches})
 
 
+def edge_stride(reduction: bool, input_index: int) -> int:
+    """The stride of an edge: 2 on a reduction cell's edges from its two inputs."""
+    return 2 if reduction and input_index < 2 else 1
+
+
+def halved(height: int) -> int:
+    """The height after a stride-2 op (3x3 padding 1, or FactorizedReduce)."""
+    return (height + 1) // 2
+
+
+@dataclass(frozen=True)
+class CellInput:
+    """What a position in the cell stack receives: the two previous states'
+    channels and heights, and whether the newer one came out of a reduction
+    cell (then the older, larger state is reduced on the way in)."""
+
+    c_prev_prev: int
+    c_prev: int
+    reduction_prev: bool
+    h_prev_prev: int
+    h_prev: int
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """The whole network's shape."""
@@ -100,6 +123,28 @@ class ArchSpec:
         return CELL_TYPES + tuple(
             own_cell_name(i) for i, c in enumerate(self.cells) if c.own_alphas
         )
+
+    def stem_size(self, image_size: int) -> int:
+        """The stem's output height for ``image_size`` (a 3x3 convolution with padding 1)."""
+        return (image_size - 1) // self.stem_stride + 1
+
+    def inputs(self, image_size: int = 1) -> list[CellInput]:
+        """The input pair at every position ``0 .. len(cells)`` (the last feeds the
+        classifier); heights for square images of ``image_size``. A residual cell
+        passes its input pair on, so it changes nothing for the positions after it.
+        The one account of the stack's geometry: the supernet, growth and memory
+        estimation all read it."""
+        h = self.stem_size(image_size)
+        c_pp, c_p, h_pp, h_p, reduction_prev = self.stem_channels, self.stem_channels, h, h, False
+        out = []
+        for cs in self.cells:
+            out.append(CellInput(c_pp, c_p, reduction_prev, h_pp, h_p))
+            if not cs.residual:
+                h_out = halved(h_p) if cs.reduction else h_p
+                c_pp, c_p, h_pp, h_p = c_p, self.steps * cs.channels, h_p, h_out
+                reduction_prev = cs.reduction
+        out.append(CellInput(c_pp, c_p, reduction_prev, h_pp, h_p))
+        return out
 
     @property
     def num_edges(self) -> int:

@@ -7,7 +7,10 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import first_line
+from ..options import add_set, add_threads, add_tracking_uri
 from ..tracking.layout import TAG_ERROR
+from ..tracking.store import mask_password
 from .config import check_study_name
 
 log = logging.getLogger(__name__)
@@ -30,17 +33,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "study TOML (default: studies/temperature_mutation.toml); a bare name looks in studies/"
         ),
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
+    add_set(
+        p,
         help=(
             "override a key of every trial's experiment, over the file's [overrides] "
             "(repeatable), e.g. --set search.cycles=1 for a quick study"
         ),
     )
+    _budget_options(p)
+    _place_options(p)
+    # internal: one worker process started by --workers
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
+    add_threads(p, help=argparse.SUPPRESS, default=1)
+    p.set_defaults(func=cmd_study)
+
+
+def _budget_options(p: argparse.ArgumentParser) -> None:
+    """How many trials, for how long, in how many processes."""
     p.add_argument(
         "--n-trials",
         type=int,
@@ -65,6 +75,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="K worker processes on this machine, each with cores // K torch threads",
     )
+
+
+def _place_options(p: argparse.ArgumentParser) -> None:
+    """Where the study lives and what it is called; its sampler seed; --summary."""
     p.add_argument(
         "--storage",
         default="",
@@ -90,17 +104,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the best trials and where to find them; run nothing",
     )
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        metavar="URI",
-        help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)",
+    add_tracking_uri(
+        p, help="MLflow tracking URI (default: the file's, MLFLOW_TRACKING_URI, or mlruns/)"
     )
-    # internal: one worker process started by --workers
-    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--parent-run-id", default="", help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_study)
 
 
 def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
@@ -205,6 +211,11 @@ def cmd_study(args: argparse.Namespace) -> int:
             show,
         )
         return 0
+    return _run(args, cfg)
+
+
+def _run(args: argparse.Namespace, cfg: Any) -> int:
+    """The study in this process and its workers, then its summary (after a failure too)."""
     from .run import WorkersFailed, resolve_budget, run_study
 
     budget, seconds = resolve_budget(cfg, args.n_trials, args.timeout)
@@ -252,7 +263,7 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
     name = args.study_name or cfg.name
     command = " ".join(["asolab study"] + ([args.file] if args.file else []))
     no_study = ConfigError(
-        f"no study {name!r} in {report.mask_password(url)}; run `{command}` first, or pass "
+        f"no study {name!r} in {mask_password(url)}; run `{command}` first, or pass "
         "--storage/--study-name"
     )
     if journal_missing(url):
@@ -269,7 +280,7 @@ def _summary(args: argparse.Namespace, cfg: Any) -> int:
             check_reachable(uri)
             parent = report.find_parent_run(uri, cfg, name) or "(none yet)"
     except Exception as exc:  # the summary still helps without MLflow, but must not hide why
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc) or type(exc).__name__
         parent = f"(unknown: the MLflow store could not be read: {reason})"
     _print_summary(cfg, study, url, uri, parent)
     return 0
@@ -287,7 +298,7 @@ def _print_summary(cfg: Any, study: Any, url: str, uri: str, parent: str) -> Non
     print(
         f"study {study.study_name}: {len(trials)} trials "
         f"({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'none'}); storage "
-        f"{report.mask_password(url)}"
+        f"{mask_password(url)}"
     )
     if frame.empty:
         print("no complete trial yet")

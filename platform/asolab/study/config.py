@@ -34,15 +34,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from dataclasses import field as section
 from pathlib import Path
 from typing import Any
 
 from ..config import (
     ConfigError,
     ExperimentConfig,
-    _build,
-    _field,
+    build,
+    field,
     flatten,
     load,
     parse_override,
@@ -91,14 +92,14 @@ class ParamSpec:
 class ObjectiveConfig:
     """What a trial returns: one metric (a best value) or two (a Pareto front)."""
 
-    metrics: tuple[str, ...] = _field(
+    metrics: tuple[str, ...] = field(
         ("val_acc",),
         choices=tuple(OBJECTIVES),
         help="one metric (the best value) or two (a Pareto front), all on the validation split",
     )
     # Seed noise of one digits run is about as large as the knobs' effect (bench/README.md,
     # study_signal.py): averaging a trial over seeds divides it by sqrt(seeds).
-    seeds: int = _field(
+    seeds: int = field(
         1,
         ge=1,
         le=100,
@@ -117,63 +118,63 @@ class ObjectiveConfig:
 class SamplerConfig:
     """Which Optuna sampler; every setting explicit (Optuna 5 changed some defaults)."""
 
-    name: str = _field("tpe", choices=SAMPLERS)
-    n_startup_trials: int = _field(5, ge=0, help="tpe: random trials before the model takes over")
-    multivariate: bool = _field(
+    name: str = field("tpe", choices=SAMPLERS)
+    n_startup_trials: int = field(5, ge=0, help="tpe: random trials before the model takes over")
+    multivariate: bool = field(
         True, help="tpe: model the parameters jointly (temperature and its floor interact)"
     )
-    constant_liar: bool = _field(
+    constant_liar: bool = field(
         True, help="tpe: keep parallel workers from sampling the same point"
     )
-    population_size: int = _field(8, ge=2, help="nsga2: individuals per generation")
+    population_size: int = field(8, ge=2, help="nsga2: individuals per generation")
 
 
 @dataclass(frozen=True)
 class PrunerConfig:
     """When a trial stops early on its per-cycle validation accuracy."""
 
-    name: str = _field("median", choices=PRUNERS)
-    n_startup_trials: int = _field(
+    name: str = field("median", choices=PRUNERS)
+    n_startup_trials: int = field(
         3, ge=0, help="median / percentile: never prune before this many trials finished"
     )
-    n_warmup_steps: int = _field(0, ge=0, help="median / percentile: never prune before this cycle")
-    percentile: float = _field(
+    n_warmup_steps: int = field(0, ge=0, help="median / percentile: never prune before this cycle")
+    percentile: float = field(
         25.0, ge=0.0, le=100.0, help="percentile: keep trials in the top (100 - percentile)%"
     )
-    min_resource: int = _field(1, ge=1, help="hyperband, in cycles")
-    reduction_factor: int = _field(3, ge=2, help="hyperband")
-    lower: float = _field(0.0, help="threshold: prune when val_acc < lower")
+    min_resource: int = field(1, ge=1, help="hyperband, in cycles")
+    reduction_factor: int = field(3, ge=2, help="hyperband")
+    lower: float = field(0.0, help="threshold: prune when val_acc < lower")
 
 
 @dataclass(frozen=True)
 class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
-    url: str = _field(
+    url: str = field(
         "",
         help="Optuna storage ('' = JournalStorage in optuna-journal.log beside the MLflow store); "
         "--storage overrides it",
     )
-    heartbeat_interval: int = _field(
+    heartbeat_interval: int = field(
         60, ge=1, help="seconds between a running trial's heartbeats (< grace_period)"
     )
-    grace_period: int = _field(
+    grace_period: int = field(
         180,
         ge=1,
         help="a RUNNING trial silent this long is stale: failed and retried (one "
         "whose owner process is alive on this host never is, on a journal)",
     )
-    max_retry: int = _field(1, ge=0, help="how often a stale trial's parameters are retried")
+    max_retry: int = field(1, ge=0, help="how often a stale trial's parameters are retried")
 
 
 @dataclass(frozen=True)
 class StudyTrackingConfig:
     """Where the study's MLflow parent run and trial runs go."""
 
-    tracking_uri: str = _field(
+    tracking_uri: str = field(
         "", help="'' = the base experiment's tracking.tracking_uri, MLFLOW_TRACKING_URI, or mlruns/"
     )
-    experiment: str = _field("", help="MLflow experiment ('' = study-<name>)")
+    experiment: str = field("", help="MLflow experiment ('' = study-<name>)")
 
 
 @dataclass(frozen=True)
@@ -184,26 +185,26 @@ class StudySettings:
     are free-form tables, checked against the base experiment in :func:`from_dict`.
     """
 
-    name: str = _field(
+    name: str = field(
         "study", help="study name (default: the file's stem); no quotes or backslashes"
     )
-    experiment: str = _field(
+    experiment: str = field(
         "digits",
         help="base experiment file: a bare name looks in "
         "experiments/, a relative path next to the study file",
     )
-    n_trials: int = _field(
+    n_trials: int = field(
         10, ge=0, help="trials the study should hold in total (0 = no limit, needs a timeout)"
     )
-    timeout: float = _field(0.0, ge=0.0, help="seconds per invocation (0 = no limit)")
-    seed: int = _field(
+    timeout: float = field(0.0, ge=0.0, help="seconds per invocation (0 = no limit)")
+    seed: int = field(
         0, ge=0, help="seeds the sampler (mixed with the worker and the trials so far)"
     )
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    storage: StorageConfig = field(default_factory=StorageConfig)
-    tracking: StudyTrackingConfig = field(default_factory=StudyTrackingConfig)
+    objective: ObjectiveConfig = section(default_factory=ObjectiveConfig)
+    sampler: SamplerConfig = section(default_factory=SamplerConfig)
+    pruner: PrunerConfig = section(default_factory=PrunerConfig)
+    storage: StorageConfig = section(default_factory=StorageConfig)
+    tracking: StudyTrackingConfig = section(default_factory=StudyTrackingConfig)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class StudyConfig(StudySettings):
     ``enqueue``-d points."""
 
     source: str = ""
-    base: ExperimentConfig = field(default_factory=ExperimentConfig)
+    base: ExperimentConfig = section(default_factory=ExperimentConfig)
     params: tuple[ParamSpec, ...] = ()
     overrides: tuple[tuple[str, Any], ...] = ()
     enqueue: tuple[tuple[tuple[str, Any], ...], ...] = ()
@@ -286,6 +287,13 @@ def _param(key: str, data: Mapping[str, Any], source: str, known: Mapping[str, A
         if not isinstance(choices, list) or not choices:
             raise ConfigError(f"{where}.choices must be a non-empty list")
         return ParamSpec(key=key, type=kind, choices=tuple(choices))
+    return _numeric_param(key, kind, data, where, fraction_of)
+
+
+def _numeric_param(
+    key: str, kind: str, data: Mapping[str, Any], where: str, fraction_of: str
+) -> ParamSpec:
+    """An int or float parameter: its range, log scale and step, checked."""
     low, high = data.get("low"), data.get("high")
     num = (int,) if kind == "int" else (int, float)
     for name, v in (("low", low), ("high", high)):
@@ -368,7 +376,7 @@ def _settings(data: Mapping[str, Any], source: str) -> StudySettings:
     for key in plain:
         if key not in allowed:
             raise ConfigError(f"{source}: unknown key '{key}'; allowed: {', '.join(allowed)}")
-    s = _build(StudySettings, plain, source)
+    s = build(StudySettings, plain, source)
     check_study_name(s.name, f"{source}: name")
     if s.n_trials == 0 and s.timeout == 0:
         raise ConfigError(

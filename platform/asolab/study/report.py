@@ -34,7 +34,9 @@ from ..tracking.layout import (
     TAG_TRIAL,
     TAG_TRIAL_STATE,
 )
+from ..tracking.store import mask_password
 from .config import StudyConfig
+from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +58,6 @@ def trial_run_name(
     if strength is not None:
         name += f" s{strength:.2f}"
     return name
-
-
-def mask_password(url: str) -> str:
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        cred, host = rest.rsplit("@", 1)
-        user = cred.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
 
 
 def client(uri: str) -> Any:
@@ -142,8 +135,6 @@ def record_trial(
     """
     from mlflow.entities import Metric, Param, RunTag
 
-    from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
-
     c = client(uri)
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -189,7 +180,6 @@ def record_trial(
 def mark_stale_run(uri: str, trial: FrozenTrial, reason: str) -> None:
     """The MLflow run of a trial whose worker died: KILLED, with the reason (and a
     multi-seed trial's seed run that was running)."""
-    from .storage import ATTR_MLFLOW_RUN
 
     run_id = trial.user_attrs.get(ATTR_MLFLOW_RUN)
     if not run_id:
@@ -346,7 +336,6 @@ def finish_parent_run(
 def mark_best_runs(c: Any, cfg: StudyConfig, study: optuna.Study, best: list[FrozenTrial]) -> None:
     """``asolab.best = true`` on the runs of the best trial (or the Pareto front), and on
     no other run of the study, so the runs table can filter on it."""
-    from .storage import ATTR_MLFLOW_RUN
 
     keep = {t.user_attrs.get(ATTR_MLFLOW_RUN) for t in best} - {None}
     exp = c.get_experiment_by_name(cfg.mlflow_experiment)
@@ -366,7 +355,6 @@ def study_description(
     c: Any, cfg: StudyConfig, study: optuna.Study, parent_run_id: str, best: list[FrozenTrial]
 ) -> str:
     """The parent run's Markdown description: objective, best trial (linked), top trials."""
-    from .storage import ATTR_MLFLOW_RUN
 
     exp_id = c.get_run(parent_run_id).info.experiment_id
     trials = study.get_trials(deepcopy=False)
@@ -422,26 +410,45 @@ def _save(ax: Any, path: Path) -> None:
 
 def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[str], list[str]]:
     """Write the study's plots as PNG (matplotlib); returns (written, notes on skipped plots)."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    written: list[str] = []
+    notes: list[str] = []
+    for name, make, needs in _plot_jobs(cfg, study):
+        if len(complete) < needs:
+            notes.append(
+                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
+                f"{len(complete)}"
+            )
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
+                ax = make()
+            _save(ax, out / f"{name}.png")
+            written.append(f"{name}.png")
+        except Exception as exc:  # a plot must never fail the study
+            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
+            log.info("study plot %s skipped: %s", name, exc)
+    return written, notes
+
+
+def _plot_jobs(cfg: StudyConfig, study: optuna.Study) -> list[tuple[str, Any, int]]:
+    """(name, a function that draws it, the complete trials it needs) for each plot."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import optuna.visualization.matplotlib as vis
     from optuna.importance import FanovaImportanceEvaluator
 
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     multi = len(study.directions) > 1
     names = list(cfg.objective.metrics)
     target = (lambda t: t.values[0]) if multi else None
     target_name = names[0]
-    written: list[str] = []
-    notes: list[str] = []
     params = [p.optuna_name for p in cfg.params]
-    contour = [
-        c for c in CONTOUR_PARAMS if c in params
-    ]  # temperature x mutation strength when both are tuned
+    # temperature x mutation strength when both are tuned
+    contour = [c for c in CONTOUR_PARAMS if c in params]
     if len(contour) < 2:
         contour = params[:2]
-
     jobs: list[tuple[str, Any, int]] = [
         (
             "optimization_history",
@@ -478,23 +485,7 @@ def study_plots(cfg: StudyConfig, study: optuna.Study, out: Path) -> tuple[list[
         jobs.append(("pareto_front", lambda: vis.plot_pareto_front(study, target_names=names), 1))
     elif any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         jobs.append(("intermediate_values", lambda: vis.plot_intermediate_values(study), 0))
-    for name, make, needs in jobs:
-        if len(complete) < needs:
-            notes.append(
-                f"{name}: skipped, needs at least {needs} complete trial(s), the study has "
-                f"{len(complete)}"
-            )
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # ExperimentalWarning on every matplotlib plot
-                ax = make()
-            _save(ax, out / f"{name}.png")
-            written.append(f"{name}.png")
-        except Exception as exc:  # a plot must never fail the study
-            notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
-            log.info("study plot %s skipped: %s", name, exc)
-    return written, notes
+    return jobs
 
 
 def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> list[str]:
@@ -514,8 +505,6 @@ def log_plots(c: Any, run_id: str, cfg: StudyConfig, study: optuna.Study) -> lis
 def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
     """The best trials as a pandas DataFrame (the Pareto front for two objectives)."""
     import pandas as pd
-
-    from .storage import ATTR_MLFLOW_RUN
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(study.directions) > 1:

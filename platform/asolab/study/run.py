@@ -32,7 +32,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..threads import auto_threads
+from ..tracking.store import mask_password
 from . import report
 from .config import StudyConfig, check_study_name
 from .objective import TrialContext, run_trial
@@ -168,14 +170,12 @@ def open_study(
             load_if_exists=True,
         )
     except ValueError as exc:
-        raise ConfigError(
-            f"study {study_name!r} in {report.mask_password(storage_url)}: {exc}"
-        ) from None
+        raise ConfigError(f"study {study_name!r} in {mask_password(storage_url)}: {exc}") from None
     if list(study.directions) != [
         optuna.study.StudyDirection[d.upper()] for d in cfg.objective.directions
     ]:
         raise ConfigError(
-            f"study {study_name!r} in {report.mask_password(storage_url)} exists with other "
+            f"study {study_name!r} in {mask_password(storage_url)} exists with other "
             f"objectives ({[d.name for d in study.directions]}); use another --study-name or "
             "storage"
         )
@@ -243,7 +243,7 @@ def _tell(
 
 
 def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
-    one_line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    one_line = f"{type(exc).__name__}: {first_line(exc)}"
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:

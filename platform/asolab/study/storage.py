@@ -46,8 +46,9 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
+from ..errors import first_line
 from ..tracking.layout import TAG_ERROR
-from ..tracking.store import database_unreachable, foreign_sqlite, store_dir
+from ..tracking.store import database_unreachable, foreign_sqlite, mask_password, store_dir
 from .config import StorageConfig
 
 log = logging.getLogger(__name__)
@@ -138,11 +139,11 @@ def make_storage(url: str, settings: StorageConfig) -> BaseStorage:
         raise
     except Exception as exc:  # driver missing, server down, bad credentials...
         raise ConfigError(
-            f"study storage {_shown(url)!r} cannot be opened ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            f"study storage {mask_password(url)!r} cannot be opened ({type(exc).__name__}: "
+            f"{first_line(exc)})"
         ) from None
     raise ConfigError(
-        f"study storage {_shown(url)!r} is not supported; use a journal file "
+        f"study storage {mask_password(url)!r} is not supported; use a journal file "
         "(journal:///path/optuna.log or path.log), sqlite:///file.db (one process), "
         "postgresql://user:pass@host/db, mysql://..., or redis://host:port"
     )
@@ -189,7 +190,7 @@ def _check_rdb(url: str) -> None:
     reason = database_unreachable(url)
     if reason:
         raise ConfigError(
-            f"study storage {_shown(url)!r} cannot be reached ({reason}); "
+            f"study storage {mask_password(url)!r} cannot be reached ({reason}); "
             f"start the database or fix the URL, or {fix}"
         )
 
@@ -224,17 +225,10 @@ def _rdb_storage(url: str, settings: StorageConfig, attempts: int = 5) -> RDBSto
                 raise
             log.info(
                 "study storage %s: tables created concurrently by another process; opening again",
-                _shown(url),
+                mask_password(url),
             )
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
-
-
-def _shown(url: str) -> str:
-    """A storage URL for messages: its password masked."""
-    from .report import mask_password  # report imports this module only inside functions
-
-    return mask_password(url)
 
 
 class RetryStaleTrial:
@@ -275,32 +269,36 @@ class RetryStaleTrial:
         )
 
 
-def storage_of(study: optuna.Study) -> BaseStorage:
-    """The storage a study reads and writes (what ``optuna.load_study`` was given, or
-    Optuna's cache around it).
+def storage_of(owner: optuna.Study | optuna.Trial) -> BaseStorage:
+    """The storage a study (or a live trial's study) reads and writes: what
+    ``optuna.load_study`` was given, or Optuna's cache around it.
 
-    The one use of Optuna's private ``Study._storage`` (pinned by
-    ``test_storage_of_reaches_the_studys_storage``): Optuna has no public accessor, and
-    asolab needs the storage to write attributes of trials other workers own (stale
-    trials) and to beat on a trial from a second thread.
+    A live trial says it publicly (``Trial.storage``). A study alone has no public
+    accessor, so that case is the one use of Optuna's private ``Study._storage``
+    (pinned by ``test_storage_of_reaches_the_studys_storage``): recovering stale
+    trials needs the storage to write attributes of trials other workers own.
     """
-    return study._storage
+    if isinstance(owner, optuna.Trial):
+        return owner.storage
+    return owner._storage
 
 
-def trial_id(study: optuna.Study, number: int) -> int:
-    """The storage's id of trial ``number`` of ``study``, through the storage's public API."""
-    storage = storage_of(study)
+def trial_id(owner: optuna.Study | optuna.Trial, number: int) -> int:
+    """The storage's id of trial ``number`` of a study (or of a live trial's study),
+    through the storage's public API."""
+    storage = storage_of(owner)
+    study = owner.study if isinstance(owner, optuna.Trial) else owner
     study_id = storage.get_study_id_from_name(study.study_name)
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
-def optuna_heartbeat(study: optuna.Study) -> Any | None:
+def optuna_heartbeat(owner: optuna.Study | optuna.Trial) -> Any | None:
     """The study's storage when Optuna keeps heartbeats in it (RDB storages), else None.
 
     Optuna wraps RDB storages in a cache, so ``isinstance(..., RDBStorage)`` would
     not tell; the heartbeat interval does.
     """
-    storage = storage_of(study)
+    storage = storage_of(owner)
     interval = getattr(storage, "get_heartbeat_interval", None)
     return storage if interval is not None and interval() is not None else None
 
@@ -496,8 +494,8 @@ class Heartbeat:
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float) -> None:
         self.study, self.trial, self.interval = study, trial, interval
-        self._rdb = optuna_heartbeat(study)
-        self._trial_id = trial_id(study, trial.number)
+        self._rdb = optuna_heartbeat(trial)
+        self._trial_id = trial_id(trial, trial.number)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -519,7 +517,7 @@ class Heartbeat:
             else:
                 # not trial.set_user_attr: that also writes the Trial's cache, which the trial's
                 # thread reads
-                storage = storage_of(self.study)
+                storage = storage_of(self.trial)
                 storage.set_trial_user_attr(self._trial_id, ATTR_HEARTBEAT, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:
             # Told meanwhile, here or by another worker that judged it stale
@@ -531,7 +529,7 @@ class Heartbeat:
                 "heartbeat of trial %d failed (%s: %s); trying again in %s s",
                 self.trial.number,
                 type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
+                first_line(exc),
                 self.interval,
             )
         return True

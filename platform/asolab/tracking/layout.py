@@ -13,7 +13,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..runner.phases import EVALUATION, FINAL
+from ..runner.phases import PHASE_INDEX as PHASE_INDEX
+
 # ======================================================= runs (asolab run, a study's trials)
+
+# A run id as tables and names print it: enough to tell runs apart, and accepted
+# wherever a run is named (an id prefix).
+RUN_ID_PREFIX = 8
+
+
+def short_id(run_id: str) -> str:
+    """The printed prefix of a run id."""
+    return run_id[:RUN_ID_PREFIX]
+
 
 # ---------------------------------------------------------------- tags
 TAG_VERSION = "asolab.version"
@@ -52,7 +65,6 @@ KIND_TRIAL = "trial"
 # MLflow's own tags that asolab sets
 MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
 MLFLOW_PARENT_RUN = "mlflow.parentRunId"  # a trial run's study parent run
-MLFLOW_NOTE = "mlflow.note.content"  # a comparison run's description
 MLFLOW_RUN_NAME = "mlflow.runName"
 MLFLOW_DATA_CONTEXT = "mlflow.data.context"  # tag of the run's dataset input
 DATASET_CONTEXT = "train"  # its value
@@ -125,8 +137,7 @@ FINAL_METRICS = (
 RUN_METRICS = EPOCH_METRICS + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
 
 # phase -> the value of the "phase_index" epoch metric: the runner's cycle phases in
-# order, then the final stage (a test checks them against runner.cycle.PHASES)
-PHASE_INDEX = {"w_train": 0, "alpha": 1, "mutate": 2, "retrain": 3, "final": 4}
+# order, then the final stage (PHASE_INDEX, from the runner's phase table)
 
 # ---------------------------------------------------------------- artifacts
 CONFIG_ARTIFACT = "config.json"
@@ -168,7 +179,7 @@ def growth_artifact(cycle: int) -> str:
 def position_text(cycle: int, phase: str, stage_epoch: int = 0) -> str:
     """The ``asolab.position`` tag after ``phase`` of ``cycle`` ("final": the final
     stage; with ``stage_epoch``, a checkpoint inside it after that many epochs)."""
-    if phase == "final":
+    if phase == FINAL:
         return f"final stage / after epoch {stage_epoch}" if stage_epoch else "after final stage"
     return f"cycle {cycle} / after {phase}"
 
@@ -179,14 +190,14 @@ def resumed_text(position: dict | None) -> str:
     if position is None:
         return "start (stopped before its first checkpoint) (epoch 0)"
     nxt = position.get("next", "?")
-    if nxt == "final" and position.get("stage_epoch"):
+    if nxt == FINAL and position.get("stage_epoch"):
         return (
             f"final stage / before epoch {position['stage_epoch'] + 1} (epoch "
             f"{position.get('global_epoch')})"
         )
-    if nxt in ("final", "evaluation"):
+    if nxt in (FINAL, EVALUATION):
         return (
-            f"before {'final stage' if nxt == 'final' else 'final evaluation'} (epoch "
+            f"before {'final stage' if nxt == FINAL else 'final evaluation'} (epoch "
             f"{position.get('global_epoch')})"
         )
     return f"cycle {position.get('cycle')} / before {nxt} (epoch {position.get('global_epoch')})"
@@ -248,6 +259,22 @@ ARM_ASO_SE = "aso-se"
 # over both together; with two or more stand-alone seeds (--standalone-seeds), the
 # stand-alone proxy's reliability: tau (and p) between its first two seeds, all genotypes;
 # and whether the alphas' genotypes train better alone than random ones (their lead).
+RANKING_KENDALL_TAU = "ranking_kendall_tau"  # + a group's suffix
+RANKING_KENDALL_P = "ranking_kendall_p"  # + a group's suffix
+RANKING_SPEARMAN_RHO = "ranking_spearman_rho"  # + a group's suffix
+# the genotype groups: (metric-name suffix, label)
+RANKING_GROUPS = (("", "alphas"), ("_random", "random"), ("_all", "all"))
+RANKING_PROXY_TAU = "ranking_proxy_kendall_tau"
+RANKING_PROXY_P = "ranking_proxy_kendall_p"
+RANKING_GENOTYPES = "ranking_genotypes"
+RANKING_STANDALONE_EPOCHS = "ranking_standalone_epochs"  # epochs per training (--epochs)
+RANKING_STANDALONE_SEEDS = "ranking_standalone_seeds"  # trainings per genotype
+RANKING_STANDALONE_MEAN = "ranking_standalone_mean"  # mean stand-alone val acc, from the alphas
+RANKING_STANDALONE_MEAN_RANDOM = RANKING_STANDALONE_MEAN + "_random"  # ... of the random ones
+RANKING_ALPHAS_LEAD = "ranking_alphas_lead"  # the first minus the second ...
+RANKING_ALPHAS_LEAD_LOW = RANKING_ALPHAS_LEAD + "_low"  # ... and its 95% interval (Welch's t)
+RANKING_ALPHAS_LEAD_HIGH = RANKING_ALPHAS_LEAD + "_high"
+RANKING_ALPHA_ENTROPY = "ranking_alpha_entropy"  # the ranked supernet's (1: alphas never moved)
 # Parameter count (and multiply-adds) as a ranking baseline: their Kendall tau (and p) and
 # Spearman rho against the stand-alone accuracy over all genotypes, and the supernet's tau
 # over all genotypes minus the parameter count's (> 0: the supernet ranks better).
@@ -266,26 +293,22 @@ RANKING_SIZE_METRICS = (
     RANKING_TAU_MINUS_PARAMS,
 )
 RANKING_METRICS = (
-    "ranking_kendall_tau",
-    "ranking_kendall_p",
-    "ranking_spearman_rho",
-    "ranking_kendall_tau_random",
-    "ranking_kendall_p_random",
-    "ranking_spearman_rho_random",
-    "ranking_kendall_tau_all",
-    "ranking_kendall_p_all",
-    "ranking_spearman_rho_all",
-    "ranking_proxy_kendall_tau",
-    "ranking_proxy_kendall_p",
-    "ranking_genotypes",
-    "ranking_standalone_epochs",  # the stand-alone proxy: epochs per training (--epochs)
-    "ranking_standalone_seeds",  # ... and trainings per genotype (--standalone-seeds)
-    "ranking_standalone_mean",  # mean stand-alone val acc of the genotypes from the alphas
-    "ranking_standalone_mean_random",  # ... and of the random ones
-    "ranking_alphas_lead",  # the first minus the second ...
-    "ranking_alphas_lead_low",  # ... and its 95% interval (Welch's t)
-    "ranking_alphas_lead_high",
-    "ranking_alpha_entropy",  # the ranked supernet's alpha_entropy (1 = alphas never moved)
+    *(
+        name + suffix
+        for suffix, _ in RANKING_GROUPS
+        for name in (RANKING_KENDALL_TAU, RANKING_KENDALL_P, RANKING_SPEARMAN_RHO)
+    ),
+    RANKING_PROXY_TAU,
+    RANKING_PROXY_P,
+    RANKING_GENOTYPES,
+    RANKING_STANDALONE_EPOCHS,
+    RANKING_STANDALONE_SEEDS,
+    RANKING_STANDALONE_MEAN,
+    RANKING_STANDALONE_MEAN_RANDOM,
+    RANKING_ALPHAS_LEAD,
+    RANKING_ALPHAS_LEAD_LOW,
+    RANKING_ALPHAS_LEAD_HIGH,
+    RANKING_ALPHA_ENTROPY,
     *RANKING_SIZE_METRICS,
 )
 RANKING_DIR = "ranking"

@@ -22,41 +22,22 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import mlflow
-import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
-import torch
 from mlflow import MlflowClient
-from mlflow.entities import (
-    Dataset,
-    DatasetInput,
-    InputTag,
-    LoggedModel,
-    LoggedModelOutput,
-    LoggedModelStatus,
-    Metric,
-    Param,
-    RunStatus,
-    RunTag,
-)
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.models import Model
 
 from .. import __version__
-from ..config import PROJECT_ROOT, ExperimentConfig, config_json
+from ..config import ExperimentConfig, config_json
 from ..runner.events import (
     CheckpointSaved,
     CycleEnd,
@@ -72,9 +53,11 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import drawing_note, genotype_png
 from . import layout as L
-from .browse import run_description
+from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
+from .models import ModelLogging
 from .provenance import plugin_tags
 from .store import ensure_experiment, open_store, resolve_tracking_uri, resumable_run, sqlite_path
+from .writer import WRITE_MODES, StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +66,6 @@ LIVE_SECONDS = 30.0  # buffered metrics wait at most this long (plus an epoch) f
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-WRITE_MODES = (
-    "auto",
-    "inline",
-    "thread",
-)  # auto: inline for a local SQLite store, a thread otherwise
-
-
-def git_commit() -> str:
-    """The code's git commit, or "unknown" outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -111,84 +73,7 @@ def _one_line(exc: BaseException) -> str:
     return text[:_MAX_TAG]
 
 
-class _StoreWriter:
-    """Store writes (metric batches, pictures, files, checkpoints) in submission order.
-
-    For a remote store they run on one daemon thread, so that network round trips
-    never hold up training; an error surfaces on the next call. For a local SQLite
-    store (``inline``) they run at once, in the caller: a write there costs only CPU,
-    and on a machine whose cores training keeps busy, a second thread costs the run
-    about twice its CPU time (it preempts torch's worker threads, and every parallel
-    region waits for the slowest), while inline work costs exactly its own.
-    ``bench/tracking_overhead.py --compare-modes`` measures both side by side.
-    """
-
-    def __init__(self, inline: bool = False) -> None:
-        self.inline = inline
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.busy_seconds = 0.0
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._raise()
-        if self.inline:
-            self._call(fn, args)
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="asolab-mlflow-writer", daemon=True
-            )
-            self._thread.start()
-        self._queue.put((fn, args))
-
-    def _call(self, fn: Callable[..., Any], args: tuple) -> None:
-        start = time.perf_counter()
-        try:
-            fn(*args)
-        finally:
-            self.busy_seconds += time.perf_counter() - start
-
-    def _loop(self) -> None:
-        _lowest_priority()
-        while True:
-            fn, args = self._queue.get()
-            try:
-                self._call(fn, args)
-            except Exception as exc:
-                log.exception("MLflow store write failed")
-                self._error = self._error or exc
-            finally:
-                self._queue.task_done()
-
-    def drain(self) -> None:
-        """Wait until everything submitted is written; re-raise the first failure."""
-        self._queue.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
-def _lowest_priority() -> None:
-    """Give the calling thread (and the ``dot`` processes it starts) the lowest CPU
-    priority: it then runs in the gaps training leaves instead of preempting torch's
-    workers. Linux schedules threads one by one (a thread id is a valid ``who``)."""
-    if sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError as exc:  # a sandbox may forbid it: the writes still happen
-            log.debug("writer thread keeps its priority: %s", exc)
-
-
-def threads_text(event: RunStart) -> str:
-    """The ``asolab.threads`` tag: the count and how it was chosen, e.g. ``2 (auto)``."""
-    return f"{event.config.threads} ({event.threads_source})"
-
-
-class MlflowTracker(Observer):
+class MlflowTracker(ModelLogging, Observer):
     """Records one run (new, resumed, or a study's child run) in MLflow.
 
     ``tracking_uri`` defaults to the config's ``tracking.tracking_uri``, then
@@ -196,7 +81,7 @@ class MlflowTracker(Observer):
     config's ``tracking.experiment``, then its name. ``resume_run_id``
     continues that run instead of creating one. ``run_id`` is set once
     ``on_run_start`` has created or resumed the run. ``write_mode`` says where
-    store writes run (see ``_StoreWriter``): ``auto`` (inline for a local SQLite
+    store writes run (see ``StoreWriter``): ``auto`` (inline for a local SQLite
     store, on a thread for anything else), ``inline`` or ``thread``.
     """
 
@@ -236,7 +121,7 @@ class MlflowTracker(Observer):
         self._last_flush = time.perf_counter()
         self._unsent: CheckpointSaved | None = None  # the latest checkpoint not uploaded yet
         self._closed = False
-        self._writer = _StoreWriter(inline=write_mode == "inline")
+        self._writer = StoreWriter(inline=write_mode == "inline")
         self._uploads = 0
         self.log_seconds = 0.0  # time the training loop spent inside this observer
         self._config: ExperimentConfig | None = None  # for the run's description at its end
@@ -384,7 +269,8 @@ class MlflowTracker(Observer):
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
         self.run_id = run.info.run_id
         if not self._run_name:
-            name = f"{event.data.get('name', cfg.data.name)}-seed{cfg.seed}-{self.run_id[:8]}"
+            data = event.data.get("name", cfg.data.name)
+            name = f"{data}-seed{cfg.seed}-{L.short_id(self.run_id)}"
             client.update_run(self.run_id, name=name)
         params = [
             Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:_MAX_PARAM])
@@ -493,7 +379,7 @@ class MlflowTracker(Observer):
                 "after": event.after.to_dict(),
                 "before_str": str(event.before),
                 "after_str": str(event.after),
-                "edits": [_edit_dict(e) for e in event.edits],
+                "edits": [edit_record(e) for e in event.edits],
             }
             self._artifact_text(json.dumps(record, indent=2), L.mutation_artifact(event.cycle))
             if event.selection is not None:  # why each op was chosen (perturbation selection)
@@ -584,134 +470,17 @@ class MlflowTracker(Observer):
             self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
             self._tag(L.TAG_GENOTYPE, str(g))
-            self._tag(L.TAG_NOTE, self._description(event))
+            self._tag(
+                L.TAG_NOTE,
+                describe_run(
+                    event, self.run_id or "", self._config, self._dataset, self._final_epochs
+                ),
+            )
             self.flush()
             self._writer.drain()
             if model is not None:
                 self._log_model(event, model, step)
             self._terminate("FINISHED")
-
-    def _description(self, event: RunEnd) -> str:
-        """The run's Markdown description (MLflow's run note): what a researcher reads first."""
-        cfg = self._config
-        facts: dict[str, Any] = {
-            "data set": self._dataset,
-            "final validation accuracy": event.val_acc,
-            "test accuracy (reported, never selected on)": event.test_acc,
-            "parameters (derived network)": event.derived_params,
-        }
-        peak = event.memory.get("cuda_peak_mb") or event.memory.get("peak_rss_mb")
-        if peak:
-            facts["peak memory (MB)"] = float(peak)
-        facts["wall time (s)"] = float(event.seconds)
-        params: dict[str, Any] = {}
-        if cfg is not None:
-            s, t = cfg.search, cfg.temperature
-            final = f"{s.final_epochs} final epochs"
-            if self._final_epochs:
-                final = (
-                    f"{self._final_epochs} final epochs (of at most {s.final_epochs}, "
-                    f"fitted to {s.budget_minutes:g} minutes)"
-                )
-            facts["budget"] = (
-                f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
-                f"{s.retrain_epochs} retrain epochs), {final}"
-            )
-            params = {
-                "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
-                f"anneal {t.anneal_fraction:g})",
-                "mutation strength": f"{cfg.mutation.strength:g}",
-                "seed": cfg.seed,
-            }
-        return run_description(self.run_id or "", facts, str(event.genotype), params)
-
-    def _final_model(self) -> LoggedModel:
-        """The run's logged model for its final network: a new one, or, in a resumed run
-        killed while logging it, the one it began (it holds the final metrics already;
-        a second one would leave that one PENDING for good, beside a copy without them)."""
-        if self.resume_run_id:
-            begun = self._c.search_logged_models(
-                [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'"
-            )
-            # (one that holds the final metrics first, should an older version have left two)
-            named = sorted(
-                (m for m in begun if m.name == L.MODEL_NAME), key=lambda m: not m.metrics
-            )
-            if named:
-                return named[0]
-        return self._c.create_logged_model(
-            self.experiment_id,
-            name=L.MODEL_NAME,
-            source_run_id=self.run_id,
-            model_type="asolab-derived-network",
-        )
-
-    def _log_model(self, event: RunEnd, logged: LoggedModel, step: int) -> None:
-        """Save the final network in the mlflow.pytorch format into the logged model
-        ``logged`` (created or found by :meth:`_final_model`), with this tracker's client
-        only, and link the run to it.
-
-        ``mlflow.pytorch.log_model`` would write through the process-wide tracking URI,
-        which a library must not change; what it does for a logged model that already
-        exists is: save the model with its metadata, upload the folder, mark it READY.
-        """
-        model_id = logged.model_id
-        if logged.status == LoggedModelStatus.READY:
-            # Logged completely before a kill: only the run's link and tag may be missing.
-            self._link_model(model_id, f"models:/{model_id}", step)
-            return
-        from ..space.network import exported, extract
-
-        net = event.supernet
-        # On the CPU the supernet itself, its unused ops swapped out while it is saved
-        # (a copy took a third of the tracker's time in a default run); a GPU network
-        # is copied to the CPU, so that the model loads on machines without one.
-        on_cpu = all(p.device.type == "cpu" for p in net.parameters())
-        final = (
-            exported(net, event.genotype) if on_cpu else nullcontext(extract(net, event.genotype))
-        )
-        logged = self._c.get_logged_model(model_id)
-        meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
-        quiet = logging.getLogger(
-            "mlflow.pytorch"
-        )  # its pickle-format warning would repeat every run
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                local = os.path.join(tmp, L.MODEL_DIR)
-                with final as model:
-                    mlflow.pytorch.save_model(
-                        model,
-                        local,
-                        mlflow_model=meta,
-                        # The derived network runs data-dependent plans; pickle keeps it exactly
-                        # as trained.
-                        serialization_format="pickle",
-                        # Inferring requirements would load the model in a subprocess: slow,
-                        # and we know them.
-                        pip_requirements=[
-                            f"torch=={torch.__version__.split('+')[0]}",
-                            f"asolab=={__version__}",
-                        ],
-                    )
-                self._c.log_model_artifacts(model_id, local)
-        except BaseException:
-            self._c.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
-            raise
-        finally:
-            quiet.setLevel(level)
-        self._c.finalize_logged_model(model_id, LoggedModelStatus.READY)
-        self._link_model(model_id, meta.get_model_info(logged).model_uri, step)
-
-    def _link_model(self, model_id: str, model_uri: str, step: int) -> None:
-        """The run's output link to its model (once, also across a resume) and its tag."""
-        linked = self.resume_run_id and any(
-            o.model_id == model_id for o in self._c.get_run(self.run_id).outputs.model_outputs
-        )
-        if not linked:
-            self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
-        self._c.set_tag(self.run_id, L.TAG_MODEL_URI, model_uri)
 
     def on_run_interrupted(self, event: RunInterrupted) -> None:
         if self.run_id is None or self._closed:
@@ -759,26 +528,3 @@ def _pruned(exc: BaseException) -> bool:
     import optuna
 
     return isinstance(exc, optuna.TrialPruned)
-
-
-def genotype_record(g: Genotype, primitives: tuple[str, ...] = ()) -> str:
-    """A genotype artifact: the canonical one-line form first, then the fields
-    ``Genotype.from_json`` reads (it ignores ``canonical`` and the op set searched,
-    ``primitives``), one line per field."""
-    fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
-    if primitives:
-        fields[L.GENOTYPE_OPS_KEY] = list(primitives)
-    return (
-        "{\n"
-        + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())
-        + "\n}\n"
-    )
-
-
-def _edit_dict(edit: Any) -> dict[str, Any]:
-    if hasattr(edit, "__dataclass_fields__"):
-        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(edit).items()}
-    else:
-        out = {}
-    out["text"] = str(edit)
-    return out

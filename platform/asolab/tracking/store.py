@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import first_line
+
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
 
@@ -164,8 +166,7 @@ def database_unreachable(url: str, timeout: float = 5.0) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(exc).__name__}: {first_line(exc)}"[:300]
 
 
 def mask_password(url: str) -> str:

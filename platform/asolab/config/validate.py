@@ -1,0 +1,101 @@
+"""Checks that span fields, and ``--set`` overrides: a config's whole-file
+validation on top of each field's own check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import tomllib
+
+from .fields import ConfigError, build, to_dict
+from .schema import PARAMETER_FREE, PRIMITIVES, WIDENING_POLICIES, ExperimentConfig
+
+
+def cross_checks(cfg: ExperimentConfig, source: str) -> None:
+    """Constraints that involve more than one field."""
+    t = cfg.temperature
+    if t.min_temperature > t.initial_temperature:
+        raise ConfigError(
+            f"{source}: temperature.min_temperature ({t.min_temperature}) must not exceed "
+            f"temperature.initial_temperature ({t.initial_temperature})"
+        )
+    if not [p for p in cfg.space.primitives if p != "none"]:
+        raise ConfigError(f"{source}: space.primitives needs at least one operation besides 'none'")
+    weighted = set(cfg.space.primitives) - {"none", *PARAMETER_FREE()}
+    if cfg.search.param_free_cap >= 0 and not weighted:
+        raise ConfigError(
+            f"{source}: search.param_free_cap needs an operation with weights in space.primitives "
+            "(a conv); add one or set the cap to -1"
+        )
+    foreign = [p for p in cfg.space.primitives if p not in PRIMITIVES()]
+    if foreign and cfg.growth.policy in WIDENING_POLICIES():
+        raise ConfigError(
+            f"{source}: growth.policy = {cfg.growth.policy!r} may widen, which knows the built-in "
+            f"ops only, and space.primitives has {', '.join(foreign)}; use growth.policy = "
+            "deepen, branch or none"
+        )
+    if cfg.search.weight_lr_min > cfg.search.weight_lr:
+        raise ConfigError(f"{source}: search.weight_lr_min must not exceed search.weight_lr")
+    if cfg.search.w_epochs + cfg.search.retrain_epochs + cfg.search.final_epochs == 0:
+        raise ConfigError(
+            f"{source}: at least one of search.w_epochs, retrain_epochs, final_epochs must be > 0"
+        )
+    if cfg.search.budget_minutes and not cfg.search.final_epochs:
+        raise ConfigError(
+            f"{source}: search.budget_minutes sizes the final stage; set search.final_epochs "
+            "(the most epochs it may train) above 0, or budget_minutes = 0"
+        )
+    dev = cfg.device
+    if not (
+        dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())
+    ):
+        raise ConfigError(
+            f"{source}: device = {dev!r} is not valid; allowed: auto, cpu, cuda, cuda:N, mps"
+        )
+
+
+def from_dict(data: Mapping[str, Any], source: str = "config") -> ExperimentConfig:
+    cfg = build(ExperimentConfig, data, source)
+    cross_checks(cfg, source)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=v`` -> ("a.b", v) with v parsed as a TOML value (bare words are strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(
+    cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set"
+) -> ExperimentConfig:
+    merged = merge(to_dict(cfg), nest(overrides))
+    return from_dict(merged, source)

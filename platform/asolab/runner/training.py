@@ -1,0 +1,174 @@
+"""Training steps and epochs: the weight and alpha steps, the epoch loop, the
+evaluation, BatchNorm recalibration, and the training phases built from them."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..data import Batches, Split
+from ..space.genotype import Genotype
+from ..space.network import Plans
+from ..space.sampling import FairPaths
+from .events import EpochEnd
+from .phases import ALPHA, W_TRAIN
+
+
+class Training:
+    """Steps, epochs and the training phases (a Runner part)."""
+
+    def weight_step(
+        self, x: torch.Tensor, y: torch.Tensor, plans: Plans
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x, plans)
+        loss = F.cross_entropy(logits, y)
+        self.weight_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if math.isfinite(self.cfg.search.grad_clip):  # inf: no clipping (no norm to compute)
+            torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
+        self.weight_opt.step()
+        return loss.detach(), (logits.argmax(1) == y).sum()
+
+    def alpha_step(
+        self, x: torch.Tensor, y: torch.Tensor, tau: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x, self.net.sample_plans(tau, differentiable=True))
+        loss = F.cross_entropy(logits, y)
+        self.alpha_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.alpha_opt.step()
+        return loss.detach(), (logits.argmax(1) == y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, split: Split, genotype: Genotype) -> tuple[float, float]:
+        """Loss and accuracy of ``genotype`` (run on the supernet) over ``split``."""
+        self.net.eval()
+        plans = self.net.genotype_plans(genotype)
+        loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
+        for x, y in Batches(split, self.cfg.data.eval_batch_size):
+            logits = self.net(x, plans)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+        n = max(1, len(split))
+        return loss_sum.item() / n, correct.item() / n
+
+    def _epoch(
+        self,
+        phase: str,
+        epoch: int,
+        split: Split,
+        step: Callable,
+        eval_genotype: Callable[[], Genotype],
+        trains_weights: bool = True,
+    ) -> None:
+        tau = self.temperature()
+        if trains_weights:
+            for group in self.weight_opt.param_groups:
+                group["lr"] = self.weight_lr()
+        self.net.train()
+        start = time.perf_counter()
+        loss_sum, correct, seen = (
+            torch.zeros((), device=self.device),
+            torch.zeros((), device=self.device),
+            0,
+        )
+        # Augment only what trains weights; alphas see the validation data as it is.
+        augmentation = self.data.augmentation if trains_weights else None
+        for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
+            if self._follow is not None:
+                self._follow.poll()
+            loss, hits = step(x, y, tau)
+            loss_sum += loss * len(y)
+            correct += hits
+            seen += len(y)
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss_sum.item()):
+            raise FloatingPointError(
+                f"{phase} loss became {loss_sum.item()} in cycle {self.state.position.cycle}; "
+                "lower search.weight_lr or search.alpha_lr"
+            )
+        val_loss, val_acc = self.evaluate(self.data.val, eval_genotype())
+        self.emit(
+            "on_epoch_end",
+            EpochEnd(
+                phase=phase,
+                cycle=self.state.position.cycle,
+                epoch=epoch,
+                global_epoch=self.state.position.global_epoch,
+                train_loss=loss_sum.item() / max(1, seen),
+                train_acc=correct.item() / max(1, seen),
+                val_loss=val_loss,
+                val_acc=val_acc,
+                temperature=tau,
+                lrs={
+                    "weight_lr": self.weight_opt.param_groups[0]["lr"],
+                    "alpha_lr": self.alpha_opt.param_groups[0]["lr"],
+                },
+                seconds=seconds,
+                images_per_sec=seen / max(seconds, 1e-9),
+                threads=self._follow.take_lowest() if self._follow else torch.get_num_threads(),
+            ),
+        )
+        self.state.position.global_epoch += 1
+        self.state.position.weight_epoch += int(trains_weights)
+
+    def calibrate(self, genotype: Genotype) -> Genotype:
+        """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches."""
+        n = self.cfg.search.calibration_batches
+        if n:
+            batches = Batches(
+                self.data.train.head(n * self.cfg.data.batch_size), self.cfg.data.batch_size
+            )
+            self.net.recalibrate_batchnorm(genotype, (x for x, _ in batches))
+        return genotype
+
+    def _derive_calibrated(self) -> Genotype:
+        return self.calibrate(self.net.derive(self.cfg.search.param_free_cap))
+
+    def w_train(self) -> None:
+        # Fair rounds restart with each phase, so a resume at its boundary repeats them.
+        fair = FairPaths(self.net.trainable_ops()) if self.cfg.search.w_sampling == "fair" else None
+
+        def step(x, y, tau):
+            if fair is not None:
+                return self.weight_step(x, y, self.net.fair_plans(fair))
+            return self.weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
+
+        epochs = self.cfg.search.w_epochs + (
+            self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0
+        )
+        for e in range(epochs):
+            self._epoch(W_TRAIN, e, self.data.train, step, self._derive_calibrated)
+
+    def alpha_train(self) -> None:
+        weights = self.net.weight_parameters()
+        for p in weights:
+            p.requires_grad_(False)
+        try:
+            for e in range(self.cfg.search.alpha_epochs):
+                self._epoch(
+                    ALPHA,
+                    e,
+                    self.data.val,
+                    self.alpha_step,
+                    self._derive_calibrated,
+                    trains_weights=False,
+                )
+        finally:
+            for p in weights:
+                p.requires_grad_(True)
+
+    def _genotype_step(self) -> Callable:
+        """A weight step along the current genotype's path (W-retraining, final stage)."""
+        assert self.state.genotype is not None
+        plans = self.net.genotype_plans(self.state.genotype)
+        return lambda x, y, tau: self.weight_step(x, y, plans)
+
+    def retrain(self, phase: str, epochs: int, split: Split) -> None:
+        step = self._genotype_step()
+        for e in range(epochs):
+            self._epoch(phase, e, split, step, lambda: self.state.genotype)

@@ -1,0 +1,100 @@
+"""What the tracker writes about a run besides its metrics: the code's git
+commit, the thread-count tag, the run's Markdown description, and the JSON
+records of genotypes and mutation edits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict
+from typing import Any
+
+from ..config import PROJECT_ROOT, ExperimentConfig
+from ..runner.events import RunEnd, RunStart
+from ..space.genotype import Genotype
+from . import layout as L
+from .browse import run_description
+
+
+def git_commit() -> str:
+    """The code's git commit, or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def threads_text(event: RunStart) -> str:
+    """The ``asolab.threads`` tag: the count and how it was chosen, e.g. ``2 (auto)``."""
+    return f"{event.config.threads} ({event.threads_source})"
+
+
+def describe_run(
+    event: RunEnd,
+    run_id: str,
+    cfg: ExperimentConfig | None,
+    dataset: str,
+    fitted_epochs: int,
+) -> str:
+    """The run's Markdown description (MLflow's run note): what a researcher reads first."""
+    facts: dict[str, Any] = {
+        "data set": dataset,
+        "final validation accuracy": event.val_acc,
+        "test accuracy (reported, never selected on)": event.test_acc,
+        "parameters (derived network)": event.derived_params,
+    }
+    peak = event.memory.get(L.CUDA_PEAK_MB) or event.memory.get(L.PEAK_RSS_MB)
+    if peak:
+        facts["peak memory (MB)"] = float(peak)
+    facts["wall time (s)"] = float(event.seconds)
+    params: dict[str, Any] = {}
+    if cfg is not None:
+        s, t = cfg.search, cfg.temperature
+        final = f"{s.final_epochs} final epochs"
+        if fitted_epochs:
+            final = (
+                f"{fitted_epochs} final epochs (of at most {s.final_epochs}, "
+                f"fitted to {s.budget_minutes:g} minutes)"
+            )
+        facts["budget"] = (
+            f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
+            f"{s.retrain_epochs} retrain epochs), {final}"
+        )
+        params = {
+            "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
+            f"anneal {t.anneal_fraction:g})",
+            "mutation strength": f"{cfg.mutation.strength:g}",
+            "seed": cfg.seed,
+        }
+    return run_description(run_id, facts, str(event.genotype), params)
+
+
+def genotype_record(g: Genotype, primitives: tuple[str, ...] = ()) -> str:
+    """A genotype artifact: the canonical one-line form first, then the fields
+    ``Genotype.from_json`` reads (it ignores ``canonical`` and the op set searched,
+    ``primitives``), one line per field."""
+    fields = {L.GENOTYPE_CANONICAL_KEY: str(g), **g.to_dict()}
+    if primitives:
+        fields[L.GENOTYPE_OPS_KEY] = list(primitives)
+    return (
+        "{\n"
+        + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items())
+        + "\n}\n"
+    )
+
+
+def edit_record(edit: Any) -> dict[str, Any]:
+    if hasattr(edit, "__dataclass_fields__"):
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(edit).items()}
+    else:
+        out = {}
+    out["text"] = str(edit)
+    return out

@@ -1,0 +1,154 @@
+"""The package's shape, read from its source: imports point down the layers,
+packages form no circles, no package reaches into another's ``_private`` names,
+and no function is longer than a screen.
+
+The layers are DESIGN.md's map (lowest first); a module may import its own
+package and any package of its own layer or below, never one above.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "platform" / "asolab"
+
+LAYERS: list[set[str]] = [
+    {"config", "threads", "interrupt", "errors", "options", "plugins"},
+    {"data", "space"},
+    {"evolution"},
+    {"runner"},
+    {"progress", "tracking"},
+    {"study", "baseline"},
+    {"compare"},
+    # The public API (asolab/__init__.py, api.py), the CLI and the reference generator
+    # stand on top of everything.
+    {"cli", "__init__", "api", "config_doc", "__main__"},
+]
+LAYER = {package: depth for depth, packages in enumerate(LAYERS) for package in packages}
+MAX_FUNCTION_LINES = 60
+
+
+def _module_name(path: Path, root: Path) -> list[str]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts
+
+
+def _package(parts: list[str]) -> str:
+    return parts[0] if parts else "__init__"
+
+
+def _imports(
+    tree: ast.AST, here: list[str], is_package: bool
+) -> Iterator[tuple[list[str], str | None, int]]:
+    """(target module parts under asolab, imported name or None, line) for every import."""
+    base = here if is_package else here[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "asolab":
+                    yield parts[1:], None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = anchor + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.split(".")[0] == "asolab":
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            for alias in node.names:
+                yield target, alias.name, node.lineno
+
+
+def scan(root: Path = ROOT) -> dict[str, list[str]]:
+    """Every violation under ``root``, by kind."""
+    found: dict[str, list[str]] = {"layer": [], "private": [], "long": [], "cycle": []}
+    edges: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        here = _module_name(path, root)
+        package = _package(here)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root.parent)
+        for target, name, line in _imports(tree, here, path.name == "__init__.py"):
+            # ``from . import x`` inside asolab/__init__.py names a package.
+            other = _package(target if target else ([name] if name else []))
+            if other == package or other not in LAYER or package not in LAYER:
+                continue
+            edges.setdefault(package, set()).add(other)
+            if LAYER[other] > LAYER[package]:
+                found["layer"].append(f"{where}:{line} ({package}) imports {other}")
+            if name and name.startswith("_") and not name.startswith("__"):
+                found["private"].append(f"{where}:{line} imports {other}'s {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found["long"].append(f"{where}:{node.lineno} {node.name} {length} lines")
+    found["cycle"] = _cycles(edges)
+    return found
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[str]:
+    """Each package that can reach itself through others' imports, with one such path."""
+    cycles = []
+    for start in sorted(edges):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(edges.get(node, ())):
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, start]))
+                    stack = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return cycles
+
+
+@pytest.fixture(scope="module")
+def violations() -> dict[str, list[str]]:
+    return scan()
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(_module_name(p, ROOT)) for p in ROOT.rglob("*.py")}
+    assert packages <= set(LAYER), sorted(packages - set(LAYER))
+
+
+def test_imports_point_down_the_layers(violations):
+    assert violations["layer"] == []
+
+
+def test_packages_form_no_circles(violations):
+    assert violations["cycle"] == []
+
+
+def test_no_package_imports_another_packages_private_names(violations):
+    assert violations["private"] == []
+
+
+def test_no_function_is_longer_than_a_screen(violations):
+    assert violations["long"] == []
+
+
+def test_the_scan_sees_a_planted_violation(tmp_path):
+    """The checks are not vacuous: a small tree with one of each is caught."""
+    pkg = tmp_path / "asolab"
+    for sub in ("space", "evolution"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "space" / "net.py").write_text(
+        "from ..evolution.sample import _draw\n" + "def long():\n" + "    x = 1\n" * 61
+    )
+    (pkg / "evolution" / "sample.py").write_text("from asolab.space import net\n_draw = 1\n")
+    found = scan(pkg)
+    assert found["layer"] == ["asolab/space/net.py:1 (space) imports evolution"]
+    assert found["private"] == ["asolab/space/net.py:1 imports evolution's _draw"]
+    assert found["long"] == ["asolab/space/net.py:2 long 62 lines"]
+    assert "space -> evolution -> space" in found["cycle"]

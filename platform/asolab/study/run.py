@@ -324,11 +324,13 @@ def run_study(
     study_name: str = "",
     tracking_uri: str = "",
     on_trial: TrialCallback | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> StudyOutcome:
     """Run (or resume) a study until it holds ``n_trials`` trials or ``timeout`` passed.
 
-    Returns where it is recorded; raises :class:`WorkersFailed` (after recording)
-    when worker processes exited non-zero.
+    ``on_start`` is told, once the stores are checked and the study is open, how many
+    trials of the budget the study already holds. Returns where it is recorded; raises
+    :class:`WorkersFailed` (after recording) when worker processes exited non-zero.
     """
     from ..tracking import check_reachable, resolve_tracking_uri
 
@@ -352,6 +354,8 @@ def run_study(
     outcome = StudyOutcome(name, url, uri, parent, cfg.mlflow_experiment)
     _recover(study, cfg, uri)
     before = {t.number for t in study.get_trials(deepcopy=False)}
+    if on_start is not None:
+        on_start(used_budget(study))
     failed: list[tuple[int, int]] = []
     try:
         if workers == 1:

@@ -226,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             args.batch = 8
         return cycle_main(args)
     if args.smoke:
-        args.batch, args.steps, args.repeats, args.channels = 8, 1, 1, 4
+        args.batch, args.steps, args.repeats, args.channels = (
+            8,
+            2,
+            1,
+            4,
+        )  # 16 images: no fewer than the classes
     net, batches = build(args)
     seconds = interleaved(step_functions(net, batches, args.tau), args.repeats)
     images = sum(len(y) for _, y in batches)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             4,
             8,
             16,
-            1,
+            2,  # 16 training images: no fewer than the classes
             1,
             True,
         )

@@ -858,6 +858,8 @@ def test_the_journal_lies_beside_the_mlflow_store_of_the_working_folder(
         capsys.readouterr()
         assert main(["study", "--summary", str(file)]) == 2  # nothing recorded here yet
         assert "no study 'one'" in capsys.readouterr().err
+        assert main(["compare"]) == 2  # read-only too
+        assert "no MLflow store" in capsys.readouterr().err
         assert sorted(p.name for p in folder.iterdir()) == ["one.toml", "tiny.toml"]
         assert main(["study", str(file)]) == 0
         store = folder / "mlruns"
@@ -899,6 +901,8 @@ def test_set_applies_to_every_trial_and_the_cost_is_printed(
     assert lines[2].startswith("  about ") and "left for 1 more trials" in lines[2], lines[2]
     _, children = runs_of(tmp_path, "quick")
     assert len(children) == 2
+    assert main(argv) == 0  # the budget is met: the plan says so, nothing runs
+    assert "2 held already, 0 to run" in capsys.readouterr().out.splitlines()[0]
     for run in children:  # the file says cycles = 1 ([overrides]); --set wins
         assert run.data.params["data.train_subset"] == "150"
         assert run.data.params["search.cycles"] == "2"

@@ -144,7 +144,8 @@ class _TrialPrinter:
         self.cfg, self.budget, self.seconds, self.name = cfg, budget, seconds, name or cfg.name
         self.first: float | None = None  # seconds the first trial took
 
-    def plan(self, workers: int) -> str:
+    def plan(self, workers: int, held: int = 0) -> str:
+        """The study's size and cost in runs; ``held``: trials the study already holds."""
         seeds, cycles = self.cfg.objective.seeds, self.cfg.base.search.cycles
         size = (
             f"{self.budget} trials x {seeds} seeds = {self.budget * seeds} runs"
@@ -152,10 +153,14 @@ class _TrialPrinter:
             else f"no trial limit, {seeds} runs a trial"
         )
         limit = f", stopping after {_duration(self.seconds)}" if self.seconds else ""
-        held = f" (trials already in the study count towards {self.budget})" if self.budget else ""
+        left = (
+            f"; {held} held already, {max(0, self.budget - held)} to run"
+            if self.budget and held
+            else ""
+        )
         return (
             f"study {self.name}: {size} of {cycles} cycle{'s' if cycles > 1 else ''}{limit}, "
-            f"{workers} worker{'s' if workers > 1 else ''}{held}"
+            f"{workers} worker{'s' if workers > 1 else ''}{left}"
         )
 
     def __call__(self, t: Any) -> None:
@@ -221,7 +226,6 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
 
     budget, seconds = resolve_budget(cfg, args.n_trials, args.timeout)
     show = _TrialPrinter(cfg, budget, seconds, args.study_name)
-    print(show.plan(args.workers), flush=True)
     try:
         outcome = run_study(
             cfg,
@@ -232,6 +236,7 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
             study_name=args.study_name,
             tracking_uri=args.tracking_uri,
             on_trial=show if args.workers == 1 else None,
+            on_start=lambda held: print(show.plan(args.workers, held), flush=True),
             gpus=args.gpus,
         )
     except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error

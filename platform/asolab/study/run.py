@@ -326,12 +326,15 @@ def run_study(
     study_name: str = "",
     tracking_uri: str = "",
     on_trial: TrialCallback | None = None,
+    on_start: Callable[[int], None] | None = None,
     gpus: str = "",
 ) -> StudyOutcome:
     """Run (or resume) a study until it holds ``n_trials`` trials or ``timeout`` passed.
 
-    ``gpus`` ("0,1"): the GPUs the workers share, one each round-robin (default:
-    the visible ones; study/gpus.py). Returns where it is recorded; raises
+    ``on_start`` is told, once the stores are checked and the study is open, how many
+    trials of the budget the study already holds. ``gpus`` ("0,1"): the GPUs the
+    workers share, one each round-robin (default: the visible ones; study/gpus.py).
+    Returns where it is recorded; raises
     :class:`WorkersFailed` (after recording) when worker processes exited non-zero.
     """
     from ..tracking import check_reachable, resolve_tracking_uri
@@ -356,6 +359,8 @@ def run_study(
     outcome = StudyOutcome(name, url, uri, parent, cfg.mlflow_experiment)
     _recover(study, cfg, uri)
     before = {t.number for t in study.get_trials(deepcopy=False)}
+    if on_start is not None:
+        on_start(used_budget(study))
     failed: list[tuple[int, int]] = []
     try:
         gpu_ids = parse_gpus(gpus) if gpus else visible_gpus()

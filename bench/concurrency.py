@@ -12,7 +12,7 @@ signal after its set-up. Thread settings compared:
 * ``auto``: what asolab does by default -- ``OMP_WAIT_POLICY=PASSIVE`` set before
   torch loads when other asolab processes run, and the thread count of
   asolab/threads.py (usable cores minus the threads other asolab processes took;
-  a private registry here), followed during the run as a run follows it;
+  a private registry here), decided once at the start as a run decides it;
 * ``torch``: torch's defaults, as before -- all cores, spinning OpenMP waits;
 * ``1``: one thread each, spinning waits.
 
@@ -64,9 +64,9 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
     from asolab.data import Batches, load_data
     from asolab.space import ArchSpec, SearchNetwork
 
-    follow = None
+    chosen = None
     if setting == "auto":
-        follow = threads.Follow(threads.acquire(0))  # as a run does: follow the others
+        chosen = threads.acquire(0)  # as a run does: once, from the others running now
     elif setting != "torch":
         torch.set_num_threads(int(setting))
     torch.manual_seed(index)
@@ -81,8 +81,6 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
     derived = net.genotype_plans(net.derive())
 
     def step(i: int) -> None:
-        if follow is not None:
-            follow.poll()
         x, y = batches[i % len(batches)]
         for plans in (net.sample_plans(1.0, differentiable=False), derived):
             loss = F.cross_entropy(net(x, plans), y)
@@ -100,8 +98,8 @@ def worker(setting: str, steps: int, channels: int, sync: Path, index: int) -> N
     print(
         json.dumps(
             {
-                # the fewest threads the timed steps used ("auto" gives cores to later processes)
-                "threads": follow.take_lowest() if follow else torch.get_num_threads(),
+                # the count the timed steps used (fixed for the whole workload, as in a run)
+                "threads": chosen or torch.get_num_threads(),
                 "seconds": time.perf_counter() - start,
             }
         ),

@@ -1,6 +1,6 @@
-"""Thread counts: the "auto" rule sees other asolab processes and follows them during
-a run; a run records its counts and resumes with the one it started with (the count
-changes the run)."""
+"""Thread counts: the "auto" rule sees other asolab processes when a run starts; the
+count is kept for the whole run, recorded, and reused by a resume (the count changes
+the run)."""
 
 from __future__ import annotations
 
@@ -143,31 +143,12 @@ def test_the_wait_policy_sleeps_only_beside_other_asolab_processes(registry, oth
     assert threads.prepare_environment() is False  # torch is loaded in this process: too late
 
 
-def test_an_auto_count_follows_other_processes_within_its_start(registry, other_process):
-    """Alone with 2 threads, a run drops to 1 when another asolab process claims a core,
-    tells the registry, and takes the core back when that process ends; one that
-    started with 1 (beside others, with sleeping waits) never grows past it."""
-    torch.set_num_threads(2)
-    threads.claim(2, registry)
-    follow = threads.Follow(2, registry, every=0.0)
-    assert follow.poll() == 2
-    proc = other_process(1)
-    assert follow.poll() == 1 and torch.get_num_threads() == 1
-    entry = json.loads((registry / f"{threads.os.getpid()}.json").read_text())
-    assert entry["threads"] == 1  # the others see the core it gave back
-    proc.kill()
-    proc.wait()
-    assert follow.poll() == 2 and torch.get_num_threads() == 2
-    assert (follow.take_lowest(), follow.take_lowest()) == (1, 2)
-    assert threads.Follow(1, registry, every=0.0).poll() == 1
-
-
-def test_an_auto_run_gives_a_core_to_a_run_started_beside_it(
-    tiny_cfg, registry, other_process, monkeypatch
+def test_an_auto_run_keeps_its_count_when_another_process_starts_beside_it(
+    tiny_cfg, registry, other_process
 ):
-    """The epochs after another process appeared ran with 1 thread, and say so in their
-    ``threads`` figure (the torch_threads metric); a run with a set count keeps it."""
-    monkeypatch.setattr(threads, "FOLLOW_SECONDS", 0.0)
+    """The count is decided once: a run that started alone with 2 threads keeps them for
+    every epoch after another asolab process appeared (a count that changed mid-run would
+    make the same seed give another result), while a run started then takes what is left."""
 
     class StartsAnother(Recorder):
         def on_epoch_end(self, event):
@@ -177,8 +158,6 @@ def test_an_auto_run_gives_a_core_to_a_run_started_beside_it(
 
     rec = StartsAnother()
     Runner(tiny_cfg.replace(threads=0), [rec]).run()
-    used = [e.threads for e in rec.of("epoch_end")]
-    assert used[0] == 2 and set(used[1:]) == {1}, used
-    rec = Recorder()
-    Runner(tiny_cfg.replace(threads=2), [rec]).run()
     assert {e.threads for e in rec.of("epoch_end")} == {2}
+    assert rec.of("run_start")[0].config.threads == 2
+    assert Runner(tiny_cfg.replace(threads=0)).cfg.threads == 1  # the newcomer: what is left

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import shlex
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,6 +77,8 @@ def run(
     mlflow_experiment: str | None = None,
     resume: str | None = None,
     observers: Sequence[Observer] = (),
+    force: bool = False,
+    hint_file: str | None = None,
 ) -> RunResult:
     """Run one experiment (as ``asolab run`` does) and return its result.
 
@@ -87,7 +88,9 @@ def run(
     ``track=False`` records nothing; ``mlflow_experiment``: the MLflow experiment
     (default ``tracking.experiment``, else the config's name); ``resume``: continue
     that run (id, id prefix or name) from its last checkpoint with its own config;
-    ``observers``: extra run observers (progress bars, recorders).
+    ``observers``: extra run observers (progress bars, recorders); ``force``: resume
+    even though the run's lease names a process on another machine (it is gone);
+    ``hint_file``: the experiment file the recorded resume command names (the CLI's).
     """
     pairs = _pairs(overrides)
     if tracking_uri is not None:
@@ -108,7 +111,11 @@ def run(
 
         result = Runner(cfg, list(observers)).run()
         return _result(result, None, None, cfg)
-    return _run_tracked(cfg, pairs, list(observers), mlflow_experiment, resume)
+    if hint_file is None and isinstance(experiment, (str, Path)) and str(experiment) != "digits":
+        hint_file = str(experiment)
+    return _run_tracked(
+        cfg, pairs, list(observers), mlflow_experiment, resume, force=force, hint_file=hint_file
+    )
 
 
 def _kept(key: str) -> bool:
@@ -142,42 +149,84 @@ def _run_tracked(
     observers: list,
     mlflow_experiment: str | None,
     resume: str | None,
+    *,
+    force: bool = False,
+    hint_file: str | None = None,
 ) -> RunResult:
     """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
     from .runner import Runner
+    from .runner.checkpoint import local_folder
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
 
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
-    if resume:
-        from .tracking.store import client, resumable_run
-
-        # An id prefix or a run name names the run too; everything below uses the full id.
-        resume = resumable_run(client(uri), uri, resume).info.run_id
     tracker = MlflowTracker(
-        tracking_uri=uri,
-        experiment=mlflow_experiment,
-        resume_run_id=resume,
-        log_models=cfg.tracking.log_models,
+        tracking_uri=uri, experiment=mlflow_experiment, log_models=cfg.tracking.log_models
     )
-    workdir = Path(tempfile.mkdtemp(prefix="asolab-run-"))
-    try:
-        if resume:
-            threads = forced_threads([f"threads={pairs['threads']}"] if "threads" in pairs else [])
-            runner = resumed_runner(uri, resume, [*observers, tracker], workdir, threads)
-        else:
-            runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
+    with local_folder() as workdir:  # removed however the run ends
         try:
+            if resume:
+                tracker.resume_run_id = resume = _hold(uri, resume, force)
+                threads = forced_threads(
+                    [f"threads={pairs['threads']}"] if "threads" in pairs else []
+                )
+                runner = resumed_runner(uri, resume, [*observers, tracker], workdir, threads)
+            else:
+                runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
             with sigterm_as_interrupt():
                 result = runner.run()
         except KeyboardInterrupt as exc:
             # The CLI prints the resume command from these; code gets them on the error.
             exc.asolab_run_id = tracker.run_id  # type: ignore[attr-defined]
             exc.asolab_tracking_uri = uri  # type: ignore[attr-defined]
+            if tracker.run_id:
+                _record_stop(tracker, resume_command(hint_file, tracker.run_id, uri))
             raise
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        except Exception as exc:  # a full, read-only or corrupt store: one line, no traceback
+            raise _one_line_failure(exc, uri, tracker, hint_file) from None
     return _result(result, tracker.run_id, uri, runner.cfg, tracker.experiment_id)
+
+
+def _hold(uri: str, resume: str, force: bool) -> str:
+    """The full id of the run to resume, held by this process from here on (another
+    process cannot run it at the same time); refused while another one runs it."""
+    from .tracking import lease
+    from .tracking.store import client, resumable_run
+
+    # An id prefix or a run name names the run too; everything below uses the full id.
+    run = resumable_run(client(uri), uri, resume)
+    lease.take(uri, run.info.run_id, run, force=force)
+    return run.info.run_id
+
+
+def _record_stop(tracker: Any, command: str) -> None:
+    """A stopped run keeps the command that continues it (its ``asolab.resume_command``
+    tag and its description): a terminal or a pipe that is gone loses the printed one."""
+    from .tracking import layout as L
+
+    note = f"Stopped before its end; continue it with:\n\n    {command}\n"
+    try:
+        tracker.client.set_tag(tracker.run_id, L.TAG_RESUME_COMMAND, command)
+        tracker.client.set_tag(tracker.run_id, L.TAG_NOTE, note)
+    except Exception as exc:  # the store may be what stopped the run; the hint still prints
+        log.debug("could not record the resume command in run %s: %s", tracker.run_id, exc)
+
+
+def _one_line_failure(exc: Exception, uri: str, tracker: Any, file: str | None) -> Exception:
+    """What a failed run ends with: for a full, read-only or corrupt store, or a full temp
+    folder, one line with the fix and the command that continues the run; else ``exc``."""
+    from .runner.checkpoint import CheckpointWriteError
+    from .tracking.health import store_failure
+
+    failure = exc if isinstance(exc, CheckpointWriteError) else store_failure(exc, uri)
+    if failure is None:
+        return exc
+    if tracker.run_id:
+        failure.args = (
+            f"{failure}; run {tracker.run_id} stopped, continue it then with: "
+            f"{resume_command(file, tracker.run_id, uri)}",
+        )
+    return failure
 
 
 def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, threads: int = 0):
@@ -193,9 +242,11 @@ def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, thread
     from .config import from_dict
     from .runner import Runner
     from .runner.checkpoint import CheckpointError
-    from .tracking.store import download_checkpoint, mark_failed, recorded_config
+    from .tracking import layout as L
+    from .tracking.store import client, download_checkpoint, mark_failed, recorded_config
 
     path = download_checkpoint(uri, run_id, workdir / "resume")
+    recorded_hash = client(uri).get_run(run_id).data.tags.get(L.TAG_CONFIG_HASH, "")
     try:
         if path is None:
             data = recorded_config(uri, run_id, workdir / "resume")
@@ -210,7 +261,14 @@ def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, thread
                 cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir
             )
         label = f"the checkpoint of run {run_id} in {uri}"
-        return Runner.resume(path, observers, checkpoint_dir=workdir, label=label, threads=threads)
+        return Runner.resume(
+            path,
+            observers,
+            checkpoint_dir=workdir,
+            label=label,
+            threads=threads,
+            owner=(run_id, recorded_hash),
+        )
     except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
         mark_failed(uri, run_id, str(exc))
         raise

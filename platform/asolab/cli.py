@@ -80,6 +80,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
             "own config)"
         ),
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=(
+            "with --resume: resume even though the run's lease says another machine's process "
+            "still runs it (only when that process is really gone)"
+        ),
+    )
     p.set_defaults(func=cmd_run)
     plain_help = p.format_help
     # The registries are read when help is asked for, not when the parser is built
@@ -122,12 +130,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             mlflow_experiment=args.experiment,
             resume=args.resume,
             observers=[ProgressObserver(enabled=not args.quiet), recorder],
+            force=args.force,
+            hint_file=args.file,
         )
     except KeyboardInterrupt as exc:
         run_id = getattr(exc, "asolab_run_id", None)
         if run_id:
             command = resume_command(args.file, run_id, exc.asolab_tracking_uri)
-            print(f"asolab: run {run_id} stopped; continue it with: {command}", file=sys.stderr)
+            say(f"asolab: run {run_id} stopped; continue it with: {command}")
         raise
     end = recorder.of("run_end")[-1]
     if result.run_id is None:
@@ -205,19 +215,60 @@ def ui_command(uri: str) -> str:
     )
 
 
+def say(line: str) -> None:
+    """A line on stderr; where stderr is gone (a pipe whose reader died with the same
+    Ctrl-C), nothing, and later writes go nowhere instead of failing (the run's hint is
+    in the run too: its ``asolab.resume_command`` tag and description)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+        _silence()
+
+
+def _silence() -> None:
+    """Point stdout and stderr at /dev/null: the interpreter's last flush of a broken pipe
+    would otherwise fail and change the exit status."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # a stream without a file descriptor (a test's capture)
+            continue
+    os.close(devnull)
+
+
+def _store_failure(exc: Exception, args: argparse.Namespace) -> Exception | None:
+    """The one-line error for a full, read-only or corrupt store (None for other errors)."""
+    from .tracking.health import store_failure
+    from .tracking.store import resolve_tracking_uri
+
+    return store_failure(exc, resolve_tracking_uri(getattr(args, "tracking_uri", "") or ""))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from .tracking.health import quiet_db_errors
+
+    quiet_db_errors(args.verbose)
     try:
         return args.func(args)
     except USER_ERRORS as exc:
-        print(f"asolab: error: {exc}", file=sys.stderr)
+        say(f"asolab: error: {exc}")
+        return 2
+    except Exception as exc:  # a store that is full, read-only or corrupt, wherever it shows
+        failure = _store_failure(exc, args)
+        if failure is None:
+            raise
+        say(f"asolab: error: {failure}")
         return 2
     except KeyboardInterrupt as exc:
-        print("asolab: interrupted; everything recorded so far is kept", file=sys.stderr)
+        say("asolab: interrupted; everything recorded so far is kept")
         return 143 if isinstance(exc, Terminated) else 130
 
 

@@ -30,7 +30,7 @@ class ProgressObserver(Observer):
     def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
         # sys.stderr as it is now, not as it was at import: a redirected or replaced stream
         # (pytest's capture, a notebook) may have been closed since.
-        self.stream = stream if stream is not None else sys.stderr
+        self.stream = _Guarded(stream if stream is not None else sys.stderr)
         self.enabled = enabled
         self.bar: tqdm | None = None
         self.key: tuple[int, str] | None = None
@@ -146,13 +146,46 @@ class ProgressObserver(Observer):
         self._close()
 
     def on_run_interrupted(self, event: RunInterrupted) -> None:
+        shown = self.bar is not None and self.enabled
         self._close()
+        if shown:  # end the bar's line (and a terminal's ^C): what follows starts on its own
+            self.stream.write("\n")
+            self.stream.flush()
 
     def _close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
             self.key = None
+
+
+class _Guarded:
+    """A terminal stream that falls silent, instead of failing, once it is gone: the reader
+    of ``asolab run 2>&1 | tee log`` dies with the same Ctrl-C, and a progress bar that
+    raised BrokenPipeError would stop the run's own cleanup (its KILLED state, its last
+    checkpoint)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self.gone = True
+        return 0
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self.gone = True
+
+    def __getattr__(self, name: str):  # isatty, encoding, fileno: as the stream has them
+        return getattr(self.stream, name)
 
 
 def summary_table(end: RunEnd, extra: dict[str, object] | None = None) -> str:

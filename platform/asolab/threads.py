@@ -19,17 +19,14 @@ another process needs. So:
   same moment see each other. The load average is not used: it lags by a
   minute, and a thread count that depended on it would be a moving target.
 
-* :class:`Follow` keeps an "auto" count up to date while the run goes on: every
-  couple of seconds it applies the auto rule again, capped at the count the run
-  started with. A run that had the cores to itself drops to one thread when
-  another asolab process starts (it would otherwise keep spinning on the core
-  that process needs) and takes its cores back when that process ends.
-
 The count changes the run (floating-point sums are split differently across
-threads). A run with a count that was set (``threads = N``) keeps it, so the
-same seed and count repeat exactly; an "auto" run records the count it started
-with and, per epoch, the fewest it used (the ``torch_threads`` metric), and
-``--resume`` continues with the starting count, fixed.
+threads), so it is decided once, at the start, and never changed while the run
+goes on: the same command with the same seed gives the same result whatever
+else starts or ends beside it. The run records the count (the ``threads``
+param, the ``asolab.threads`` tag, the ``torch_threads`` metric per epoch) and
+``--resume`` continues with it. (An earlier version followed the other
+processes during a run, dropping to one thread when another started: faster
+beside others, but two seed-0 runs then differed by what else ran.)
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ import logging
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,8 +47,6 @@ log = logging.getLogger(__name__)
 WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
 # Where the registry lives (default: a per-user folder in the temp dir).
 REGISTRY_ENV = "ASOLAB_THREADS_DIR"
-# How often an "auto" run looks at the registry again (seconds).
-FOLLOW_SECONDS = 2.0
 
 
 def prepare_environment() -> bool:
@@ -104,7 +98,8 @@ def registry_dir() -> Path:
     return Path(os.environ.get(REGISTRY_ENV) or default)
 
 
-def _start_time(pid: int) -> float | None:
+def started(pid: int) -> float | None:
+    """When process ``pid`` started (None if it is gone): with the pid, it names one process."""
     import psutil
 
     try:
@@ -120,7 +115,7 @@ def others(directory: Path | None = None) -> dict[int, int]:
     for path in directory.glob("*.json"):
         try:
             entry = json.loads(path.read_text())
-            pid, threads, started = (
+            pid, threads, since = (
                 int(entry["pid"]),
                 int(entry["threads"]),
                 float(entry["started"]),
@@ -129,8 +124,8 @@ def others(directory: Path | None = None) -> dict[int, int]:
             continue  # being written (never: writes are atomic) or foreign; leave it alone
         if pid == os.getpid():
             continue
-        now = _start_time(pid)
-        if now is None or abs(now - started) > 1.0:  # gone, or the pid was reused
+        now = started(pid)
+        if now is None or abs(now - since) > 1.0:  # gone, or the pid was reused
             with contextlib.suppress(OSError):
                 path.unlink()
             continue
@@ -168,7 +163,7 @@ def claim(threads: int, directory: Path | None = None) -> None:
     path = directory / f"{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
-        json.dumps({"pid": os.getpid(), "threads": threads, "started": _start_time(os.getpid())})
+        json.dumps({"pid": os.getpid(), "threads": threads, "started": started(os.getpid())})
     )
     os.replace(tmp, path)
     _remove_at_exit(path)
@@ -204,52 +199,3 @@ def acquire(requested: int = 0, directory: Path | None = None) -> int:
         torch.set_num_threads(threads)
     log.info("%d torch threads (%s)", threads, "set" if requested else "auto")
     return threads
-
-
-class Follow:
-    """An "auto" thread count that follows the other asolab processes during a run.
-
-    ``poll()`` is cheap enough for every batch: it looks at the registry at most every
-    ``every`` seconds (``FOLLOW_SECONDS``; a directory listing, a few small files). The
-    count stays within 1 .. ``start``: a process that started beside others chose
-    sleeping OpenMP waits, which only pay with one thread, so it never grows past it.
-    """
-
-    def __init__(self, start: int, directory: Path | None = None, every: float | None = None):
-        self.start = self.current = start
-        self.lowest = start  # since the last take_lowest(): what the epoch's metric reports
-        self.directory = directory
-        self.every = FOLLOW_SECONDS if every is None else every
-        self._due = 0.0  # the first poll looks: runs started together see each other at once
-
-    def poll(self) -> int:
-        """Apply the auto rule again when it is due; returns the count now in use."""
-        now = time.monotonic()
-        if now < self._due:
-            return self.current
-        self._due = now + self.every
-        directory = self.directory or registry_dir()
-        try:
-            with _locked(directory):
-                threads = min(self.start, auto_threads(directory=directory))
-                if threads != self.current:
-                    claim(threads, directory)
-        except OSError:  # an unusable registry: keep the count (acquire() warned already)
-            return self.current
-        if threads != self.current:
-            import torch
-
-            torch.set_num_threads(threads)
-            log.info(
-                "%d torch threads (auto: other asolab processes %s)",
-                threads,
-                "started" if threads < self.current else "ended",
-            )
-            self.current = threads
-            self.lowest = min(self.lowest, threads)
-        return self.current
-
-    def take_lowest(self) -> int:
-        """The fewest threads used since the last call (the count of the epoch just done)."""
-        lowest, self.lowest = self.lowest, self.current
-        return lowest

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from ..config import ConfigError, ExperimentConfig, from_dict
 from ..data import load_data
 from ..runner import Runner
+from ..runner.checkpoint import local_folder
 from ..runner.cycle import RunResult, resolve_device
 from ..runner.events import Observer
 from ..space.genotype import Genotype
@@ -293,7 +293,8 @@ def _train(
     from ..tracking import MlflowTracker
     from ..tracking.store import TrackingError, download_checkpoint
 
-    with tempfile.TemporaryDirectory(prefix="asolab-baseline-") as work:
+    # Removed however the run ends; one a SIGKILL left behind, by the next run's start.
+    with local_folder("asolab-baseline-") as work:
         path = None
         if prior is not None:
             try:

@@ -252,6 +252,11 @@ def _search(client: MlflowClient, experiment_ids: Iterable[str], filter_string: 
                 page_token=token,
             )
         except MlflowException as exc:
+            from ..tracking.health import store_failure
+
+            failure = store_failure(exc, client.tracking_uri)  # not the filter's fault
+            if failure is not None:
+                raise failure from None
             first = first_line(exc.message if hasattr(exc, "message") else exc)
             raise CompareError(
                 f"--filter {filter_string!r} is not a valid MLflow search expression: {first}"

@@ -5,11 +5,21 @@ grown size), the supernet's weights and alphas, both optimizers' states, the
 genotype being retrained, the loop position, what the current cycle's
 mutation did, and the RNG states. It loads with ``weights_only=True``: no
 pickled code runs when a checkpoint is read.
+
+It also carries a stamp: what its observers say it belongs to (the tracker's run
+id) and the hash of its config, so that a resume can refuse a checkpoint of
+another run that was put in its place (:func:`check_owner`).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .. import threads
 from ..errors import first_line
 
 # 2: the mutation's edits and growth events of the current cycle, the run's
@@ -24,18 +35,83 @@ from ..errors import first_line
 FORMAT = 2
 
 
+# Under this key: {"run_id": ..., "config_hash": ...} (absent in checkpoints of older versions).
+STAMP = "stamp"
+# Settings a resume may change without the run becoming another one.
+_UNHASHED = ("threads", "tracking")
+
+
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupt or of another format."""
+    """A checkpoint is missing, corrupt, of another format or of another run, or it
+    cannot be written."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint cannot be written (a full or read-only disk); the run can go on later."""
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short hash of a config's dict (:meth:`ExperimentConfig.to_dict`), leaving out
+    what a resume may change (the thread count, where it is tracked)."""
+    kept = {k: v for k, v in config.items() if k not in _UNHASHED}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def save(state: dict[str, Any], path: str | Path) -> Path:
-    """Write atomically: a crash mid-write never leaves a half checkpoint behind."""
+    """Write atomically: a crash mid-write never leaves a half checkpoint behind.
+    A full or read-only disk is a one-line :class:`CheckpointError`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"format": FORMAT, **state}, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"format": FORMAT, **state}, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch says "file write failed", no errno
+        tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(
+            f"cannot write the checkpoint {path} ({_why(exc, path.parent)}); free space there "
+            "(local checkpoints go to TMPDIR) or set TMPDIR to a folder with room"
+        ) from None
     return path
+
+
+def _why(exc: BaseException, folder: Path) -> str:
+    if isinstance(exc, OSError) and exc.errno not in (None, errno.ENOSPC):
+        return exc.strerror or type(exc).__name__
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = -1
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or 0 <= free < 1 << 20:
+        return "the disk is full"
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0][:200] if first else ''}"
+
+
+def check_owner(state: dict[str, Any], run_id: str, label: str, run_config: str = "") -> None:
+    """Refuse a checkpoint stamped with another run's id, or whose config is not the
+    run's (``run_config``: the hash the run recorded at its start, '' if unknown) or
+    not the one its stamp was made for (an edited file). Checkpoints of older
+    versions have no stamp and are checked against ``run_config`` only."""
+    stamp = state.get(STAMP) or {}
+    owner = stamp.get("run_id")
+    if owner and owner != run_id:
+        raise CheckpointError(
+            f"{label} belongs to run {owner}, not to run {run_id}; it was copied or moved "
+            f"there: put run {run_id}'s own checkpoint back, or resume run {owner} instead"
+        )
+    held = config_hash(state["config"]) if isinstance(state.get("config"), dict) else ""
+    if run_config and held and held != run_config:
+        raise CheckpointError(
+            f"{label} holds another run's config (hash {held}, the run recorded {run_config}); "
+            "it was copied there: put the run's own checkpoint back, or start a new run"
+        )
+    recorded = stamp.get("config_hash")
+    if recorded and held and recorded != held:
+        raise CheckpointError(
+            f"{label} holds a config other than the one it was written with; it is damaged "
+            "or edited; start a new run"
+        )
 
 
 def load(path: str | Path, label: str | None = None) -> dict[str, Any]:
@@ -109,3 +185,55 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# A local checkpoint folder names its process in this file: {"pid": ..., "started": ...}.
+OWNER_FILE = "owner.json"
+LOCAL_PREFIX = "asolab-run-"
+# A folder of an older version (no owner file) untouched this long is left over.
+_ORPHAN_SECONDS = 24 * 3600
+
+
+@contextmanager
+def local_folder(prefix: str = LOCAL_PREFIX) -> Iterator[Path]:
+    """A temporary folder for a run's local checkpoints, removed when the block ends in
+    any way (an error, Ctrl-C, SIGTERM). A SIGKILL leaves it behind: so every new one first
+    removes the folders of processes that are gone (:func:`remove_stale`)."""
+    remove_stale()
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    try:
+        pid = os.getpid()
+        (folder / OWNER_FILE).write_text(json.dumps({"pid": pid, "started": threads.started(pid)}))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_stale(root: Path | None = None) -> list[Path]:
+    """Remove the local checkpoint folders (``asolab-*`` in the temp folder) of processes
+    that no longer run; returns what it removed. A reused pid does not keep one alive: its
+    start time must match too."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for folder in root.glob("asolab-*-*"):
+        if folder.is_dir() and _left_over(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _left_over(folder: Path) -> bool:
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+        pid, started = int(owner["pid"]), owner.get("started")
+    except FileNotFoundError:
+        if not folder.name.startswith(LOCAL_PREFIX):
+            return False  # not a run's folder (a study's, a report's): not ours to judge
+        try:  # an older version's run folder: left over once nothing touched it for a day
+            return time.time() - folder.stat().st_mtime > _ORPHAN_SECONDS
+        except OSError:
+            return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # being written, or someone else's: leave it
+    now = threads.started(pid)
+    return now is None or (started is not None and abs(now - float(started)) > 1.0)

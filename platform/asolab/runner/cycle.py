@@ -73,12 +73,11 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         spec: ArchSpec | None = None,
     ) -> None:
         self.device = resolve_device(cfg.device)
-        # The thread count changes the numbers (sums split across threads), so a count
-        # that was set is kept. "auto" starts with what the rule gives (written into the
-        # config: MLflow params, checkpoint) and follows other asolab processes from there.
+        # The thread count changes the numbers (sums split across threads), so it is
+        # decided once, here, and kept for the whole run: "auto" takes what the rule gives
+        # now (written into the config: MLflow params, checkpoint; a resume reuses it).
         threads = cpu_threads.acquire(cfg.threads)
         self.threads_source = "set" if cfg.threads else "auto"
-        self._follow = cpu_threads.Follow(threads) if not cfg.threads else None
         if not cfg.threads:
             cfg = cfg.replace(threads=threads)
         self.cfg = cfg
@@ -175,9 +174,18 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
             self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
             raise error from None
         except BaseException as exc:
-            self.emit("on_run_interrupted", RunInterrupted(exc, self.state.position.global_epoch))
+            self._emit_interrupted(RunInterrupted(exc, self.state.position.global_epoch))
             raise
         return result
+
+    def _emit_interrupted(self, event: RunInterrupted) -> None:
+        """Tell every observer, even when one of them fails: a progress bar whose terminal is
+        gone must not keep the tracker from closing the run. Each failure is logged."""
+        for obs in self.observers:
+            try:
+                obs.on_run_interrupted(event)
+            except Exception:
+                log.exception("observer %s failed on the interrupted run", type(obs).__name__)
 
     def next_phase(self) -> None:
         """Run the phase at the current position, advance, checkpoint."""

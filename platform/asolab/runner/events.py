@@ -159,6 +159,10 @@ class Observer:
     def on_run_end(self, event: RunEnd) -> None: ...
     def on_run_interrupted(self, event: RunInterrupted) -> None: ...
 
+    def checkpoint_stamp(self) -> dict[str, str]:
+        """What this observer writes into every checkpoint's stamp (the tracker: its run id)."""
+        return {}
+
 
 class Recorder(Observer):
     """Keeps every event in order as ``(kind, event)`` (handy for tests and notebooks)."""

@@ -46,7 +46,15 @@ class Checkpointing:
             "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
+            ckpt.STAMP: self._stamp(),
         }
+
+    def _stamp(self) -> dict[str, str]:
+        """Whose checkpoint this is: the config's hash and what observers add (a run id)."""
+        stamp = {"config_hash": ckpt.config_hash(self.cfg.to_dict())}
+        for obs in self.observers:
+            stamp.update(getattr(obs, "checkpoint_stamp", dict)())
+        return stamp
 
     def save_checkpoint(self, phase: str, cycle: int, due: bool = True) -> Path | None:
         """Write the checkpoint after ``phase`` of ``cycle`` and tell the observers
@@ -85,6 +93,7 @@ class Checkpointing:
         data: DataBundle | None = None,
         threads: int = 0,
         label: str | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> Runner:
         """Rebuild a runner from a checkpoint (at its saved, possibly grown, size).
 
@@ -93,10 +102,13 @@ class Checkpointing:
         there on. A checkpoint that reads but lacks a part, whose weights do not fit
         its architecture spec, or whose position its run never reaches, is a
         :class:`CheckpointError`, like a corrupt one. ``label`` names the checkpoint
-        in those errors (default: ``checkpoint <path>``).
+        in those errors (default: ``checkpoint <path>``). ``owner`` is ``(run id, config
+        hash)`` of the run that resumes: a checkpoint of another run is refused.
         """
         label = label or f"checkpoint {path}"
         state = ckpt.load(path, label)
+        if owner is not None:
+            ckpt.check_owner(state, owner[0], label, owner[1])
         with ckpt.restoring(path, label):
             saved = state["config"]
             if "speed" not in saved:

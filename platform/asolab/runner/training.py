@@ -79,8 +79,6 @@ class Training:
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
-            if self._follow is not None:
-                self._follow.poll()
             loss, hits = step(x, y, tau)
             loss_sum += loss * len(y)
             correct += hits
@@ -110,7 +108,7 @@ class Training:
                 },
                 seconds=seconds,
                 images_per_sec=seen / max(seconds, 1e-9),
-                threads=self._follow.take_lowest() if self._follow else torch.get_num_threads(),
+                threads=torch.get_num_threads(),
             ),
         )
         self.state.position.global_epoch += 1

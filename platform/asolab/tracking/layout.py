@@ -53,6 +53,13 @@ TAG_CELLS_NOTE = "asolab.cells_note"
 TAG_THREADS = "asolab.threads"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
+# which process runs the run now, JSON {host, pid, started, beat}; beat is refreshed with
+# every metric batch (tracking/lease.py)
+TAG_LEASE = "asolab.lease"
+# the hash of the run's config (runner/checkpoint.py config_hash): its checkpoints must match
+TAG_CONFIG_HASH = "asolab.config_hash"
+# the command that continues a stopped run (set when it stops; also in its description)
+TAG_RESUME_COMMAND = "asolab.resume_command"
 # JSON {"data set <name>" | "op <name>": origin} of every plugin or code-registered entry the
 # run used (absent when it used built-ins only); origin names the package and its version
 TAG_PLUGINS = "asolab.plugins"
@@ -77,7 +84,7 @@ DATASET_CONTEXT = "train"  # its value
 TRAIN_LOSS, TRAIN_ACC, VAL_LOSS, VAL_ACC = "train_loss", "train_acc", "val_loss", "val_acc"
 TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
 EPOCH_SECONDS, IMAGES_PER_SEC = "epoch_seconds", "images_per_sec"
-TORCH_THREADS = "torch_threads"  # the fewest used in the epoch ("auto" follows other runs)
+TORCH_THREADS = "torch_threads"  # the count the epoch used (fixed for the whole run)
 CYCLE, PHASE_INDEX_METRIC = "cycle", "phase_index"
 EPOCH_METRICS = (
     TRAIN_LOSS,

@@ -38,6 +38,7 @@ from mlflow.exceptions import MlflowException
 
 from .. import __version__
 from ..config import ExperimentConfig, config_json
+from ..runner.checkpoint import config_hash
 from ..runner.events import (
     CheckpointSaved,
     CycleEnd,
@@ -53,6 +54,7 @@ from ..runner.events import (
 from ..space.genotype import Genotype
 from ..space.plot import drawing_note, genotype_png
 from . import layout as L
+from . import lease
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
 from .models import ModelLogging
 from .provenance import plugin_tags
@@ -153,6 +155,7 @@ class MlflowTracker(ModelLogging, Observer):
         metrics, self._pending = self._pending, []
         pending_tags, self._pending_tags = self._pending_tags, {}
         self._last_flush = time.perf_counter()
+        pending_tags[L.TAG_LEASE] = lease.tag_value()  # the heartbeat: this process runs it
         tags = [RunTag(k, v) for k, v in pending_tags.items()]
         try:
             # In submission order with the artifacts, so that a checkpoint written after
@@ -259,6 +262,8 @@ class MlflowTracker(ModelLogging, Observer):
             L.TAG_HOST: socket.gethostname(),
             L.TAG_RUN_KIND: L.KIND_RUN,
             L.TAG_THREADS: threads_text(event),
+            L.TAG_CONFIG_HASH: config_hash(cfg.to_dict()),
+            L.TAG_LEASE: lease.tag_value(),
             **plugin_tags(cfg),
             **self.extra_tags,
         }
@@ -267,6 +272,7 @@ class MlflowTracker(ModelLogging, Observer):
         if drawing_note():  # no graphviz: the run says its pictures may crowd
             tags[L.TAG_CELLS_NOTE] = drawing_note()
         run = client.create_run(self.experiment_id, tags=tags, run_name=self._run_name)
+        lease.take(self.tracking_uri or "", run.info.run_id)
         self.run_id = run.info.run_id
         if not self._run_name:
             data = event.data.get("name", cfg.data.name)
@@ -330,6 +336,7 @@ class MlflowTracker(ModelLogging, Observer):
         client = self.client
         assert client is not None
         run = resumable_run(client, self.tracking_uri or "", run_id)  # refuses a FINISHED run
+        lease.take(self.tracking_uri or "", run_id, run)  # refuses a run another process runs
         self.run_id = run_id
         self.experiment_id = run.info.experiment_id
         for key in run.data.metrics:
@@ -502,24 +509,47 @@ class MlflowTracker(ModelLogging, Observer):
                     "interrupted again: not waiting for the last uploads of run %s", self.run_id
                 )
                 interrupted = True
-            except Exception:
-                log.exception(
-                    "could not write the last metrics or artifacts of run %s", self.run_id
-                )
+            except Exception as err:
+                _log_failure("could not write the last metrics or artifacts of run %s", self, err)
             try:
                 if interrupted:
                     self._terminate("KILLED")
                 elif _pruned(exc):
                     self._terminate("FINISHED")  # a pruned trial ended normally; the study tags it
                 else:
-                    self._c.set_tag(self.run_id, L.TAG_ERROR, _one_line(exc))
+                    self._c.set_tag(self.run_id, L.TAG_ERROR, self._reason(exc))
                     self._terminate("FAILED")
-            except Exception:
-                log.exception("could not close run %s", self.run_id)
+            except Exception as err:
+                _log_failure("could not close run %s", self, err)
+
+    def _reason(self, exc: BaseException) -> str:
+        """The ``asolab.error`` tag: for a full, read-only or corrupt store, what to do."""
+        from .health import store_failure
+
+        failure = store_failure(exc, self.tracking_uri or "")
+        return str(failure)[:_MAX_TAG] if failure is not None else _one_line(exc)
 
     def _terminate(self, status: str) -> None:
         self._closed = True
-        self._c.set_terminated(self.run_id, status=status)
+        try:
+            self._c.set_terminated(self.run_id, status=status)
+        finally:
+            lease.release(self.tracking_uri or "", self.run_id or "")
+
+    def checkpoint_stamp(self) -> dict[str, str]:
+        """The run id, in every checkpoint: a resume refuses another run's checkpoint."""
+        return {"run_id": self.run_id} if self.run_id else {}
+
+
+def _log_failure(message: str, tracker: MlflowTracker, err: Exception) -> None:
+    """A failed last write: only at debug level when the store is full, read-only or
+    corrupt (the command's one error line says so and what to do), else with its traceback."""
+    from .health import condition
+
+    if condition(err)[0]:
+        log.debug(message, tracker.run_id, exc_info=err)
+    else:
+        log.exception(message, tracker.run_id)
 
 
 def _pruned(exc: BaseException) -> bool:

@@ -116,6 +116,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
                 "tracking.tracking_uri"
             )
         check_sqlite_store(uri)
+        from .health import check_writable_db
+
+        check_writable_db(uri)  # a read-only file in a writable folder, a full disk
         _check_api(uri)
         return
     if uri.startswith("file:") or "://" not in uri:
@@ -207,6 +210,11 @@ def foreign_sqlite(db: Path, own_tables: frozenset[str], what: str) -> str:
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
+        if "malformed" in str(exc):
+            return (
+                f"{db} is corrupt ({exc}); restore it from a backup (sqlite3 {db} .recover may "
+                "save its runs)"
+            )
         return f"{db} is not an SQLite database ({exc})"
     if tables and not own_tables <= tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
@@ -243,7 +251,8 @@ def _check_api(uri: str) -> None:
 
     # MLflow announces at INFO level that it creates a new SQLite store's tables;
     # on the user's terminal that is noise before asolab's own output (or error line).
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    db_log = logging.getLogger("mlflow.store.db.utils")
+    db_log.setLevel(max(db_log.level, logging.WARNING))  # the CLI may have made it quieter
     try:
         open_store(uri)
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
@@ -280,6 +289,11 @@ def open_store(uri: str) -> None:
 
 def _api_failure(uri: str, exc: Exception) -> str:
     """One line: what the store answered, and the fix."""
+    from .health import store_failure
+
+    failure = store_failure(exc, uri)
+    if failure is not None:
+        return str(failure)
     text = " ".join(str(exc).split())
     status = _http_status(exc)
     if status == 403 and "Invalid Host header" in text:
@@ -372,11 +386,15 @@ def find_run(mlflow_client: MlflowClient, ref: str, where: str = "the tracking s
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
+    from .health import store_failure
+
     ref = ref.strip()
     try:
         return mlflow_client.get_run(ref)
-    except MlflowException:
-        pass  # not a full id: a prefix or a name
+    except MlflowException as exc:  # not a full id (a prefix or a name), or a broken store
+        failure = store_failure(exc, mlflow_client.tracking_uri)
+        if failure is not None:
+            raise failure from None
     clauses = []
     if _ID_PREFIX.fullmatch(ref):
         clauses.append(f"attributes.run_id LIKE '{ref}%'")

@@ -1,7 +1,10 @@
 """``asolab ui``: the MLflow UI on the project's tracking store.
 
 Starts ``mlflow server`` as a child process on ``127.0.0.1`` (the store holds
-file paths of this machine; expose it deliberately with ``--host``), prints
+file paths of this machine; expose it deliberately with ``--host``). On any
+other address the server's Host-header check (MLflow's guard against DNS
+rebinding) stays on: it accepts the host itself, or the names ``--allowed-hosts``
+gives, never ``*`` on its own, and a one-line warning says the UI is open. It prints
 the addresses of the experiments' runs tables in the UI's model-training view
 (see :mod:`asolab.tracking.browse`), and stops the server on Ctrl-C or SIGTERM.
 """
@@ -30,6 +33,15 @@ def add_ui(sub: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     p.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="HOST[:PORT],...",
+        help=(
+            "with a --host other than 127.0.0.1: the host names browsers use to reach the UI "
+            "(default: the --host address itself; required for 0.0.0.0)"
+        ),
+    )
+    p.add_argument(
         "--tracking-uri",
         default="",
         help="store to serve (default: MLFLOW_TRACKING_URI, else mlruns/mlflow.db)",
@@ -47,8 +59,36 @@ def add_ui(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_ui)
 
 
-def server_command(uri: str, host: str, port: int, workers: int = 1) -> list[str]:
-    """The ``mlflow server`` command line that serves ``uri``.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def allowed_hosts(host: str, port: int, given: str = "") -> str:
+    """The ``--allowed-hosts`` the server gets ('' on loopback: MLflow's default then
+    accepts only local names). Never ``*`` alone, which would accept any Host header
+    and let a web page on another site drive the UI through DNS rebinding."""
+    given = ",".join(h.strip() for h in given.split(",") if h.strip())
+    if given == "*":
+        raise TrackingError(
+            "--allowed-hosts '*' would turn off the UI's protection against DNS rebinding; "
+            f"name the hosts browsers use (e.g. --allowed-hosts {socket.gethostname()}:{port})"
+        )
+    if given or host in LOOPBACK:
+        return given
+    if host in WILDCARDS:
+        raise TrackingError(
+            f"--host {host or repr(host)} serves every address of this machine: name the hosts "
+            f"browsers will use with --allowed-hosts (e.g. --allowed-hosts "
+            f"{socket.gethostname()}:{port})"
+        )
+    return f"{host}:{port},{host}"
+
+
+def server_command(
+    uri: str, host: str, port: int, workers: int = 1, allowed: str = ""
+) -> list[str]:
+    """The ``mlflow server`` command line that serves ``uri`` (``allowed``: see
+    :func:`allowed_hosts`).
 
     One worker by default: each uvicorn worker imports all of MLflow, so on 2 cores
     the server answers after ~12 s with one and ~36 s with MLflow's default four,
@@ -71,8 +111,8 @@ def server_command(uri: str, host: str, port: int, workers: int = 1) -> list[str
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
         cmd += ["--default-artifact-root", root.as_uri()]
-    if host not in ("127.0.0.1", "localhost"):
-        cmd += ["--allowed-hosts", "*"]
+    if allowed:
+        cmd += ["--allowed-hosts", allowed]
     return cmd
 
 
@@ -107,11 +147,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
         return 0
     if args.workers < 1:
         raise TrackingError(f"--workers must be >= 1 (got {args.workers})")
+    allowed = allowed_hosts(args.host, args.port, args.allowed_hosts)
     check_port(args.host, args.port)  # first: it costs nothing
     check_reachable(uri)
+    if args.host not in LOOPBACK:
+        print(
+            f"asolab: warning: the UI on {args.host}:{args.port} has no login: whoever reaches "
+            f"it as {allowed} can read and change every run in {uri}",
+            file=sys.stderr,
+        )
     # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
     proc = subprocess.Popen(
-        server_command(uri, args.host, args.port, args.workers), start_new_session=True
+        server_command(uri, args.host, args.port, args.workers, allowed), start_new_session=True
     )
 
     def stop(*_: Any) -> None:

@@ -1,0 +1,164 @@
+"""Who runs a run now: so that one run is never run or resumed by two processes at once.
+
+Two ``--resume`` of the same run at the same time would both replay its steps
+and write each of them twice. Two guards:
+
+* a lock file per run (``leases/<run id>.lock`` beside a SQLite store, else in
+  the temp folder), held with ``flock`` for as long as this process runs the
+  run. The operating system drops it when the process dies (SIGKILL included),
+  so a dead process never blocks a resume, and nothing needs overriding;
+* the ``asolab.lease`` tag (host, pid, process start, heartbeat), written when
+  the run starts or resumes and refreshed with every metric batch, for what a
+  lock on this machine cannot see: a process on another machine writing to the
+  same server or database. A RUNNING run whose lease was refreshed less than
+  :data:`STALE_SECONDS` ago by another machine, or that names a live process of
+  this one, is refused unless the user says the other process is gone
+  (``--force``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import layout as L
+from .store import TrackingError, sqlite_path
+
+log = logging.getLogger(__name__)
+
+# A lease not refreshed for this long is taken to be dead (a metric batch refreshes it
+# at least every phase, and every 30 s of epochs).
+STALE_SECONDS = 15 * 60
+FORCE_HINT = "--force"
+
+_HELD: dict[str, int] = {}  # run id -> the open lock file this process holds
+
+
+def lock_file(uri: str, run_id: str) -> Path:
+    """Where the lock of ``run_id`` lives: beside a SQLite store, else in the temp folder."""
+    db = sqlite_path(uri)
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    folder = (
+        db.absolute().parent / "leases"
+        if db is not None
+        else Path(tempfile.gettempdir()) / f"asolab-leases-{uid}"
+    )
+    return folder / f"{run_id}.lock"
+
+
+def _started(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def tag_value() -> str:
+    """The ``asolab.lease`` tag for this process, with a fresh heartbeat."""
+    pid = os.getpid()
+    return json.dumps(
+        {"host": socket.gethostname(), "pid": pid, "started": _started(pid), "beat": time.time()}
+    )
+
+
+def take(uri: str, run_id: str, run: Any = None, force: bool = False) -> None:
+    """Hold ``run_id`` for this process. ``run`` (the MLflow run, when it exists
+    already) is checked for a live lease of another process; TrackingError names that
+    process and how to go on. ``force`` skips the tag check (never the lock: a lock
+    is held only by a live process of this machine)."""
+    if run_id in _HELD:
+        return
+    fd = _lock(lock_file(uri, run_id), run_id, uri)
+    try:
+        if run is not None and not force:
+            _check_tag(run, run_id)
+    except BaseException:
+        _unlock(fd, lock_file(uri, run_id))
+        raise
+    if fd is not None:
+        _HELD[run_id] = fd
+
+
+def release(uri: str, run_id: str) -> None:
+    """Give ``run_id`` back (the run ended); a no-op if this process does not hold it."""
+    fd = _HELD.pop(run_id, None)
+    if fd is not None:
+        _unlock(fd, lock_file(uri, run_id))
+
+
+def _lock(path: Path, run_id: str, uri: str) -> int | None:
+    try:
+        import fcntl
+    except ImportError:  # Windows: the tag alone
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("no lock for run %s (%s): only its lease tag guards it", run_id, exc)
+        return None
+    for _ in range(5):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 40).decode(errors="replace").strip() or "PID"
+            os.close(fd)
+            raise TrackingError(
+                f"run {run_id} in {uri} is being run by process {holder} on this machine; "
+                f"wait for it to end, or stop it (kill {holder}: the run ends KILLED), then resume"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file that its last holder removed as we opened it
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)
+    return None
+
+
+def _unlock(fd: int | None, path: Path) -> None:
+    if fd is None:
+        return
+    try:
+        path.unlink(missing_ok=True)  # still locked: whoever opens it now finds it gone
+    except OSError:
+        pass  # a read-only store folder: the file stays, unlocked, and is reused
+    os.close(fd)
+
+
+def _check_tag(run: Any, run_id: str) -> None:
+    if run.info.status != "RUNNING":
+        return  # its last process closed it (KILLED, FAILED): nobody runs it
+    try:
+        lease = json.loads(run.data.tags.get(L.TAG_LEASE, ""))
+        host, pid, beat = str(lease["host"]), int(lease["pid"]), float(lease["beat"])
+        started = lease.get("started")
+    except (ValueError, KeyError, TypeError):
+        return  # no lease (an older version, or killed before it wrote one)
+    if host == socket.gethostname():
+        now = _started(pid)
+        alive = pid != os.getpid() and now is not None and started is not None
+        if alive and abs(now - float(started)) <= 1.0:
+            raise TrackingError(
+                f"run {run_id} is being run by process {pid} on this machine; wait for it to "
+                f"end or stop it (kill {pid}), then resume (or, if process {pid} is not "
+                f"asolab, resume with {FORCE_HINT})"
+            )
+        return
+    age = time.time() - beat
+    if age < STALE_SECONDS:
+        raise TrackingError(
+            f"run {run_id} is being run by process {pid} on {host} (last heard of "
+            f"{age / 60:.0f} min ago); if that process is really gone, resume with {FORCE_HINT}"
+        )

@@ -11,7 +11,8 @@ Sections (each records its figures, or the error that stopped it):
    (training and inference), GPU utilisation sampled with nvidia-smi during
    W-training, peak CUDA memory;
 3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist), same figures;
-4. ``growth``        widen, deepen and branch on the device, each with max |delta logits|;
+4. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
+   and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
 5. ``study``         a 2-worker study on one GPU (both workers given the same device);
 6. ``variants``      W-training images/s: eager fp32 vs ``speed.autocast = "bf16"``
    vs ``speed.channels_last``, interleaved.
@@ -174,9 +175,27 @@ def growth_section(device: torch.device, init_channels: int) -> dict:
             "where": morph.where,
             "max_abs_delta_logits": growth.preservation_error(before, after),
             "on_device": all(p.device.type == device.type for p in params),
+            **_first_steps(morph.net.train(), morph.carry(genotype), x, device),
         }
         net = morph.net
     return out
+
+
+def _first_steps(net, genotype, x: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """The first training step of a grown network against the steady ones: new
+    convolution shapes are timed by cuDNN's autotuning on first sight."""
+    speed = Speed(config.SpeedConfig(), device)
+    opt = torch.optim.SGD(net.weight_parameters(), lr=0.01)
+    y = torch.zeros(len(x), dtype=torch.long, device=device)
+    plans = net.genotype_plans(genotype)
+    seconds = []
+    for _ in range(4):
+        start = time.perf_counter()
+        loss, _ = speed.forward_loss(net, x, y, plans)
+        speed.step(loss, opt)
+        _sync(device)
+        seconds.append(time.perf_counter() - start)
+    return {"first_step_s": seconds[0], "steady_step_s": statistics.median(seconds[1:])}
 
 
 STUDY = """

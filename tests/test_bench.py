@@ -207,6 +207,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     growth = sections["growth"]
     for kind in ("widen", "deepen", "branch"):
         assert growth[kind]["max_abs_delta_logits"] < 1e-4 and growth[kind]["on_device"]
+        assert growth[kind]["first_step_s"] > 0 and growth[kind]["steady_step_s"] > 0
     assert sections["study"]["trial_runs"] == 2
     assert set(sections["variants"]) >= {"eager", "bf16", "channels_last"}
     assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))

@@ -178,6 +178,7 @@ CASES = {
     "study --set out of range": ([*STUDY, "--set", "search.cycles=0"], "search.cycles"),
     "study --set unknown key": ([*STUDY, "--set", "search.nope=1"], "unknown key"),
     "study --set a tuned key": ([*STUDY, "--set", "mutation.strength=0.5"], "the study tunes"),
+    "study --set a study key": ([*STUDY, "--set", "objective.seeds=1"], "a key of the study file"),
     "study name with a quote": ([*STUDY, "--study-name", 'bad"name'], "--study-name"),
     "study unknown storage": ([*STUDY[:-2], "--storage", "bogus://x"], "not supported"),
     "study dead database": (

@@ -189,3 +189,26 @@ def test_growth_digits(capsys):
     kinds = [line.split()[1] for line in lines[1:-1]]
     assert kinds and set(kinds) <= {"widen", "deepen", "branch"}
     assert lines[-1].startswith("supernet params")
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
+    """bench/gpu_check.py --smoke --device cpu: every section runs and the report is written."""
+    import json
+
+    lines = _run(capsys, "gpu_check", ["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "report.json").read_text())
+    sections = report["sections"]
+    assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
+        ["device_tests", "digits", "fashion", "growth", "study", "variants"], "ok"
+    )
+    assert "passed" in sections["device_tests"]["summary"]
+    assert set(sections["digits"]["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
+    growth = sections["growth"]
+    for kind in ("widen", "deepen", "branch"):
+        assert growth[kind]["max_abs_delta_logits"] < 1e-4 and growth[kind]["on_device"]
+    assert sections["study"]["trial_runs"] == 2
+    assert set(sections["variants"]) >= {"eager", "bf16", "channels_last"}
+    assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))
+    assert (tmp_path / "report.md").read_text().startswith("# asolab GPU check: cpu")
+    assert lines[-1].startswith("report: ")

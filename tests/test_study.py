@@ -48,7 +48,13 @@ from asolab.study.storage import (
     used_budget,
 )
 from asolab.tracking import layout
-from asolab.tracking.layout import TAG_ERROR, TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from asolab.tracking.layout import (
+    TAG_DEVICE_INFO,
+    TAG_ERROR,
+    TAG_STUDY,
+    TAG_TRIAL,
+    TAG_TRIAL_STATE,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -328,8 +334,11 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
         """
         + SPACE,
     )
-    # --set reaches the worker processes, which re-read the file
-    outcome = run_study(load_study(file, ["data.train_subset=150"]), workers=2, **stores(tmp_path))
+    # --set reaches the worker processes, which re-read the file; --gpus 3,5: one GPU per
+    # worker (on a machine without them the runs use the CPU and record what they were given)
+    outcome = run_study(
+        load_study(file, ["data.train_subset=150"]), workers=2, gpus="3,5", **stores(tmp_path)
+    )
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -340,6 +349,8 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
     assert {r.data.params["data.train_subset"] for r in children} == {"150"}
+    visible = {r.data.tags[TAG_DEVICE_INFO + "cuda_visible_devices"] for r in children}
+    assert visible == {"3", "5"}
     # each worker's sampler seed differs, so they do not propose the same point
     assert len({t.params["mutation.strength"] for t in trials}) == 4
 

@@ -156,6 +156,7 @@ def _run_tracked(
     """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
     from .runner import Runner
     from .runner.checkpoint import local_folder
+    from .runner.memory import MemoryLimitError
     from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
 
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
@@ -175,8 +176,9 @@ def _run_tracked(
                 runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
             with sigterm_as_interrupt():
                 result = runner.run()
-        except KeyboardInterrupt as exc:
-            # The CLI prints the resume command from these; code gets them on the error.
+        except (KeyboardInterrupt, MemoryLimitError) as exc:
+            # Ctrl-C, or out of memory in a phase: the checkpoints are kept. The CLI
+            # prints the resume command from these; code gets them on the error.
             exc.asolab_run_id = tracker.run_id  # type: ignore[attr-defined]
             exc.asolab_tracking_uri = uri  # type: ignore[attr-defined]
             if tracker.run_id:

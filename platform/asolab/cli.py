@@ -118,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import api
     from .progress import ProgressObserver, summary_table
     from .runner.events import Recorder
+    from .runner.memory import MemoryLimitError
 
     if args.resume is not None and not args.resume.strip():
         raise ConfigError("--resume needs the id of the MLflow run to continue (it was empty)")
@@ -139,6 +140,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             command = resume_command(args.file, run_id, exc.asolab_tracking_uri)
             say(f"asolab: run {run_id} stopped; continue it with: {command}")
         raise
+    except MemoryLimitError as exc:  # out of memory in a phase: the run is kept, resumable
+        run_id = getattr(exc, "asolab_run_id", None)
+        if not run_id:
+            raise
+        command = resume_command(args.file, run_id, exc.asolab_tracking_uri)
+        raise MemoryLimitError(f"{exc}; then continue it with: {command}") from None
     end = recorder.of("run_end")[-1]
     if result.run_id is None:
         print(summary_table(end))

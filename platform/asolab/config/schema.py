@@ -338,6 +338,17 @@ class SpeedConfig:
             "1.24x: bench/final_speed.py, bench/search_throughput.py --cycle)"
         ),
     )
+    autocast: str = field(
+        "off",
+        choices=Registered("asolab.runner.speed", "AUTOCAST"),
+        help=(
+            "mixed precision of the forward pass: off | bf16 | fp16 (fp16: CUDA only, with a "
+            "gradient scaler); Gumbel sampling, the alpha softmax and the loss stay in fp32"
+        ),
+    )
+    cudnn_benchmark: bool = field(
+        True, help="let cuDNN time its convolution algorithms per shape (CUDA only)"
+    )
 
 
 @dataclass(frozen=True)

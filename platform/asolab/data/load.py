@@ -90,6 +90,14 @@ def _load(spec: DatasetSpec, cfg: DataConfig) -> Arrays:
     return standardise(spec, raw, where, cfg.image_size)
 
 
+def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A split onto its device, once per run: to CUDA through pinned memory without
+    blocking, so the copies of the splits overlap (batches never leave the device)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
     """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
     ``seed``)."""
@@ -113,7 +121,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
 
     def split(x: np.ndarray, y: np.ndarray) -> Split:
         xt = (torch.from_numpy(np.ascontiguousarray(x)) - mean) / std
-        return Split(xt.to(device), torch.from_numpy(np.ascontiguousarray(y)).to(device))
+        return Split(_to(xt, device), _to(torch.from_numpy(np.ascontiguousarray(y)), device))
 
     full_train = split(xtr[train_idx], ytr[train_idx])
     train = full_train.head(cfg.train_subset) if cfg.train_subset else full_train

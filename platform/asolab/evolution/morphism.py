@@ -102,10 +102,11 @@ def widen_conv_weight(
     block-structured mappings (one block per group).
     """
     c_out, c_in = w.shape[0], w.shape[1] * groups
-    dev = w.device
-    om = out_map.to(dev) if out_map is not None else None
-    im = in_map.to(dev) if in_map is not None else None
-    extra = (1,) * (w.dim() - 2)
+    # Mappings are host-side bookkeeping: they are checked and counted on the CPU (no
+    # device sync per check) and only the final gathers run on the weight's device.
+    om = out_map.cpu() if out_map is not None else None
+    im = in_map.cpu() if in_map is not None else None
+    dev, extra = w.device, (1,) * (w.dim() - 2)
     if groups > 1 and groups == c_out == c_in:
         if om is None and im is None:
             return w.clone()
@@ -113,12 +114,12 @@ def widen_conv_weight(
             raise ValueError(
                 "a depthwise convolution needs the same mapping on its input and output"
             )
-        return w[om].clone()
-    om = om if om is not None else torch.arange(c_out, device=dev)
-    im = im if im is not None else torch.arange(c_in, device=dev)
-    scale = _counts(im, c_in).to(w.dtype) ** power
+        return w[om.to(dev)].clone()
+    om = om if om is not None else torch.arange(c_out)
+    im = im if im is not None else torch.arange(c_in)
+    scale = (_counts(im, c_in).to(w.dtype) ** power).to(dev)
     if groups == 1:
-        return w[om][:, im] / scale[im].view(1, -1, *extra)
+        return w[om.to(dev)][:, im.to(dev)] / scale[im.to(dev)].view(1, -1, *extra)
     if len(om) % groups or len(im) % groups:
         raise ValueError(f"a conv with {groups} groups needs widths divisible by {groups}")
     og, ig, nog, nig = c_out // groups, c_in // groups, len(om) // groups, len(im) // groups
@@ -130,6 +131,7 @@ def widen_conv_weight(
                 "a grouped convolution needs a block-structured mapping (replicas stay in their "
                 "group)"
             )
+        o_idx, i_idx = o_idx.to(dev), i_idx.to(dev)
         blocks.append(w[o_idx][:, i_idx - b * ig] / scale[i_idx].view(1, -1, *extra))
     return torch.cat(blocks)
 
@@ -245,7 +247,10 @@ def _build(
 ) -> tuple[SearchNetwork, dict[str, str]]:
     """Build ``SearchNetwork(spec)`` and fill it from ``old`` (``rename``: old name -> new name)."""
     param = next(old.parameters())
-    new = SearchNetwork(spec).to(device=param.device, dtype=param.dtype)
+    with torch.device(param.device):  # built where the old one lives, never left on the CPU
+        new = SearchNetwork(spec)
+    if next(new.parameters()).dtype != param.dtype:  # a network converted to another precision
+        new = new.to(dtype=param.dtype)
     new.train(old.training)
     target = new.state_dict()
     names: dict[str, str] = {}

@@ -38,16 +38,16 @@ import torch
 from .. import threads as cpu_threads
 from ..config import ExperimentConfig
 from ..data import DataBundle, load_data
-from ..space.network import SearchNetwork
 from ..space.spec import ArchSpec
-from .device import memory_format, resolve_device
+from .device import describe_device, memory_format, resolve_device
 from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
-from .memory import check_fits, memory_stats, out_of_memory
+from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
 from .mutating import Mutating
 from .phases import PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
+from .speed import Speed, build_network
 from .state import RunResult, RunState
 from .training import Training
 
@@ -91,7 +91,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:
-            self.net = SearchNetwork(self.spec).to(self.device, memory_format=self._layout)
+            self.net = build_network(self.spec, self.device, self._layout)
         except torch.cuda.OutOfMemoryError as exc:
             raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
         s = cfg.search
@@ -108,6 +108,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
             weight_decay=s.alpha_weight_decay,
         )
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
+        self.speed = Speed(cfg.speed, self.device)
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: dict[str, Any] | None = None
@@ -162,6 +163,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
                     total_epochs=self.total_epochs,
                     threads_source=self.threads_source,
                     final_epochs=self.state.final_epochs,
+                    device_info=describe_device(self.device),
                 ),
             )
             while self.state.position.cycle < self.cfg.search.cycles:
@@ -170,7 +172,9 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         except (
             torch.cuda.OutOfMemoryError
         ) as exc:  # CUDA (or another accelerator) ran out: a user error
-            error = out_of_memory(exc, self.device, self.cfg.data.batch_size)
+            batch = self.cfg.data.batch_size
+            estimate = estimate_supernet(self.spec, batch, self.data.image_size)
+            error = out_of_memory(exc, self.device, batch, estimate)
             self.emit("on_run_interrupted", RunInterrupted(error, self.state.position.global_epoch))
             raise error from None
         except BaseException as exc:

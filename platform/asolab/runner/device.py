@@ -6,6 +6,8 @@ device); a device this machine lacks is a one-line :class:`ConfigError`.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..config import ConfigError
@@ -55,3 +57,21 @@ def memory_format(channels_last: bool) -> torch.memory_format:
     """The layout of the network's weights (``speed.channels_last``). Convolutions and
     pooling follow their weights' layout, so the activations need no conversion."""
     return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def describe_device(device: torch.device) -> dict[str, str]:
+    """What a run records about its device: for a GPU its name, its index as the
+    machine numbers it (``CUDA_VISIBLE_DEVICES`` maps a worker's ``cuda:0`` to it) and
+    its memory; the visible-devices setting whenever one is set."""
+    info = {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        info["cuda_visible_devices"] = visible
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        ids = [v.strip() for v in (visible or "").split(",") if v.strip()]
+        info["gpu_name"] = props.name
+        info["gpu_index"] = ids[index] if index < len(ids) else str(index)
+        info["gpu_memory_gib"] = f"{props.total_memory / 2**30:.1f}"
+    return info

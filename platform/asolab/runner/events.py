@@ -32,6 +32,8 @@ class RunStart:
     # the final stage's epoch count once search.budget_minutes has fitted it (a run
     # resumed after that); 0: not fitted (yet), search.final_epochs holds
     final_epochs: int = 0
+    # the device in more words (runner/device.py describe_device: GPU name, index, memory)
+    device_info: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -205,15 +205,7 @@ def check_fits(
         f"activations at data.batch_size={batch_size}: {gib['activation_bytes']}"
     )
     ram = int(psutil.virtual_memory().available)
-    if device.type == "cuda":
-        # The supernet is built in RAM before it moves to the GPU: its weights must fit there too.
-        weights = est.weight_bytes // WEIGHT_COPIES
-        if weights > ram:
-            raise MemoryLimitError(
-                f"the supernet's weights need about {weights / _GIB:.1f} GiB of RAM to be built "
-                f"({est.params / 1e6:,.1f} M parameters) but {ram / _GIB:.1f} GiB is available; "
-                + _LOWER
-            )
+    if device.type == "cuda":  # built on the GPU directly (runner/speed.py build_network)
         free = available_bytes(device)
         if est.total > free:
             raise MemoryLimitError(
@@ -229,12 +221,25 @@ def check_fits(
     return est
 
 
-def out_of_memory(exc: BaseException, device: torch.device, batch_size: int) -> MemoryLimitError:
-    """A CUDA (or other accelerator) out-of-memory error as one line; frees the cache,
-    so that the next run in this process (a study's next trial) starts clean."""
+def out_of_memory(
+    exc: BaseException,
+    device: torch.device,
+    batch_size: int,
+    estimate: MemoryEstimate | None = None,
+) -> MemoryLimitError:
+    """A CUDA (or other accelerator) out-of-memory error as one line naming the memory
+    needed (``estimate``, and the peak in use when it struck) and the knobs that
+    lower it; frees the cache, so that the next run in this process (a study's next
+    trial) starts clean."""
+    needed = ""
+    if estimate is not None:
+        needed = f"; the supernet needs about {estimate.total / _GIB:.2f} GiB (estimate)"
     if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / _GIB
+        needed += f", {peak:.2f} GiB were in use at the peak"
         torch.cuda.empty_cache()
     first = first_line(exc) or type(exc).__name__
     return MemoryLimitError(
-        f"out of memory on {device} at data.batch_size={batch_size} ({first[:200]}); {_LOWER}"
+        f"out of memory on {device} at data.batch_size={batch_size} ({first[:200]}){needed}; "
+        f"{_LOWER}, or set speed.autocast = 'bf16'"
     )

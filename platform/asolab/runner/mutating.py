@@ -11,6 +11,7 @@ from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.selection import select_genotype
 from .events import GrowthEvent, MutationEvent
+from .speed import with_layout
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Mutating:
         old = self.net
         # New modules (a wider op, a new cell) take the run's layout; .to keeps the
         # parameter objects, so the optimizers' remapping below still finds them.
-        self.net, self.spec = morph.net.to(memory_format=self._layout), morph.spec
+        self.net, self.spec = with_layout(morph.net, self._layout), morph.spec
         self.weight_opt = morphism.remap_optimizer(
             self.weight_opt, old, self.net.weight_parameters(), morph
         )

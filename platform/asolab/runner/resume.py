@@ -46,6 +46,7 @@ class Checkpointing:
             "seconds": self._seconds(),
             "rng": ckpt.rng_state(),
             "shuffle_rng": self.shuffle.get_state(),
+            "grad_scaler": self.speed.scaler.state_dict(),
             ckpt.STAMP: self._stamp(),
         }
 
@@ -145,6 +146,8 @@ class Checkpointing:
         self._elapsed = float(state["seconds"])
         ckpt.set_rng_state(state["rng"])
         self.shuffle.set_state(state["shuffle_rng"])
+        if state.get("grad_scaler"):  # fp16 runs only; older checkpoints lack it
+            self.speed.scaler.load_state_dict(state["grad_scaler"])
         self._resumed_from = {**state["position"], "next": self._next_name()}
 
     def _next_name(self) -> str:

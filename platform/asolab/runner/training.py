@@ -24,23 +24,18 @@ class Training:
     def weight_step(
         self, x: torch.Tensor, y: torch.Tensor, plans: Plans
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(x, plans)
-        loss = F.cross_entropy(logits, y)
-        self.weight_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if math.isfinite(self.cfg.search.grad_clip):  # inf: no clipping (no norm to compute)
-            torch.nn.utils.clip_grad_norm_(self.net.weight_parameters(), self.cfg.search.grad_clip)
-        self.weight_opt.step()
+        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
+        # inf: no clipping (no norm to compute)
+        clip = self.net.weight_parameters() if math.isfinite(self.cfg.search.grad_clip) else []
+        self.speed.step(loss, self.weight_opt, clip, self.cfg.search.grad_clip)
         return loss.detach(), (logits.argmax(1) == y).sum()
 
     def alpha_step(
         self, x: torch.Tensor, y: torch.Tensor, tau: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(x, self.net.sample_plans(tau, differentiable=True))
-        loss = F.cross_entropy(logits, y)
-        self.alpha_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.alpha_opt.step()
+        plans = self.net.sample_plans(tau, differentiable=True)  # fp32, outside autocast
+        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
+        self.speed.step(loss, self.alpha_opt)
         return loss.detach(), (logits.argmax(1) == y).sum()
 
     @torch.no_grad()
@@ -50,7 +45,8 @@ class Training:
         plans = self.net.genotype_plans(genotype)
         loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
         for x, y in Batches(split, self.cfg.data.eval_batch_size):
-            logits = self.net(x, plans)
+            with self.speed.autocast():
+                logits = self.net(x, plans).float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         n = max(1, len(split))

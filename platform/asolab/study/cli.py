@@ -80,6 +80,12 @@ def _budget_options(p: argparse.ArgumentParser) -> None:
 def _place_options(p: argparse.ArgumentParser) -> None:
     """Where the study lives and what it is called; its sampler seed; --summary."""
     p.add_argument(
+        "--gpus",
+        default="",
+        metavar="IDS",
+        help="GPUs the workers share, one each round-robin, e.g. 0,1 (default: the visible ones)",
+    )
+    p.add_argument(
         "--storage",
         default="",
         metavar="URL",
@@ -231,6 +237,7 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
             tracking_uri=args.tracking_uri,
             on_trial=show if args.workers == 1 else None,
             on_start=lambda held: print(show.plan(args.workers, held), flush=True),
+            gpus=args.gpus,
         )
     except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error
         _print_summary(

@@ -508,7 +508,15 @@ def load_study(path: str | Path | None = None, overrides: Sequence[str] = ()) ->
             tuned = set(_spec_tables(data.get("params", {})))
         except (ConfigError, AttributeError):  # a malformed [params]: from_dict says how
             tuned = set()
+        study_only = {f.name for f in fields(StudySettings)} - {
+            f.name for f in fields(ExperimentConfig)
+        }
         for key in pairs:
+            if key.split(".", 1)[0] in study_only:
+                raise ConfigError(
+                    f"--set {key}: a key of the study file, not of the trials' experiment; "
+                    f"edit it in {file} (--n-trials and --timeout set the budget)"
+                )
             if key in tuned:
                 raise ConfigError(
                     f"--set {key}: the study tunes this key (params.{key} in {file}); "

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import optuna
@@ -37,6 +38,7 @@ from ..threads import auto_threads
 from ..tracking.store import mask_password
 from . import report
 from .config import StudyConfig, check_study_name
+from .gpus import GPU_ENV, assign_gpus, parse_gpus, visible_gpus, worker_env
 from .objective import TrialContext, run_trial
 from .storage import (
     ATTR_ERROR,
@@ -325,11 +327,14 @@ def run_study(
     tracking_uri: str = "",
     on_trial: TrialCallback | None = None,
     on_start: Callable[[int], None] | None = None,
+    gpus: str = "",
 ) -> StudyOutcome:
     """Run (or resume) a study until it holds ``n_trials`` trials or ``timeout`` passed.
 
     ``on_start`` is told, once the stores are checked and the study is open, how many
-    trials of the budget the study already holds. Returns where it is recorded; raises
+    trials of the budget the study already holds. ``gpus`` ("0,1"): the GPUs the
+    workers share, one each round-robin (default: the visible ones; study/gpus.py).
+    Returns where it is recorded; raises
     :class:`WorkersFailed` (after recording) when worker processes exited non-zero.
     """
     from ..tracking import check_reachable, resolve_tracking_uri
@@ -358,11 +363,16 @@ def run_study(
         on_start(used_budget(study))
     failed: list[tuple[int, int]] = []
     try:
+        gpu_ids = parse_gpus(gpus) if gpus else visible_gpus()
         if workers == 1:
+            if gpus:  # in this process: CUDA reads it when torch first touches the GPU
+                os.environ[GPU_ENV] = gpu_ids[0]
             ctx = TrialContext(cfg, name, uri, parent, threads_per_worker(1))
             optimize(cfg, study, ctx, url, budget, seconds, on_trial)
         else:
-            failed = _run_workers(cfg, workers, url, name, uri, parent, budget, seconds)
+            failed = _run_workers(
+                cfg, workers, url, name, uri, parent, budget, seconds, assign_gpus(workers, gpu_ids)
+            )
     finally:
         outcome.new_trials = sorted(
             t.number for t in study.get_trials(deepcopy=False) if t.number not in before
@@ -382,9 +392,10 @@ def _run_workers(
     parent: str,
     budget: int,
     seconds: float,
+    gpus: Sequence[str | None] = (),
 ) -> list[tuple[int, int]]:
-    """K ``asolab study --worker`` processes on this machine, sharing the storage;
-    returns (worker, exit status) of those that failed."""
+    """K ``asolab study --worker`` processes on this machine, sharing the storage, worker
+    k on ``gpus[k]``; returns (worker, exit status) of those that failed."""
     if not cfg.source or not os.path.exists(cfg.source):
         raise ConfigError("--workers needs the study to come from a file (workers re-read it)")
     threads = threads_per_worker(workers)
@@ -417,8 +428,9 @@ def _run_workers(
         ]
         for text in cfg.set_overrides:
             cmd += ["--set", text]
-        log.info("starting worker %d: %s", k, " ".join(cmd))
-        procs.append(subprocess.Popen(cmd))
+        gpu = gpus[k] if k < len(gpus) else None
+        log.info("starting worker %d (GPU %s): %s", k, gpu, " ".join(cmd))
+        procs.append(start_worker(cmd, gpu))
     try:
         codes = [p.wait() for p in procs]
     except BaseException:
@@ -428,6 +440,11 @@ def _run_workers(
             p.wait()
         raise
     return [(k, c) for k, c in enumerate(codes) if c != 0]
+
+
+def start_worker(cmd: Sequence[str], gpu: str | None, **popen: Any) -> subprocess.Popen:
+    """Start one worker process with ``gpu`` as its only visible GPU (None: as this one)."""
+    return subprocess.Popen(list(cmd), env=worker_env(os.environ, gpu), **popen)
 
 
 def run_worker(

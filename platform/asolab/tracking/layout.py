@@ -33,6 +33,9 @@ TAG_VERSION = "asolab.version"
 TAG_GIT_COMMIT = "asolab.git_commit"
 TAG_DATASET = "asolab.dataset"
 TAG_DEVICE = "asolab.device"
+# the GPU a run ran on: asolab.device_info.gpu_name, .gpu_index, .gpu_memory_gib,
+# .cuda_visible_devices (runner/device.py describe_device)
+TAG_DEVICE_INFO = "asolab.device_info."
 TAG_HOST = "asolab.host"
 TAG_GENOTYPE = "asolab.genotype"  # canonical string of the latest genotype
 TAG_FINAL_GENOTYPE = "asolab.final_genotype"

@@ -259,6 +259,7 @@ class MlflowTracker(ModelLogging, Observer):
             L.MLFLOW_GIT_COMMIT: commit,
             L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
             L.TAG_DEVICE: event.device,
+            **{L.TAG_DEVICE_INFO + k: v for k, v in event.device_info.items()},
             L.TAG_HOST: socket.gethostname(),
             L.TAG_RUN_KIND: L.KIND_RUN,
             L.TAG_THREADS: threads_text(event),

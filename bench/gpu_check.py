@@ -1,0 +1,408 @@
+"""One prepared check of asolab on a GPU: one command, one Markdown + JSON report.
+
+    python bench/gpu_check.py                      # on a CUDA machine, about 4-6 minutes
+    python bench/gpu_check.py --smoke --device cpu # CI: every section at a tiny size
+
+Sections (each records its figures, or the error that stopped it):
+
+1. ``device_tests``  the suite's placement tests on the real device
+   (``ASOLAB_TEST_DEVICE=<device> pytest -m device``);
+2. ``digits``        a digits run: images/s per phase and of the final network
+   (training and inference), GPU utilisation sampled with nvidia-smi during
+   W-training, peak CUDA memory;
+3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist), same figures;
+4. ``growth``        widen, deepen and branch on the device, each with max |delta logits|;
+5. ``study``         a 2-worker study on one GPU (both workers given the same device);
+6. ``variants``      W-training images/s: eager fp32 vs ``speed.autocast = "bf16"``
+   vs ``speed.channels_last``, interleaved.
+
+The report lands in ``--out`` (default ``bench/results/gpu_check``) as
+``report.md`` and ``report.json``; the Markdown is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from _common import interleaved, table
+
+from asolab import config
+from asolab.evolution import growth
+from asolab.runner import Runner
+from asolab.runner.device import describe_device, memory_format, resolve_device
+from asolab.runner.events import Recorder
+from asolab.runner.speed import Speed, build_network
+from asolab.space.spec import ArchSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
+
+
+class GpuSampler:
+    """``nvidia-smi`` utilisation and memory, sampled every ``interval`` seconds in a thread."""
+
+    def __init__(self, index: str, interval: float = 0.2) -> None:
+        self.index, self.interval = index, interval
+        self.samples: list[tuple[float, float, float]] = []  # (time, util %, memory MiB)
+        self.available = shutil.which("nvidia-smi") is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader"]
+        while not self._stop.wait(self.interval):
+            out = subprocess.run([*query, "-i", self.index], capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip():
+                util, mem = (v.strip().split()[0] for v in out.stdout.split(","))
+                self.samples.append((time.perf_counter(), float(util), float(mem)))
+
+    def __enter__(self) -> GpuSampler:
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.available:
+            self._thread.join()
+
+    def during(self, windows: list[tuple[float, float]]) -> dict[str, float] | str:
+        inside = [s for s in self.samples if any(a <= s[0] <= b for a, b in windows)]
+        if not self.available:
+            return "n/a (no nvidia-smi)"
+        if not inside:
+            return "n/a (no sample inside W-training)"
+        return {
+            "util_mean_pct": statistics.mean(s[1] for s in inside),
+            "util_max_pct": max(s[1] for s in inside),
+            "memory_max_mib": max(s[2] for s in inside),
+            "samples": len(inside),
+        }
+
+
+class PhaseTimes(Recorder):
+    """Epoch events with the wall-clock window each epoch's training loop ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows: dict[str, list[tuple[float, float]]] = {}
+
+    def on_epoch_end(self, event) -> None:
+        super().on_epoch_end(event)
+        now = time.perf_counter()
+        # EpochEnd comes after the epoch's evaluation; its loop took event.seconds
+        self.windows.setdefault(event.phase, []).append((now - event.seconds - 1.0, now))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _gpu_index(device: torch.device) -> str:
+    info = describe_device(device)
+    return info.get("gpu_index", "0")
+
+
+def run_section(device: torch.device, overrides: list[str]) -> dict:
+    """One asolab run: images/s per phase and of the final network, utilisation, peak memory."""
+    cfg = config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rec = PhaseTimes()
+    start = time.perf_counter()
+    with GpuSampler(_gpu_index(device)) as sampler:
+        runner = Runner(cfg, [rec])
+        result = runner.run()
+    seconds = time.perf_counter() - start
+    phases: dict[str, list[float]] = {}
+    for e in rec.of("epoch_end"):
+        phases.setdefault(e.phase, []).append(e.images_per_sec)
+    net = runner.net.eval()
+    plans = net.genotype_plans(result.genotype)
+    x = runner.data.val.x[: cfg.data.eval_batch_size]
+    with torch.no_grad():
+
+        def infer() -> None:
+            with runner.speed.autocast():
+                net(x, plans)
+            _sync(device)
+
+        per_batch = interleaved({"final": infer}, repeats=10, warmup=2)["final"]
+    return {
+        "seconds": seconds,
+        "val_acc": result.val_acc,
+        "test_acc": result.test_acc,
+        "images_per_sec": {p: statistics.median(v) for p, v in phases.items()},
+        "final_inference_images_per_sec": len(x) / per_batch,
+        "gpu_during_w_train": sampler.during(rec.windows.get("w_train", [])),
+        "peak_cuda_memory_mib": (
+            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
+    }
+
+
+def growth_section(device: torch.device, init_channels: int) -> dict:
+    """Each growth kind on the device: the function it preserves, as max |delta logits|."""
+    cfg = config.load(None, [f"space.init_channels={init_channels}"])
+    torch.manual_seed(0)
+    net = build_network(ArchSpec.from_config(cfg.space, 1, 10), device, memory_format(True))
+    x = torch.randn(64, 1, 8, 8, device=device)
+    out = {}
+    for kind in growth.KINDS:
+        net.eval()
+        genotype = net.derive()
+        with torch.no_grad():
+            before = net(x, net.genotype_plans(genotype))
+            morph = growth.propose(net, kind, 1.0)
+            after = morph.net.eval()(x, morph.net.genotype_plans(morph.carry(genotype)))
+        params = [p for p in morph.net.parameters()]
+        out[kind] = {
+            "where": morph.where,
+            "max_abs_delta_logits": growth.preservation_error(before, after),
+            "on_device": all(p.device.type == device.type for p in params),
+        }
+        net = morph.net
+    return out
+
+
+STUDY = """
+experiment = "digits"
+n_trials = {trials}
+seed = 0
+[overrides]
+device = "{device}"
+threads = 1
+space.init_channels = 4
+search.cycles = 1
+search.w_epochs = 1
+search.alpha_epochs = 1
+search.retrain_epochs = 1
+search.final_epochs = 0
+data.train_subset = {subset}
+[sampler]
+name = "random"
+[pruner]
+name = "none"
+[params.mutation.strength]
+low = 0.0
+high = 1.0
+"""
+
+
+def study_section(device: torch.device, trials: int, subset: int, workdir: Path) -> dict:
+    """``asolab study --workers 2`` with both workers on the one GPU (``--gpus I,I``)."""
+    file = workdir / "gpu_check_study.toml"
+    file.write_text(STUDY.format(trials=trials, device=device, subset=subset))
+    gpu = _gpu_index(device) if device.type == "cuda" else ""
+    cmd = [
+        *(sys.executable, "-m", "asolab.cli", "study", str(file), "--workers", "2"),
+        *("--storage", str(workdir / "optuna.log")),
+        *("--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}"),
+        *(["--gpus", f"{gpu},{gpu}"] if gpu else []),
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"study exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    from mlflow import MlflowClient
+
+    from asolab.tracking import layout as L
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    ids = [e.experiment_id for e in client.search_experiments()]
+    runs = [r for r in client.search_runs(ids) if r.data.tags.get(L.TAG_RUN_KIND) == L.KIND_RUN]
+    devices = sorted(
+        {
+            f"{r.data.tags.get(L.TAG_DEVICE)} "
+            f"{r.data.tags.get(L.TAG_DEVICE_INFO + 'gpu_name', '')}".strip()
+            for r in runs
+        }
+    )
+    return {"seconds": seconds, "trial_runs": len(runs), "devices": devices}
+
+
+def variants_section(device: torch.device, init_channels: int, batch: int, repeats: int) -> dict:
+    """W-training steps per second, eager fp32 vs bf16 autocast vs channels-last."""
+    variants = {
+        "eager": {"channels_last": False, "autocast": "off"},
+        "bf16": {"channels_last": False, "autocast": "bf16"},
+        "channels_last": {"channels_last": True, "autocast": "off"},
+    }
+    cfg = config.load(None, [f"space.init_channels={init_channels}"])
+    spec = ArchSpec.from_config(cfg.space, 1, 10)
+    x = torch.randn(batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    steps: dict[str, Callable[[], None]] = {}
+    for name, speed_cfg in variants.items():
+        torch.manual_seed(0)
+        net = build_network(spec, device, memory_format(speed_cfg["channels_last"]))
+        speed = Speed(config.SpeedConfig(**speed_cfg), device)
+        opt = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9)
+
+        def step(net=net, speed=speed, opt=opt) -> None:
+            loss, _ = speed.forward_loss(net, x, y, net.sample_plans(1.0, differentiable=False))
+            speed.step(loss, opt, net.weight_parameters(), 5.0)
+            _sync(device)
+
+        steps[name] = step
+    seconds = interleaved(steps, repeats=repeats, warmup=3)
+    return {name: {"images_per_sec": batch / s} for name, s in seconds.items()}
+
+
+def device_tests(device: torch.device, smoke: bool) -> dict:
+    """The suite's placement tests on this device."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "device",
+        "-n",
+        "0",
+        "-p",
+        "no:cacheprovider",
+    ]
+    cmd += [str(ROOT / "tests" / "test_device_placement.py")]
+    if smoke:  # CI: enough to see the switch and the file work
+        cmd += ["-k", "gumbel or data_batches"]
+    env = {**os.environ, "ASOLAB_TEST_DEVICE": str(device)}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"device tests failed: {last}\n{proc.stdout[-3000:]}")
+    return {"seconds": time.perf_counter() - start, "summary": last}
+
+
+def sizes(smoke: bool) -> dict:
+    if smoke:
+        tiny = ["threads=1", "space.init_channels=4", "search.cycles=1", "search.w_epochs=1"]
+        tiny += ["search.alpha_epochs=1", "search.retrain_epochs=1", "search.final_epochs=1"]
+        return {
+            "digits": [*tiny, "data.train_subset=96"],
+            "fashion": [
+                "data.name=fashion_mnist",
+                *tiny,
+                "data.train_subset=64",
+                "space.stem_stride=2",
+                "search.final_epochs=0",  # its final stage trains on all 54000 images
+            ],
+            "growth_channels": 4,
+            "study": (2, 64),
+            "variants": (4, 16, 2),
+        }
+    return {
+        "digits": [],  # the shipped default experiment, on the GPU
+        "fashion": [
+            "data.name=fashion_mnist",
+            "space.init_channels=16",
+            "space.stem_stride=2",
+            "data.train_subset=10000",
+            "data.batch_size=128",
+            "search.cycles=2",
+            "search.final_epochs=2",
+        ],
+        "growth_channels": 16,
+        "study": (4, 300),
+        "variants": (16, 256, 20),
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# asolab GPU check: {report['device']} ({report['device_info'] or 'no GPU'})",
+        "",
+        f"torch {report['torch']}, {report['when']}, {report['seconds']:.0f} s in all"
+        + (" (smoke sizes)" if report["smoke"] else ""),
+        "",
+    ]
+    for name, section in report["sections"].items():
+        lines.append(
+            f"## {name} ({section.get('status')}, {section.get('seconds_total', 0):.1f} s)"
+        )
+        lines.append("")
+        if section["status"] != "ok":
+            lines += ["```", section.get("error", ""), "```", ""]
+            continue
+        body = {k: v for k, v in section.items() if k not in ("status", "seconds_total")}
+        if name == "variants":
+            rows = [(k, v["images_per_sec"]) for k, v in body.items()]
+            lines += ["```", table(["variant", "W-train images/s"], rows), "```", ""]
+            continue
+        lines += ["```", json.dumps(body, indent=2, default=str), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for report.md and report.json")
+    p.add_argument("--skip", default="", help="sections to skip, comma-separated")
+    args = p.parse_args(argv)
+    device = resolve_device(args.device)
+    size = sizes(args.smoke)
+    skip = {s for s in args.skip.split(",") if s}
+    start = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
+    sections: dict[str, Callable[[], dict]] = {
+        "device_tests": lambda: device_tests(device, args.smoke),
+        "digits": lambda: run_section(device, size["digits"]),
+        "fashion": lambda: run_section(device, size["fashion"]),
+        "growth": lambda: growth_section(device, size["growth_channels"]),
+        "study": lambda: study_section(device, *size["study"], workdir),
+        "variants": lambda: variants_section(device, *size["variants"]),
+    }
+    report = {
+        "device": str(device),
+        "device_info": describe_device(device),
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "sections": {},
+    }
+    try:
+        for name, fn in sections.items():
+            if name in skip:
+                report["sections"][name] = {"status": "skipped", "error": "--skip"}
+                continue
+            t0 = time.perf_counter()
+            try:
+                section = {"status": "ok", **fn()}
+            except Exception as exc:  # recorded in the report: one section does not stop the rest
+                section = {"status": "failed", "error": f"{exc}\n{traceback.format_exc()[-2000:]}"}
+            section["seconds_total"] = time.perf_counter() - t0
+            report["sections"][name] = section
+            print(f"{name}: {section['status']} ({section['seconds_total']:.1f} s)", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report["seconds"] = time.perf_counter() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    text = markdown(report)
+    (out / "report.md").write_text(text + "\n")
+    print(text)
+    print(f"report: {out / 'report.md'} and {out / 'report.json'}")
+    failed = [n for n, s in report["sections"].items() if s["status"] == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

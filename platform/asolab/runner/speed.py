@@ -1,0 +1,114 @@
+"""GPU speed switches (``[speed]``): mixed precision, cuDNN autotuning, module placement.
+
+One :class:`Speed` per run holds what the training steps need: the autocast
+context for the network's forward pass, the gradient scaler for fp16, and the
+loss, always computed in fp32. The Gumbel sampling and the alpha softmax run
+outside the autocast region (callers sample their plans before
+:meth:`Speed.forward_loss`), so the architecture's probabilities keep full
+precision whatever the weights run in.
+
+On the CPU everything here is a no-op except ``autocast = "bf16"``, which
+torch supports there (oneDNN bf16 kernels; slower than fp32 on CPUs without
+AVX-512 BF16/AMX, so only worth it on those). ``fp16`` needs CUDA: elsewhere it
+falls back to fp32 with a warning.
+
+cuDNN autotuning (``speed.cudnn_benchmark``) picks the fastest convolution
+algorithm per input shape on first sight. Growth adds convolutions of new
+shapes, so the first step after a growth step benchmarks them again: a few
+milliseconds per new shape, paid once per growth step, far below one epoch
+(``bench/gpu_check.py`` reports the first post-growth epoch's speed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import SpeedConfig
+from ..space.network import SearchNetwork
+from ..space.spec import ArchSpec
+
+log = logging.getLogger(__name__)
+
+# speed.autocast: the forward pass's dtype under torch.autocast (None: fp32, no autocast).
+AUTOCAST: dict[str, torch.dtype | None] = {
+    "off": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def build_network(
+    spec: ArchSpec, device: torch.device, layout: torch.memory_format
+) -> SearchNetwork:
+    """The supernet built directly on ``device``: no CPU copy to allocate and move,
+    and every module (stem, cells, alphas, buffers) created where the run computes."""
+    with torch.device(device):
+        net = SearchNetwork(spec)
+    return with_layout(net, layout)
+
+
+def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:
+    """``net`` with its 4-D weights in ``layout``, the parameter objects kept (optimizers
+    that hold them stay valid), as ``Module.to(memory_format=...)`` does, without its
+    parameter swap, which fails on fake device tensors."""
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 4:
+                p.data = p.data.to(memory_format=layout)
+    return net
+
+
+class Speed:
+    """The run's precision and kernel settings on its device."""
+
+    def __init__(self, cfg: SpeedConfig, device: torch.device) -> None:
+        self.device = device
+        dtype = AUTOCAST[cfg.autocast]
+        if dtype is torch.float16 and device.type != "cuda":
+            log.warning("speed.autocast = 'fp16' needs CUDA; running in fp32 on %s", device)
+            dtype = None
+        if dtype is not None and device.type not in ("cuda", "cpu"):
+            log.warning("speed.autocast = %r is not supported on %s; fp32", cfg.autocast, device)
+            dtype = None
+        self.dtype = dtype
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward pass's precision (a no-op with ``autocast = "off"``)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def forward_loss(
+        self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, *args: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, logits)``: the forward pass under autocast, the loss in fp32."""
+        with self.autocast():
+            logits = net(x, *args)
+        logits = logits.float()
+        return F.cross_entropy(logits, y), logits
+
+    def step(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        clip: Sequence[torch.Tensor] = (),
+        max_norm: float = 0.0,
+    ) -> None:
+        """Backward and optimizer step, scaled for fp16 (gradients unscaled before clipping)."""
+        optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if clip:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(clip, max_norm)
+        self.scaler.step(optimizer)
+        self.scaler.update()

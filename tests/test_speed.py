@@ -1,0 +1,98 @@
+"""GPU speed switches on the CPU, and CUDA out-of-memory as a user error.
+
+``speed.autocast`` and ``speed.cudnn_benchmark`` are no-ops here except bf16,
+which torch runs on the CPU too; an out-of-memory error raised inside a phase
+(by a forward hook, where a real one would strike) ends the run with one line
+naming the memory needed and the knobs, exit status 2, and the run resumes.
+"""
+
+from __future__ import annotations
+
+import torch
+from mlflow import MlflowClient
+
+from asolab import config
+from asolab.cli import main
+from asolab.runner import Runner, cycle
+from asolab.runner.speed import Speed, build_network
+from asolab.tracking import layout as L
+
+TINY = [
+    "device=cpu",
+    "threads=1",
+    "space.init_channels=4",
+    "search.cycles=1",
+    "search.w_epochs=1",
+    "search.alpha_epochs=1",
+    "search.retrain_epochs=1",
+    "search.final_epochs=0",
+    "data.train_subset=96",
+]
+
+
+def _set(overrides: list[str]) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def test_switches_on_the_cpu():
+    cpu = torch.device("cpu")
+    before = torch.backends.cudnn.benchmark
+    fp16 = Speed(config.SpeedConfig(autocast="fp16"), cpu)
+    assert fp16.dtype is None and not fp16.scaler.is_enabled()  # fp16 needs CUDA: fp32 here
+    assert torch.backends.cudnn.benchmark == before  # a CPU run leaves cuDNN alone
+    bf16 = Speed(config.SpeedConfig(autocast="bf16"), cpu)
+    assert bf16.dtype is torch.bfloat16 and not bf16.scaler.is_enabled()
+    cfg = config.load(None, ["space.init_channels=4"])
+    from asolab.space.spec import ArchSpec
+
+    net = build_network(ArchSpec.from_config(cfg.space, 1, 10), cpu, torch.contiguous_format)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    plans = net.sample_plans(1.0, differentiable=True)
+    seen = []
+    hook = net.stem.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    loss, logits = bf16.forward_loss(net, x, y, plans)
+    hook.remove()
+    assert seen == [torch.bfloat16]  # the convolutions ran in bf16
+    assert logits.dtype == loss.dtype == torch.float32  # the loss did not
+    bf16.step(loss, torch.optim.Adam(net.alpha_parameters()))
+    assert all(a.dtype == torch.float32 for a in net.alpha_parameters())
+
+
+def test_a_bf16_run_trains_on_the_cpu(tiny_cfg, digits):
+    result = Runner(tiny_cfg.replace(**{"speed.autocast": "bf16"}), data=digits).run()
+    assert 0.0 <= result.val_acc <= 1.0 and result.cycle_val_acc
+
+
+def test_out_of_memory_in_a_phase_is_one_line_exit_2_and_the_run_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [*TINY, f"tracking.tracking_uri={store}", "tracking.log_models=false"]
+    build = cycle.build_network
+
+    def build_with_a_small_gpu(*args):
+        net = build(*args)
+
+        def hook(module, inputs, output):
+            if not module.weight.requires_grad:  # alpha-training: the weights are frozen
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        net.stem[0].register_forward_hook(hook)
+        return net
+
+    monkeypatch.setattr(cycle, "build_network", build_with_a_small_gpu)
+    assert main(["run", "--quiet", *_set(overrides)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("asolab: error: out of memory on cpu at data.batch_size=")
+    assert "the supernet needs about" in err and "GiB" in err
+    assert "lower space.init_channels" in err and "speed.autocast" in err
+    assert "asolab run --resume" in err  # how to continue it
+    client = MlflowClient(store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED"
+    assert run.data.tags[L.TAG_PHASE] == "cycle 0 / after w_train"
+
+    monkeypatch.setattr(cycle, "build_network", build)  # the memory is there again
+    assert main(["run", "--quiet", "--resume", run.info.run_id, *_set(overrides)]) == 0
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"

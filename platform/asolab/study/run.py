@@ -345,14 +345,7 @@ def run_study(
     )
     url = resolve_storage_url(storage_url, cfg.storage.url, uri)
     budget, seconds = resolve_budget(cfg, n_trials, timeout)
-    if workers < 1:
-        raise ConfigError(f"--workers must be >= 1 (got {workers})")
-    if workers > 1 and is_sqlite(url):
-        raise ConfigError(
-            f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite "
-            "as unsafe for concurrent workers; use the default journal storage (omit --storage, "
-            "or give a path ending in .log) or PostgreSQL"
-        )
+    _check_workers(workers, url)
     check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
@@ -381,6 +374,18 @@ def run_study(
     if failed:
         raise WorkersFailed(outcome, failed)
     return outcome
+
+
+def _check_workers(workers: int, url: str) -> None:
+    """At least one worker, and only one on a SQLite storage."""
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1 (got {workers})")
+    if workers > 1 and is_sqlite(url):
+        raise ConfigError(
+            f"--workers {workers} cannot share the SQLite storage {url}: Optuna documents SQLite "
+            "as unsafe for concurrent workers; use the default journal storage (omit --storage, "
+            "or give a path ending in .log) or PostgreSQL"
+        )
 
 
 def _run_workers(

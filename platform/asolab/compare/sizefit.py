@@ -57,6 +57,8 @@ def fit_on_log_size(size: Sequence[float], acc: Sequence[float]) -> tuple[float,
 def residuals(runs: pd.DataFrame, measure: str, metric: str) -> tuple[pd.Series, tuple]:
     """Each run's residual from the fit of ``metric`` on log2 ``measure`` (NaN for a run
     without either), and the fit (slope, intercept, r, runs fitted)."""
+    if measure not in runs or metric not in runs:  # runs recorded without that figure
+        return pd.Series(math.nan, index=runs.index), (math.nan, math.nan, math.nan, 0)
     ok = runs[measure].notna() & runs[metric].notna() & (runs[measure] > 0)
     slope, intercept, r = fit_on_log_size(runs.loc[ok, measure], runs.loc[ok, metric])
     res = pd.Series(math.nan, index=runs.index)

@@ -22,6 +22,16 @@ threads.prepare_environment()
 
 import torch
 
+# The smallest search: one cycle of one epoch per phase on a 4-channel supernet; each
+# benchmark's --smoke sizes add their own final stage and data subset to it.
+SMOKE_SEARCH = {
+    "space.init_channels": 4,
+    "search.cycles": 1,
+    "search.w_epochs": 1,
+    "search.alpha_epochs": 1,
+    "search.retrain_epochs": 1,
+}
+
 
 def interleaved(
     fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1

@@ -22,6 +22,7 @@ from _common import machine, table
 
 from asolab.config import load
 from asolab.data import Batches
+from asolab.options import add_set
 from asolab.runner import Runner
 
 
@@ -80,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         default=4096,
         help="data.train_subset (0 = all; digits has 1150 train images)",
     )
-    ap.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
-    )
+    add_set(ap)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     args = ap.parse_args(argv)
     overrides = list(args.overrides)

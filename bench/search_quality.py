@@ -34,9 +34,9 @@ import re
 import tempfile
 
 import torch
-from _common import machine, run_resumable
+from _common import SMOKE_SEARCH, machine, run_resumable
 
-from asolab.baseline.arms import ARMS, DEFAULT_ARMS
+from asolab.baseline.cli import add_arms, parse_arms
 from asolab.baseline.run import run_set
 from asolab.compare.arms import (
     arm_lines,
@@ -46,7 +46,8 @@ from asolab.compare.arms import (
     arm_summary,
 )
 from asolab.compare.select import load_selection
-from asolab.config import load, parse_override
+from asolab.config import ConfigError, load, parse_override
+from asolab.options import add_set, add_threads, add_tracking_uri
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker, resolve_tracking_uri
 from asolab.tracking import layout as L
@@ -65,11 +66,7 @@ QUICK = {
     },
 }
 SMOKE = {
-    "space.init_channels": 4,
-    "search.cycles": 1,
-    "search.w_epochs": 1,
-    "search.alpha_epochs": 1,
-    "search.retrain_epochs": 1,
+    **SMOKE_SEARCH,
     "search.final_epochs": 1,
     "data.train_subset": 64,
     "data.val_fraction": 0.05,
@@ -155,29 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the seed whose ASO-SE run is the source "
         "(default: the first of --seeds); a second process on other seeds names the same one",
     )
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
     ap.add_argument(
         "--quick",
         action="store_true",
         help="reduced sizes (fewer cycles, smaller supernet, capped search split)",
     )
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes (for the test suite)")
-    ap.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
-    )
-    ap.add_argument(
-        "--arms",
-        default=",".join(DEFAULT_ARMS),
-        help=f"comma-separated control arms, of {','.join(ARMS)} "
-        f"(default {','.join(DEFAULT_ARMS)})",
-    )
-    ap.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)"
-    )
-    ap.add_argument(
-        "--tracking-uri",
-        default="",
-        help="MLflow store (default: MLFLOW_TRACKING_URI, else mlruns/)",
-    )
+    add_set(ap)
+    add_arms(ap)
+    add_threads(ap, help="torch CPU threads (0 = torch's default)")
+    add_tracking_uri(ap)
     ap.add_argument(
         "--report",
         action="store_true",
@@ -185,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    arms = [a.strip() for a in args.arms.split(",")]
-    if unknown := sorted(set(arms) - set(ARMS)):
-        ap.error(f"--arms: unknown arm {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    try:
+        arms = parse_arms(args.arms)
+    except ConfigError as e:
+        ap.error(str(e))
     sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes += "".join(f"-{o}" for o in args.overrides)
     uri = resolve_tracking_uri(args.tracking_uri)

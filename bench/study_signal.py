@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _common import machine, table
+from _common import SMOKE_SEARCH, machine, table
 
 from asolab.runner import Runner
 from asolab.study.config import load_study
@@ -61,15 +61,7 @@ SETTINGS: dict[str, dict[str, float]] = {
         "mutation.strength": 0.6,
     },
 }
-SMOKE = {
-    "space.init_channels": 4,
-    "search.cycles": 1,
-    "search.w_epochs": 1,
-    "search.alpha_epochs": 1,
-    "search.retrain_epochs": 1,
-    "search.final_epochs": 0,
-    "data.train_subset": 64,
-}
+SMOKE = {**SMOKE_SEARCH, "search.final_epochs": 0, "data.train_subset": 64}
 
 
 def read_results(path: Path | None) -> list[dict]:

@@ -34,6 +34,7 @@ from mlflow import MlflowClient
 
 from asolab.compare.arms import paired_ci
 from asolab.config import load
+from asolab.options import add_set
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker
 
@@ -73,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the tracker writing on a background thread",
     )
-    ap.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
-    )
+    add_set(ap)
     args = ap.parse_args(argv)
     cfg = load(args.experiment, [*(TINY if args.tiny else []), *args.overrides])
     variants = ["off", "on", *(["thread"] if args.compare_modes else [])]

@@ -14,6 +14,7 @@ from ..options import add_quiet, add_threads, add_tracking_uri
 from ..tracking import layout as L
 from .arms import ARMS, DEFAULT_ARMS
 
+BASELINE_HELP = "train the control arms of recorded ASO-SE runs as tracked runs"
 BASELINE_TEXT = (
     "For each ASO-SE run and seed: the ASO-SE run itself (a new run of the same config for "
     "another seed) and its control arms -- scratch (the found genotype from scratch), random "
@@ -24,6 +25,7 @@ BASELINE_TEXT = (
     "Compare them with: asolab compare --baseline RUN_ID. "
     "Running it again goes on where it stopped."
 )
+RANK_HELP = "measure how well a run's supernet ranks architectures (Kendall tau, Spearman rho)"
 RANK_TEXT = (
     "Sample genotypes from the run's final alphas (and random ones), evaluate each on the "
     "supernet (one-shot) and after a short stand-alone training, both on the validation split; "
@@ -44,7 +46,18 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _arms(text: str) -> list[str]:
+def add_arms(p: argparse.ArgumentParser) -> None:
+    """``--arms A,B``: the control arms to train (read by :func:`parse_arms`)."""
+    p.add_argument(
+        "--arms",
+        default=",".join(DEFAULT_ARMS),
+        help=f"comma-separated control arms, of {','.join(ARMS)} (default "
+        f"{','.join(DEFAULT_ARMS)}; an arm ending in -final trains the final stage's epochs only)",
+    )
+
+
+def parse_arms(text: str) -> list[str]:
+    """The arms ``--arms`` names; ConfigError for one that is not a control arm."""
     arms = [a.strip() for a in text.split(",") if a.strip()]
     if unknown := [a for a in arms if a not in ARMS]:
         raise ConfigError(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
@@ -58,23 +71,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_baseline(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "baseline",
-        help="train the control arms of recorded ASO-SE runs as tracked runs",
-        description=BASELINE_TEXT,
-    )
+    p = sub.add_parser("baseline", help=BASELINE_HELP, description=BASELINE_TEXT)
     p.add_argument(
         "runs",
         nargs="+",
         metavar="RUN_ID",
         help="recorded, finished ASO-SE run(s): ids, id prefixes or run names",
     )
-    p.add_argument(
-        "--arms",
-        default=",".join(DEFAULT_ARMS),
-        help=f"comma-separated control arms, of {','.join(ARMS)} (default "
-        f"{','.join(DEFAULT_ARMS)}; an arm ending in -final trains the final stage's epochs only)",
-    )
+    add_arms(p)
     p.add_argument(
         "--seeds", default="", help="comma-separated seeds (default: the run's own seed)"
     )
@@ -88,7 +92,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from ..tracking import check_reachable, resolve_tracking_uri
     from .run import run_set
 
-    arms, seeds = _arms(args.arms), _seeds(args.seeds) if args.seeds else None
+    arms, seeds = parse_arms(args.arms), _seeds(args.seeds) if args.seeds else None
     if args.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (got {args.threads})")
     uri = resolve_tracking_uri(args.tracking_uri)
@@ -134,11 +138,7 @@ def _again(args: argparse.Namespace, uri: str) -> str:
 
 
 def add_rank(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "rank",
-        help="measure how well a run's supernet ranks architectures (Kendall tau, Spearman rho)",
-        description=RANK_TEXT,
-    )
+    p = sub.add_parser("rank", help=RANK_HELP, description=RANK_TEXT)
     p.add_argument(
         "run", metavar="RUN_ID", help="a recorded run with a checkpoint (id, id prefix or name)"
     )

@@ -9,6 +9,7 @@ after ``on_run_interrupted`` has been sent to every observer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,38 +167,30 @@ class Observer:
         return {}
 
 
+def _kept(kind: str) -> Callable[[Recorder, Any], None]:
+    """A Recorder hook: keeps its event as ``(kind, event)``."""
+
+    def hook(self: Recorder, event: Any) -> None:
+        self.events.append((kind, event))
+
+    return hook
+
+
 class Recorder(Observer):
     """Keeps every event in order as ``(kind, event)`` (handy for tests and notebooks)."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
 
-    def on_run_start(self, event: RunStart) -> None:
-        self.events.append(("run_start", event))
-
-    def on_epoch_end(self, event: EpochEnd) -> None:
-        self.events.append(("epoch_end", event))
-
-    def on_mutation(self, event: MutationEvent) -> None:
-        self.events.append(("mutation", event))
-
-    def on_growth(self, event: GrowthEvent) -> None:
-        self.events.append(("growth", event))
-
-    def on_cycle_end(self, event: CycleEnd) -> None:
-        self.events.append(("cycle_end", event))
-
-    def on_checkpoint(self, event: CheckpointSaved) -> None:
-        self.events.append(("checkpoint", event))
-
-    def on_final_plan(self, event: FinalPlan) -> None:
-        self.events.append(("final_plan", event))
-
-    def on_run_end(self, event: RunEnd) -> None:
-        self.events.append(("run_end", event))
-
-    def on_run_interrupted(self, event: RunInterrupted) -> None:
-        self.events.append(("run_interrupted", event))
+    on_run_start = _kept("run_start")
+    on_epoch_end = _kept("epoch_end")
+    on_mutation = _kept("mutation")
+    on_growth = _kept("growth")
+    on_cycle_end = _kept("cycle_end")
+    on_checkpoint = _kept("checkpoint")
+    on_final_plan = _kept("final_plan")
+    on_run_end = _kept("run_end")
+    on_run_interrupted = _kept("run_interrupted")
 
     def of(self, kind: str) -> list[Any]:
         return [e for k, e in self.events if k == kind]

@@ -358,7 +358,6 @@ class MlflowTracker(ModelLogging, Observer):
 
     def on_epoch_end(self, event: EpochEnd) -> None:
         with self._timed():
-            step = event.global_epoch
             values = {
                 L.TRAIN_LOSS: event.train_loss,
                 L.TRAIN_ACC: event.train_acc,
@@ -373,7 +372,7 @@ class MlflowTracker(ModelLogging, Observer):
                 **event.lrs,  # L.WEIGHT_LR, L.ALPHA_LR: the runner names them
             }
             for k, v in values.items():
-                self._metric(k, v, step)
+                self._metric(k, v, event.global_epoch)
             if time.perf_counter() - self._last_flush >= LIVE_SECONDS:
                 self.flush()
 

@@ -10,21 +10,11 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from .runner.events import (
-    CycleEnd,
-    EpochEnd,
-    FinalPlan,
-    GrowthEvent,
-    MutationEvent,
-    Observer,
-    RunEnd,
-    RunInterrupted,
-    RunStart,
-)
+from .runner import events as ev
 from .runner.phases import ALPHA, FINAL, PHASE_TITLES, RETRAIN, W_TRAIN
 
 
-class ProgressObserver(Observer):
+class ProgressObserver(ev.Observer):
     """One tqdm bar per phase (epochs as units), a line per mutation and cycle."""
 
     def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
@@ -42,7 +32,7 @@ class ProgressObserver(Observer):
         if self.enabled:
             tqdm.write(text, file=self.stream)
 
-    def on_run_start(self, event: RunStart) -> None:
+    def on_run_start(self, event: ev.RunStart) -> None:
         s = event.config.search
         self.epochs = {
             W_TRAIN: s.w_epochs,
@@ -64,7 +54,7 @@ class ProgressObserver(Observer):
             return f"resumed in the final stage at epoch {position['stage_epoch'] + 1}"
         return f"resumed at cycle {position['cycle']}"
 
-    def on_epoch_end(self, event: EpochEnd) -> None:
+    def on_epoch_end(self, event: ev.EpochEnd) -> None:
         key = (event.cycle, event.phase)
         if key != self.key:
             self._close()
@@ -108,14 +98,14 @@ class ProgressObserver(Observer):
         left = max(0, (self.bar.total or 0) - self.bar.n - counting) * mean
         self.bar.set_postfix(self.postfix, left=tqdm.format_interval(left), refresh=refresh)
 
-    def on_mutation(self, event: MutationEvent) -> None:
+    def on_mutation(self, event: ev.MutationEvent) -> None:
         self._close()
         self._write(
             f"cycle {event.cycle + 1}: mutation (s={event.strength}, tau={event.temperature:.2f}): "
             + "; ".join(map(str, event.edits))
         )
 
-    def on_growth(self, event: GrowthEvent) -> None:
+    def on_growth(self, event: ev.GrowthEvent) -> None:
         self._write(
             f"cycle {event.cycle + 1}: growth {event.kind} at {event.where}: params "
             f"{event.params_before} -> {event.params_after}, max|dlogits| "
@@ -123,7 +113,7 @@ class ProgressObserver(Observer):
             f"{event.val_acc_after:.4f}"
         )
 
-    def on_cycle_end(self, event: CycleEnd) -> None:
+    def on_cycle_end(self, event: ev.CycleEnd) -> None:
         self._close()
         self._write(
             f"cycle {event.cycle + 1}: val_acc {event.val_acc:.4f}, derived params "
@@ -131,7 +121,7 @@ class ProgressObserver(Observer):
             f"{event.genotype}"
         )
 
-    def on_final_plan(self, event: FinalPlan) -> None:
+    def on_final_plan(self, event: ev.FinalPlan) -> None:
         self.epochs[FINAL] = event.epochs
         if self.bar is not None and self.key is not None and self.key[1] == FINAL:
             self.bar.total = event.epochs
@@ -142,10 +132,10 @@ class ProgressObserver(Observer):
             f"{max(0.0, event.minutes_left):.1f} min left after the first)"
         )
 
-    def on_run_end(self, event: RunEnd) -> None:
+    def on_run_end(self, event: ev.RunEnd) -> None:
         self._close()
 
-    def on_run_interrupted(self, event: RunInterrupted) -> None:
+    def on_run_interrupted(self, event: ev.RunInterrupted) -> None:
         shown = self.bar is not None and self.enabled
         self._close()
         if shown:  # end the bar's line (and a terminal's ^C): what follows starts on its own
@@ -188,7 +178,7 @@ class _Guarded:
         return getattr(self.stream, name)
 
 
-def summary_table(end: RunEnd, extra: dict[str, object] | None = None) -> str:
+def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str:
     """The final summary as an aligned two-column table."""
     rows = {
         "final genotype": str(end.genotype),

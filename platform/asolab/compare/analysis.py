@@ -161,7 +161,7 @@ class GenotypeDiff:
     reference: RunRecord
     other: RunRecord
     lines: tuple[str, ...]
-    distance: int
+    distance: int  # edge positions that differ (space.genotype.distance)
 
 
 def diffs_to_best(records: Sequence[RunRecord]) -> list[GenotypeDiff]:

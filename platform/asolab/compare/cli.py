@@ -119,9 +119,7 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         help="print each run's genotype per cycle and the distance between cycles",
     )
     p.add_argument("--csv", metavar="PATH", help="write the runs table as CSV")
-    p.add_argument(
-        "--report", metavar="DIR", help="write a self-contained HTML report (DIR/index.html)"
-    )
+    p.add_argument("--report", metavar="DIR", help="write an HTML report, DIR/index.html")
     p.add_argument(
         "--log-to-mlflow",
         action="store_true",

@@ -167,7 +167,7 @@ class Skipped:
     run_id: str
     run_name: str
     experiment: str
-    reason: str
+    reason: str  # one line, printed under the table
 
     def __str__(self) -> str:
         return f"{self.run_id} ({self.run_name}, {self.experiment}): {self.reason}"

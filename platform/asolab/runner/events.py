@@ -51,15 +51,17 @@ class EpochEnd:
     lrs: dict[str, float]
     seconds: float
     images_per_sec: float
-    threads: int = 1  # the fewest torch threads the epoch used ("auto" follows other runs)
+    threads: int = 1  # the torch threads the epoch used (decided once per run)
 
 
 @dataclass(frozen=True)
 class MutationEvent:
+    """The mutation phase's op edits: the genotype before and after them."""
+
     cycle: int
     before: Genotype
     after: Genotype
-    edits: tuple[Any, ...]
+    edits: tuple[Any, ...]  # evolution.mutation.Edit, one per changed edge
     temperature: float
     strength: float
     # search.selection = "perturbation": the measurement the genotype rests on

@@ -151,7 +151,7 @@ class StorageConfig:
     """Where the study lives and how crashed workers are recovered."""
 
     url: str = field(
-        "",
+        "",  # a journal file: no server to run on one machine
         help="Optuna storage ('' = JournalStorage in optuna-journal.log beside the MLflow store); "
         "--storage overrides it",
     )

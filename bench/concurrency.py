@@ -43,7 +43,7 @@ SETTINGS = ("auto", "torch", "1")
 def _env(setting: str, registry: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     env["ASOLAB_THREADS_DIR"] = str(registry)
-    # The workers import the asolab this process imported (a worktree's, not another install).
+    # The workers import the asolab this process imported (a checkout's, not another install).
     import asolab
 
     package_root = str(Path(asolab.__file__).resolve().parents[1])

@@ -93,4 +93,4 @@ def run_resumable(main: Callable[[], int], stopped: str) -> None:
             sys.exit(main())
     except KeyboardInterrupt as exc:
         print(stopped, file=sys.stderr)
-        sys.exit(143 if isinstance(exc, Terminated) else 130)
+        sys.exit(exc.status if isinstance(exc, Terminated) else 130)

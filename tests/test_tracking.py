@@ -391,6 +391,23 @@ def test_sigterm_stops_a_run_like_ctrl_c(tracked, store, tmp_path):
     assert _steps(client, run.info.run_id) == _steps(client, tracked["tracker"].run_id)
 
 
+def test_sighup_stops_a_run_like_ctrl_c(store, tmp_path):
+    """SIGHUP (the terminal closed, the ssh connection dropped) inside a cycle: the run
+    ends KILLED with status 129 and the resume command recorded in the run, and resumes."""
+    proc = _frozen_run(
+        store, tmp_path, "sighup-test", "epoch:1:retrain", DEFAULT_INTERVAL, subprocess.PIPE
+    )
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 129, err[-2000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("sighup-test").experiment_id])
+    assert run.info.status == "KILLED"
+    assert f"--resume {run.info.run_id}" in run.data.tags[L.TAG_RESUME_COMMAND]
+    assert _resume(run.info.run_id, store) == 0
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
 def test_an_interrupted_run_uploads_its_latest_phase_end(tracked, store, tmp_path):
     """An error (or Ctrl-C) inside a cycle still gives the store the checkpoint of the
     last finished phase, not only the last cycle's: the resume starts there."""

@@ -276,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         say("asolab: interrupted; everything recorded so far is kept")
-        return 143 if isinstance(exc, Terminated) else 130
+        return exc.status if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -371,41 +371,28 @@ def test_by_default_a_sigkill_goes_back_to_the_last_cycle_end_and_replays_exactl
     assert run.data.tags[L.TAG_FINAL_GENOTYPE] == str(tracked["result"].genotype)
 
 
-def test_sigterm_stops_a_run_like_ctrl_c(tracked, store, tmp_path):
-    """SIGTERM (a scheduler's time limit) inside a cycle: the run uploads its latest phase
-    end, ends KILLED with status 143 and the resume command; the resume is exact."""
-    proc = _frozen_run(
-        store, tmp_path, "sigterm-test", "epoch:1:retrain", DEFAULT_INTERVAL, subprocess.PIPE
-    )
-    proc.send_signal(signal.SIGTERM)
+@pytest.mark.parametrize(
+    "signum, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"]
+)
+def test_a_signal_stops_a_run_like_ctrl_c(tracked, store, tmp_path, signum, status):
+    """SIGTERM (a scheduler's time limit) or SIGHUP (the terminal closed, an ssh connection
+    dropped) inside a cycle: the run uploads its latest phase end, ends KILLED with status
+    128 + the signal and the resume command, printed and recorded; the resume is exact."""
+    name = f"{signal.Signals(signum).name.lower()}-test"
+    proc = _frozen_run(store, tmp_path, name, "epoch:1:retrain", DEFAULT_INTERVAL, subprocess.PIPE)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-2000:]
+    assert proc.returncode == status, err[-2000:]
     client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("sigterm-test").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(name).experiment_id])
     assert run.info.status == "KILLED"
     assert run.data.tags[L.TAG_PHASE] == "cycle 1 / after mutate"
     assert f"--resume {run.info.run_id}" in err
+    assert f"--resume {run.info.run_id}" in run.data.tags[L.TAG_RESUME_COMMAND]
     assert _resume(run.info.run_id, store) == 0
     resumed = client.get_run(run.info.run_id)
     assert resumed.data.tags[L.TAG_RESUMED_FROM].startswith("cycle 1 / before retrain")
     assert _steps(client, run.info.run_id) == _steps(client, tracked["tracker"].run_id)
-
-
-def test_sighup_stops_a_run_like_ctrl_c(store, tmp_path):
-    """SIGHUP (the terminal closed, the ssh connection dropped) inside a cycle: the run
-    ends KILLED with status 129 and the resume command recorded in the run, and resumes."""
-    proc = _frozen_run(
-        store, tmp_path, "sighup-test", "epoch:1:retrain", DEFAULT_INTERVAL, subprocess.PIPE
-    )
-    proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 129, err[-2000:]
-    client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("sighup-test").experiment_id])
-    assert run.info.status == "KILLED"
-    assert f"--resume {run.info.run_id}" in run.data.tags[L.TAG_RESUME_COMMAND]
-    assert _resume(run.info.run_id, store) == 0
-    assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
 def test_an_interrupted_run_uploads_its_latest_phase_end(tracked, store, tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from ports import free_port
 
 from asolab.tracking import layout as L
 
@@ -83,12 +83,6 @@ high = 1.0
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> dict:
     """A store with one run (experiment "tiny") and a two-trial study, recorded by the CLI."""
@@ -131,7 +125,7 @@ def store(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def ui(store) -> dict:
     """A real ``asolab ui`` on a free port, stopped (its whole process group) afterwards."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -81,6 +81,16 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _purelib(py: Path) -> str:
+    """The site-packages folder of the interpreter ``py``."""
+    return subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def make_venv_seeing_this_python(env_dir: Path) -> Path:
     """A fresh venv (no pip) that sees the packages of the interpreter running the tests.
 
@@ -92,12 +102,7 @@ def make_venv_seeing_this_python(env_dir: Path) -> Path:
     """
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    inner = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    inner = _purelib(py)
     dirs = list(site.getsitepackages())
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
@@ -113,12 +118,7 @@ def test_the_test_venv_sees_the_running_interpreters_packages(tmp_path):
     outer = tmp_path / "outer"
     venv.EnvBuilder(with_pip=False).create(outer)
     outer_py = outer / "bin" / "python"
-    purelib = subprocess.run(
-        [str(outer_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    purelib = _purelib(outer_py)
     (Path(purelib) / "asolab_probe_only_in_outer.py").write_text("HERE = True\n")
     # what the outer venv's own pip install would give it: the test tools beside the probe
     (Path(purelib) / "_deps.pth").write_text(

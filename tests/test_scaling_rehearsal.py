@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
+from ports import free_port
 from test_study_postgres import Postgres, postgres  # noqa: F401 (the fixture)
 
 from asolab.cli import main
@@ -69,12 +69,6 @@ high = 1.0
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path: Path, postgres: Postgres) -> Iterator[str]:  # noqa: F811
     """``mlflow server`` on a PostgreSQL backend store with proxied artifacts; its URL."""
@@ -84,7 +78,7 @@ def mlflow_server(tmp_path: Path, postgres: Postgres) -> Iterator[str]:  # noqa:
     with engine.connect() as con:
         con.execute(text("CREATE DATABASE mlflow"))
     engine.dispose()
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "mlflow-server.log", "w")  # noqa: SIM115 (closed below)
     cmd = [
         *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),

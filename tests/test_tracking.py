@@ -8,7 +8,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import torch
 from layout_check import undeclared
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
+from ports import free_port
 
 from asolab.cli import main, resume_command
 from asolab.config import PROJECT_ROOT, load
@@ -58,12 +58,6 @@ TINY = [
     "search.checkpoint_minutes=0",  # a checkpoint after every phase: stop and resume anywhere
 ]
 TOTAL_EPOCHS = 2 * (2 + 1 + 1) + 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _set_args(overrides: list[str]) -> list[str]:
@@ -488,7 +482,7 @@ def test_resume_looks_in_the_given_store_only(store, capsys, monkeypatch):
 
 
 def test_unreachable_server_fails_before_training(monkeypatch, capsys):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     started = []
     monkeypatch.setattr(Runner, "run", lambda self: started.append(self))
     assert (
@@ -713,7 +707,7 @@ def test_a_relative_sqlite_store_serves_runs_and_the_ui(tmp_path, monkeypatch):
 
 
 def test_ui_serves_the_store(tracked, store):
-    port = _free_port()
+    port = free_port()
     # Only 127.0.0.1:PORT is an allowed Host: http://localhost:PORT then stands for a
     # server reached by a name it was not told about (MLflow answers 403 but on /health).
     env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": f"127.0.0.1:{port}"}

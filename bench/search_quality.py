@@ -51,6 +51,7 @@ from asolab.options import add_set, add_threads, add_tracking_uri
 from asolab.runner import Runner
 from asolab.tracking import MlflowTracker, resolve_tracking_uri
 from asolab.tracking import layout as L
+from asolab.tracking.store import open_store
 
 QUICK = {
     "digits": {"search.cycles": 2, "search.final_epochs": 5, "space.init_channels": 8},
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes += "".join(f"-{o}" for o in args.overrides)
     uri = resolve_tracking_uri(args.tracking_uri)
+    open_store(uri)  # processes started side by side on a new store: one builds its tables
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.threads:
         torch.set_num_threads(args.threads)

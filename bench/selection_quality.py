@@ -39,6 +39,7 @@ from asolab.compare.sizefit import residuals
 from asolab.config import parse_override
 from asolab.tracking import layout as L
 from asolab.tracking import resolve_tracking_uri
+from asolab.tracking.store import open_store
 
 SELECTIONS = ("alpha", "perturbation")
 ARM = "random-final"
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for o in args.sets:
         parse_override(o)  # a malformed --set fails before anything trains
     uri = resolve_tracking_uri(args.tracking_uri)
+    open_store(uri)  # processes started side by side on a new store: one builds its tables
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -4,7 +4,9 @@ its table with the headline last. No timing is asserted (speed lives in bench/).
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,35 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))
     assert (tmp_path / "report.md").read_text().startswith("# asolab GPU check: cpu")
     assert lines[-1].startswith("report: ")
+
+
+_BENCH_AT = """
+import runpy, sys, time
+sys.path.insert(0, sys.argv[1])
+import search_quality  # mlflow, torch and asolab imported before the common start
+start, script, argv = float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+while time.time() < start:
+    time.sleep(0.001)
+sys.argv = [script, *argv]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_drivers_started_side_by_side_on_a_new_store_all_open_it(tmp_path):
+    """The documented way to use both cores is two drivers at once on one new store; MLflow
+    builds a new SQLite store's tables with no lock between processes, so without the
+    store's lock one of them failed with "Online migration expected to match one row"."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["--smoke", "--datasets", "digits", "--seeds", "0", "--report", "--tracking-uri", uri]
+    start = time.time() + 10  # after every process has imported its libraries
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BENCH_AT, str(BENCH), str(start), str(BENCH / f"{name}.py")]
+            + argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for name in ("search_quality", "selection_quality") * 2
+    ]
+    outs = [(p.wait(timeout=180), p.communicate()[0].decode()) for p in procs]
+    assert [rc for rc, _ in outs] == [0, 0, 0, 0], "\n".join(out[-600:] for _, out in outs)

@@ -19,7 +19,6 @@ _LAZY = {
     "Selection": "select",
     "Skipped": "select",
     "load_selection": "select",
-    "resolve_tracking_uri": "select",
     "analyse": "analysis",
     "Comparison": "analysis",
     "write_report": "report",

@@ -29,8 +29,7 @@ from ..errors import first_line
 from ..space.genotype import Genotype
 from ..tracking import layout
 from ..tracking.runs import final_genotype
-from ..tracking.store import RunNotFound, find_run
-from ..tracking.store import resolve_tracking_uri as store_tracking_uri
+from ..tracking.store import RunNotFound, find_run, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +73,7 @@ class CompareError(ConfigError):
     """A selection problem (unknown experiment or run, bad filter), phrased as one line."""
 
 
-def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """``explicit``, else ``MLFLOW_TRACKING_URI``, else the local store ``./mlruns``:
-    the store that ``asolab run`` writes to."""
-    return store_tracking_uri(explicit or "")
-
-
-def open_store(tracking_uri: str) -> MlflowClient:
+def existing_store(tracking_uri: str) -> MlflowClient:
     """A client for ``tracking_uri``; a SQLite file that does not exist, or is not an
     MLflow store, and a server or database that does not answer are one-line errors
     (the MLflow client would retry for minutes, or make a new store)."""
@@ -398,8 +391,8 @@ def load_selection(
     With ``top``, the ``top`` best runs by metric ``by`` that have a genotype are
     compared; skipped runs are those ranked above the last compared one.
     """
-    uri = resolve_tracking_uri(tracking_uri)
-    client = open_store(uri)
+    uri = resolve_tracking_uri(tracking_uri or "")
+    client = existing_store(uri)
     runs = find_runs(
         client,
         experiments=experiments,

@@ -169,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; the first is the source")
     ap.add_argument(
+        "--selections",
+        default=",".join(SELECTIONS),
+        help="which sets to train (comma-separated): one process per selection makes the "
+        "two source runs side by side",
+    )
+    ap.add_argument(
         "--source-seed",
         type=int,
         default=None,
@@ -184,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for o in args.sets:
         parse_override(o)  # a malformed --set fails before anything trains
+    chosen = args.selections.split(",")
+    if unknown := [s for s in chosen if s not in SELECTIONS]:
+        ap.error(f"--selections: unknown {unknown[0]!r}; choose from {', '.join(SELECTIONS)}")
     uri = resolve_tracking_uri(args.tracking_uri)
     open_store(uri)  # processes started side by side on a new store: one builds its tables
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     seed = seeds[0] if args.source_seed is None else args.source_seed
     sources = {}
-    for selection in SELECTIONS:
+    for selection in chosen:
         sets = overrides(selection, args.sets, args.smoke)
         common = ["--datasets", args.datasets, "--seeds", args.seeds, "--arms", ARM]
         common += ["--source-seed", str(seed)]

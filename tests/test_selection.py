@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import TINY
 from layout_check import undeclared
@@ -177,3 +178,9 @@ def test_selection_quality_driver_pairs_both_selections_and_ranks(capsys, tmp_pa
     assert len(runs) == 2
     listed = [a.path for a in client.list_artifacts(runs[0].info.run_id, L.SELECTION_DIR)]
     assert L.selection_artifact(0) in listed
+    # one selection's set alone (the two source runs side by side): the other is not reported
+    assert module.main([*args, "--report", "--selections", "alpha"]) == 0
+    assert "ranking, alpha: supernet tau" in (alone := capsys.readouterr().out)
+    assert "ranking, perturbation" not in alone
+    with pytest.raises(SystemExit):
+        module.main([*args, "--selections", "alpha,darts"])

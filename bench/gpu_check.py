@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py                      # on a CUDA machine, about 4-6 minutes
     python bench/gpu_check.py --smoke --device cpu # CI: every section at a tiny size
+    python bench/gpu_prepare.py                    # for a bare GPU machine with no network
 
 Sections (each records its figures, or the error that stopped it):
 
@@ -10,12 +11,16 @@ Sections (each records its figures, or the error that stopped it):
 2. ``digits``        a digits run: images/s per phase and of the final network
    (training and inference), GPU utilisation sampled with nvidia-smi during
    W-training, peak CUDA memory;
-3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist), same figures;
-4. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
+3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
+   copy ``--fashion-dir`` names), same figures;
+4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
+   random images the check writes as ``data.name = "arrays"``: GPU utilisation during
+   W-training against the 80% target, images/s, peak memory (accuracy means nothing);
+5. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
-5. ``study``         a 2-worker study on one GPU (both workers given the same device);
-6. ``variants``      W-training images/s: eager fp32 vs ``speed.autocast = "bf16"``
-   vs ``speed.channels_last``, interleaved.
+6. ``study``         a 2-worker study on one GPU (both workers given the same device);
+7. ``variants``      W-training images/s at the CIFAR-like shape: eager fp32 vs
+   ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved.
 
 The report lands in ``--out`` (default ``bench/results/gpu_check``) as
 ``report.md`` and ``report.json``; the Markdown is printed too.
@@ -37,6 +42,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from _common import interleaved, table
 
@@ -156,6 +162,28 @@ def run_section(device: torch.device, overrides: list[str]) -> dict:
     }
 
 
+def cifar_npz(workdir: Path, train: int, test: int) -> Path:
+    """Random uint8 images at CIFAR-10's shape (3x32x32, 10 classes, balanced labels): the
+    shape and batch set the GPU's load, the content does not."""
+    g = np.random.default_rng(0)
+    path = workdir / "cifar_shape.npz"
+    np.savez(
+        path,
+        x_train=g.integers(0, 256, (train, 3, 32, 32), dtype=np.uint8),
+        y_train=np.arange(train) % 10,
+        x_test=g.integers(0, 256, (test, 3, 32, 32), dtype=np.uint8),
+        y_test=np.arange(test) % 10,
+    )
+    return path
+
+
+def cifar_section(device: torch.device, overrides: list[str], shape: tuple, workdir: Path):
+    """``run_section`` on random CIFAR-shaped arrays: W-training's GPU utilisation at batch
+    256 is the figure (issue target: at least 80%)."""
+    path = cifar_npz(workdir, *shape)
+    return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides])
+
+
 def growth_section(device: torch.device, init_channels: int) -> dict:
     """Each growth kind on the device: the function it preserves, as max |delta logits|."""
     cfg = config.load(None, [f"space.init_channels={init_channels}"])
@@ -263,8 +291,8 @@ def variants_section(device: torch.device, init_channels: int, batch: int, repea
         "channels_last": {"channels_last": True, "autocast": "off"},
     }
     cfg = config.load(None, [f"space.init_channels={init_channels}"])
-    spec = ArchSpec.from_config(cfg.space, 1, 10)
-    x = torch.randn(batch, 1, 28, 28, device=device)
+    spec = ArchSpec.from_config(cfg.space, 3, 10)  # the CIFAR-like shape of cifar_shape
+    x = torch.randn(batch, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
     steps: dict[str, Callable[[], None]] = {}
     for name, speed_cfg in variants.items():
@@ -322,6 +350,7 @@ def sizes(smoke: bool) -> dict:
                 "space.stem_stride=2",
                 "search.final_epochs=0",  # its final stage trains on all 54000 images
             ],
+            "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "growth_channels": 4,
             "study": (2, 64),
             "variants": (4, 16, 2),
@@ -337,6 +366,11 @@ def sizes(smoke: bool) -> dict:
             "search.cycles=2",
             "search.final_epochs=2",
         ],
+        "cifar_shape": (
+            ["data.batch_size=256", "space.init_channels=16", "search.cycles=1"]
+            + ["search.warmup_epochs=0", "search.w_epochs=3", "search.final_epochs=1"],
+            (12800, 2000),  # 40 W-training batches of 256 per epoch
+        ),
         "growth_channels": 16,
         "study": (4, 300),
         "variants": (16, 256, 20),
@@ -374,16 +408,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for report.md and report.json")
     p.add_argument("--skip", default="", help="sections to skip, comma-separated")
+    p.add_argument(
+        "--fashion-dir",
+        default="",
+        help="Fashion-MNIST's idx files (default: Debian's dataset-fashion-mnist; "
+        "bench/gpu_prepare.py writes a copy for a machine without it)",
+    )
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     size = sizes(args.smoke)
     skip = {s for s in args.skip.split(",") if s}
+    fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
     start = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"]),
-        "fashion": lambda: run_section(device, size["fashion"]),
+        "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir]),
+        "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir),
         "growth": lambda: growth_section(device, size["growth_channels"]),
         "study": lambda: study_section(device, *size["study"], workdir),
         "variants": lambda: variants_section(device, *size["variants"]),

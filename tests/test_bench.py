@@ -198,12 +198,16 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     """bench/gpu_check.py --smoke --device cpu: every section runs and the report is written."""
     import json
 
-    lines = _run(capsys, "gpu_check", ["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    fashion = tmp_path / "fashion-mnist"  # the cut copy a bare GPU machine is given
+    _module("gpu_prepare").fashion_subset(fashion, 300)
+    argv = ["--smoke", "--device", "cpu", "--out", str(tmp_path), "--fashion-dir", str(fashion)]
+    lines = _run(capsys, "gpu_check", argv)
     report = json.loads((tmp_path / "report.json").read_text())
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
-        ["device_tests", "digits", "fashion", "growth", "study", "variants"], "ok"
+        ["device_tests", "digits", "fashion", "cifar_shape", "growth", "study", "variants"], "ok"
     )
+    assert sections["cifar_shape"]["images_per_sec"]["w_train"] > 0
     assert "passed" in sections["device_tests"]["summary"]
     assert set(sections["digits"]["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
     growth = sections["growth"]
@@ -215,6 +219,32 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))
     assert (tmp_path / "report.md").read_text().startswith("# asolab GPU check: cpu")
     assert lines[-1].startswith("report: ")
+
+
+def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):
+    """The cut copy holds the first N training images byte for byte and the whole test
+    split, in the format the loader reads; the wheels the image has are not carried."""
+    import gzip
+
+    import numpy as np
+
+    from asolab.data.builtin import FASHION_MNIST_DIR, _read_idx
+
+    prep = _module("gpu_prepare")
+    prep.fashion_subset(tmp_path, 123)
+    full = _read_idx(FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz")
+    cut = _read_idx(tmp_path / "train-images-idx3-ubyte.gz")
+    assert cut.shape == (123, 28, 28) and np.array_equal(cut, full[:123])
+    assert _read_idx(tmp_path / "train-labels-idx1-ubyte.gz").shape == (123,)
+    assert _read_idx(tmp_path / "t10k-images-idx3-ubyte.gz").shape == (10000, 28, 28)
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz") as f:
+        assert len(f.read()) == 16 + 123 * 28 * 28  # no bytes past the new count
+    assert prep.normalise("Flask_Cors-6.0.5-py3-none-any.whl") == "flask-cors"
+    assert prep.normalise("mlflow_skinny-3.17.2-py3-none-any.whl") == "mlflow-skinny"
+    assert {"torch", "numpy", "pandas"} <= prep.DEVICE_HAS and "mlflow" not in prep.DEVICE_HAS
+    cmd = prep.device_command(BENCH.parent / ".gpu")
+    assert "--no-index" in cmd and ".gpu/whl/*.whl" in cmd and "--out $OUT" in cmd
+    assert "--fashion-dir .gpu/fashion-mnist" in cmd and len(cmd) < 2000  # the tool's limit
 
 
 _BENCH_AT = """

@@ -110,8 +110,9 @@ def _pairs(by: pd.Series, a: tuple, b: tuple) -> list[float]:
     return out
 
 
-def report(uri: str, sources: dict[str, str]) -> list[str]:
-    """The paired figures of the sets recorded so far (see the module docstring)."""
+def report(uri: str, sources: dict[str, str], csv: str = "") -> list[str]:
+    """The paired figures of the sets recorded so far (see the module docstring); with
+    ``csv``, every run's row (selection, arm, seed, accuracies, size, taus) written there."""
     frames = []
     for selection, source in sources.items():
         records = load_selection(uri, baseline=[source]).records
@@ -151,6 +152,10 @@ def report(uri: str, sources: dict[str, str]) -> list[str]:
             f"parameter count's {params.mean():+.3f}; supernet minus parameters "
             f"{_mean_ci(list(gap), scale=1.0)}"
         )
+    if csv:
+        columns = ["selection", "arm", "seed", "run_id", "val_acc", "test_acc", "params"]
+        columns += ["minutes", "ranking_kendall_tau_all", L.RANKING_PARAMS_KENDALL_TAU]
+        runs.sort_values(["seed", "selection", "arm"])[columns].to_csv(csv, index=False)
     lines.append("per seed: test % (val %) and parameters, per selection and arm")
     for seed, mine in runs.groupby("seed"):
         cells = [
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tracking-uri", default="", help="MLflow store (default: mlruns/)")
     ap.add_argument("--report", action="store_true", help="print the figures so far; train nothing")
     ap.add_argument("--no-rank", action="store_true", help="skip the ranking diagnostic")
+    ap.add_argument("--csv", default="", help="also write every run's row to this CSV file")
     args = ap.parse_args(argv)
     for o in args.sets:
         parse_override(o)  # a malformed --set fails before anything trains
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             rank_set(uri, source, seeds, args.threads, args.smoke)
         sources[selection] = source
     if sources:
-        print("\n".join(report(uri, sources)), flush=True)
+        print("\n".join(report(uri, sources, args.csv)), flush=True)
     return 0
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import TINY
@@ -184,3 +185,10 @@ def test_selection_quality_driver_pairs_both_selections_and_ranks(capsys, tmp_pa
     assert "ranking, perturbation" not in alone
     with pytest.raises(SystemExit):
         module.main([*args, "--selections", "alpha,darts"])
+    # every run's row, for the published per-seed table
+    assert module.main([*args, "--report", "--csv", str(tmp_path / "runs.csv")]) == 0
+    table = pd.read_csv(tmp_path / "runs.csv")
+    assert len(table) == 8  # 2 selections x 2 seeds x (ASO-SE, random-final)
+    assert set(table["arm"]) == {L.ARM_ASO_SE, "random-final"}
+    aso = table[table["arm"] == L.ARM_ASO_SE]
+    assert aso["ranking_kendall_tau_all"].notna().all() and (table["params"] > 0).all()

@@ -96,3 +96,31 @@ def test_out_of_memory_in_a_phase_is_one_line_exit_2_and_the_run_resumes(
     monkeypatch.setattr(cycle, "build_network", build)  # the memory is there again
     assert main(["run", "--quiet", "--resume", run.info.run_id, *_set(overrides)]) == 0
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_channels_last_keeps_tiny_networks_contiguous_on_the_cpu():
+    """oneDNN's channels-last CPU kernels corrupted the heap for cells under 8 channels on an
+    AVX2 machine; such networks stay contiguous there, and nowhere else."""
+    from asolab.runner.device import CPU_CHANNELS_LAST_MIN, memory_format
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert memory_format(True, cpu, CPU_CHANNELS_LAST_MIN - 1) == torch.contiguous_format
+    assert memory_format(True, cpu, CPU_CHANNELS_LAST_MIN) == torch.channels_last
+    assert memory_format(True, gpu, 4) == torch.channels_last
+    assert memory_format(False, cpu, 64) == torch.contiguous_format
+
+
+def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():
+    """The crash itself (aborts or segmentation faults in the backward pass, every time on
+    that machine): a whole run in a fresh process, as the tests' tiny networks are."""
+    import subprocess
+    import sys
+
+    sets = ["threads=1", "space.init_channels=4", "space.steps=1", "search.cycles=1"]
+    sets += ["search.w_epochs=1", "search.alpha_epochs=1", "search.retrain_epochs=1"]
+    sets += ["search.final_epochs=0", "data.train_subset=150", "speed.channels_last=true"]
+    cmd = [sys.executable, "-m", "asolab.cli", "run", "--no-track", "--quiet"]
+    cmd += [x for s in sets for x in ("--set", s)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert "test accuracy" in proc.stdout

@@ -335,7 +335,8 @@ class SpeedConfig:
         help=(
             "weights and activations in channels-last layout: on the CPU oneDNN's depthwise "
             "and pooling kernels run faster that way (training steps 1.1-1.6x, the default run "
-            "1.24x: bench/final_speed.py, bench/search_throughput.py --cycle)"
+            "1.24x: bench/final_speed.py, bench/search_throughput.py --cycle); on the CPU only "
+            "when every cell has at least 8 channels (fewer crashed oneDNN on an AVX2 machine)"
         ),
     )
     autocast: str = field(

@@ -81,13 +81,14 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         if not cfg.threads:
             cfg = cfg.replace(threads=threads)
         self.cfg = cfg
-        self._layout = memory_format(cfg.speed.channels_last)
         self.observers = list(observers)
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else load_data(cfg.data, cfg.seed, self.device)
         self.spec = spec or ArchSpec.from_config(
             cfg.space, self.data.in_channels, self.data.num_classes
         )
+        narrowest = min((c.channels for c in self.spec.cells), default=cfg.space.init_channels)
+        self._layout = memory_format(cfg.speed.channels_last, self.device, narrowest)
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:

@@ -53,10 +53,28 @@ def check_cuda_index(name: str, count: int) -> None:
         )
 
 
-def memory_format(channels_last: bool) -> torch.memory_format:
+# oneDNN's channels-last CPU kernels corrupted the heap (aborts, segmentation faults in
+# the backward pass) on an AVX2 machine (AMD EPYC without AVX-512; torch 2.14.1, oneDNN
+# 3.12) whenever the first cell had fewer channels than one AVX2 register holds floats, at
+# one thread: init_channels 2-6 crashed every time, 8 and 16 never. Disabling oneDNN, or
+# capping it at AVX, also avoided it. Networks that small keep the plain layout on the CPU.
+CPU_CHANNELS_LAST_MIN = 8
+
+
+def memory_format(
+    channels_last: bool, device: torch.device | None = None, min_channels: int | None = None
+) -> torch.memory_format:
     """The layout of the network's weights (``speed.channels_last``). Convolutions and
-    pooling follow their weights' layout, so the activations need no conversion."""
-    return torch.channels_last if channels_last else torch.contiguous_format
+    pooling follow their weights' layout, so the activations need no conversion. On the
+    CPU a network whose narrowest cell has fewer than ``CPU_CHANNELS_LAST_MIN`` channels
+    stays contiguous (see above)."""
+    tiny = (
+        device is not None
+        and device.type == "cpu"
+        and min_channels is not None
+        and min_channels < CPU_CHANNELS_LAST_MIN
+    )
+    return torch.channels_last if channels_last and not tiny else torch.contiguous_format
 
 
 def describe_device(device: torch.device) -> dict[str, str]:

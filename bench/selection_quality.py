@@ -110,9 +110,21 @@ def _pairs(by: pd.Series, a: tuple, b: tuple) -> list[float]:
     return out
 
 
+CSV_COLUMNS = ["selection", "arm", "seed", "run_id", "val_acc", "test_acc", "params", "minutes"]
+CSV_COLUMNS += ["ranking_kendall_tau_all", L.RANKING_PARAMS_KENDALL_TAU]
+
+
 def report(uri: str, sources: dict[str, str], csv: str = "") -> list[str]:
     """The paired figures of the sets recorded so far (see the module docstring); with
     ``csv``, every run's row (selection, arm, seed, accuracies, size, taus) written there."""
+    runs = set_runs(uri, sources)
+    if csv:
+        runs.sort_values(["seed", "selection", "arm"])[CSV_COLUMNS].to_csv(csv, index=False)
+    return figures(runs, list(sources))
+
+
+def set_runs(uri: str, sources: dict[str, str]) -> pd.DataFrame:
+    """One row per run of each selection's set, with its supernet and parameter taus."""
     frames = []
     for selection, source in sources.items():
         records = load_selection(uri, baseline=[source]).records
@@ -121,7 +133,12 @@ def report(uri: str, sources: dict[str, str], csv: str = "") -> list[str]:
         for name in ("ranking_kendall_tau_all", L.RANKING_PARAMS_KENDALL_TAU):
             frame[name] = [ranks[rid].get(name, math.nan) for rid in frame["run_id"]]
         frames.append(frame)
-    runs = pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True)
+
+
+def figures(runs: pd.DataFrame, selections: list[str]) -> list[str]:
+    """The report's lines from the runs' rows (``set_runs``, or the committed CSV)."""
+    runs = runs.copy()
     lines = []
     for metric in ("test_acc", "val_acc"):
         res, (slope, _, r, n) = residuals(runs, "params", metric)
@@ -139,10 +156,10 @@ def report(uri: str, sources: dict[str, str], csv: str = "") -> list[str]:
                 f"{_mean_ci(_pairs(by, ('perturbation', aso), ('alpha', aso)))}; "
                 + "; ".join(
                     f"{sel} - its {ARM} {_mean_ci(_pairs(by, (sel, aso), (sel, ARM)))}"
-                    for sel in sources
+                    for sel in selections
                 )
             )
-    for selection in sources:
+    for selection in selections:
         mine = runs[(runs["selection"] == selection) & (runs["arm"] == L.ARM_ASO_SE)]
         tau = mine["ranking_kendall_tau_all"].dropna()
         params = mine[L.RANKING_PARAMS_KENDALL_TAU].dropna()
@@ -152,10 +169,6 @@ def report(uri: str, sources: dict[str, str], csv: str = "") -> list[str]:
             f"parameter count's {params.mean():+.3f}; supernet minus parameters "
             f"{_mean_ci(list(gap), scale=1.0)}"
         )
-    if csv:
-        columns = ["selection", "arm", "seed", "run_id", "val_acc", "test_acc", "params"]
-        columns += ["minutes", "ranking_kendall_tau_all", L.RANKING_PARAMS_KENDALL_TAU]
-        runs.sort_values(["seed", "selection", "arm"])[columns].to_csv(csv, index=False)
     lines.append("per seed: test % (val %) and parameters, per selection and arm")
     for seed, mine in runs.groupby("seed"):
         cells = [

@@ -326,6 +326,7 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
             "mutation.strength": 0.5,
             "search.cycles": 3,
             "search.final_genotype": "last",
+            "space.init_channels": 8,  # narrower keeps the plain layout on the CPU
         }
     )
     rec = Recorder()

@@ -52,3 +52,25 @@ def test_the_committed_store_prints_the_published_per_seed_table(tmp_path, monke
     rows = {r[0]: r for r in seeds if len(r) > 2 and len(r[1]) == 8}
     assert rows["0"][1:4] == ["04dd1de7", "92.77", "(92.60)"]
     assert rows["2"][-4:] == ["90.03", "(90.70)", "7.8k", "15m"]
+
+
+def test_the_committed_selection_rows_print_the_published_figures():
+    """bench/results/selection_fashion_mnist.csv holds every run of the selection
+    measurement; its report lines are the ones bench/README.md quotes."""
+    import importlib.util
+    import sys
+
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_sq", ROOT / "bench" / "selection_quality.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = pd.read_csv(RESULTS / "selection_fashion_mnist.csv")
+    lines = module.figures(rows, ["alpha", "perturbation"])
+    readme = (ROOT / "bench" / "README.md").read_text()
+    for line in lines:
+        assert line in readme, line
+    assert not rows["test_acc"].isna().all()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import re
 import shutil
 import subprocess
@@ -99,9 +100,7 @@ def cut_idx(src: Path, dst: Path, count: int | None) -> None:
     dims = data[3]
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
     n = shape[0] if count is None else min(count, shape[0])
-    item = 1
-    for s in shape[1:]:
-        item *= s
+    item = math.prod(shape[1:])
     head = data[:4] + n.to_bytes(4, "big") + data[8 : 4 + 4 * dims]
     with gzip.open(dst, "wb", compresslevel=9) as f:
         f.write(head + data[4 + 4 * dims : 4 + 4 * dims + n * item])

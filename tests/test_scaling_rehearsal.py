@@ -126,22 +126,29 @@ def _wait_for_parent_run(client: MlflowClient, machine: subprocess.Popen) -> Non
 def _kill_a_worker_mid_trial(machine: subprocess.Popen, storage: str) -> int:
     """SIGKILL a worker of ``machine`` while a trial it owns runs (its MLflow run
     started); its pid."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        workers = {p.pid: p for p in psutil.Process(machine.pid).children()}
-        try:
-            study = optuna.load_study(study_name="rehearsal", storage=storage)
-            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        except (KeyError, optuna.exceptions.StorageInternalError):  # not created yet
-            running = []
-        for t in running:
-            if ATTR_MLFLOW_RUN not in t.user_attrs:
-                continue
-            pid = int(str(t.user_attrs.get(ATTR_OWNER, ":0")).rsplit(":", 1)[1])
-            if pid in workers:
-                workers[pid].send_signal(signal.SIGKILL)
-                return pid
-        time.sleep(0.2)
+    # One storage for the whole poll: a storage per look opens a connection pool each
+    # time, and the pools outlived the looks until the server refused new clients
+    # ("too many clients already") on a slow machine.
+    rdb = optuna.storages.RDBStorage(storage)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            workers = {p.pid: p for p in psutil.Process(machine.pid).children()}
+            try:
+                study = optuna.load_study(study_name="rehearsal", storage=rdb)
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            except (KeyError, optuna.exceptions.StorageInternalError):  # not created yet
+                running = []
+            for t in running:
+                if ATTR_MLFLOW_RUN not in t.user_attrs:
+                    continue
+                pid = int(str(t.user_attrs.get(ATTR_OWNER, ":0")).rsplit(":", 1)[1])
+                if pid in workers:
+                    workers[pid].send_signal(signal.SIGKILL)
+                    return pid
+            time.sleep(0.2)
+    finally:
+        rdb.engine.dispose()
     raise AssertionError("no trial of the first machine's workers was seen running")
 
 

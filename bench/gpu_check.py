@@ -188,8 +188,8 @@ def growth_section(device: torch.device, init_channels: int) -> dict:
     """Each growth kind on the device: the function it preserves, as max |delta logits|."""
     cfg = config.load(None, [f"space.init_channels={init_channels}"])
     torch.manual_seed(0)
-    layout = memory_format(True, device, init_channels)  # the runner's rule for tiny nets
-    net = build_network(ArchSpec.from_config(cfg.space, 1, 10), device, layout)
+    spec = ArchSpec.from_config(cfg.space, 1, 10)
+    net = build_network(spec, device, memory_format(True, device, spec))
     x = torch.randn(64, 1, 8, 8, device=device)
     out = {}
     for kind in growth.KINDS:
@@ -298,8 +298,7 @@ def variants_section(device: torch.device, init_channels: int, batch: int, repea
     steps: dict[str, Callable[[], None]] = {}
     for name, speed_cfg in variants.items():
         torch.manual_seed(0)
-        layout = memory_format(speed_cfg["channels_last"], device, init_channels)
-        net = build_network(spec, device, layout)
+        net = build_network(spec, device, memory_format(speed_cfg["channels_last"], device, spec))
         speed = Speed(config.SpeedConfig(**speed_cfg), device)
         opt = torch.optim.SGD(net.weight_parameters(), lr=0.01, momentum=0.9)
 

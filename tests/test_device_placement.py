@@ -72,7 +72,8 @@ def _step(speed: Speed, net, x, y, plans, optimizer) -> torch.Tensor:
 def test_supernet_is_built_on_the_device(channels_last):
     cfg = _cfg()
     with on_device() as device:
-        net = build_network(_spec(cfg), device, memory_format(channels_last))
+        spec = _spec(cfg)
+        net = build_network(spec, device, memory_format(channels_last, device, spec))
         assert _on(net, device) == set()
         assert net(*_batch(device)[:1], net.sample_plans(1.0, False)).device == device
 
@@ -81,7 +82,8 @@ def test_supernet_is_built_on_the_device(channels_last):
 def test_w_step_and_alpha_step_forward_at_several_temperatures(autocast):
     cfg = _cfg(**{"speed.autocast": autocast})
     with on_device() as device:
-        net = build_network(_spec(cfg), device, memory_format(False))
+        spec = _spec(cfg)
+        net = build_network(spec, device, memory_format(False, device, spec))
         speed = Speed(cfg.speed, device)
         weights = torch.optim.SGD(net.weight_parameters(), lr=0.01)
         alphas = torch.optim.Adam(net.alpha_parameters(), lr=0.01)
@@ -108,7 +110,8 @@ def test_gumbel_noise_is_drawn_on_the_device():
 def test_derived_network_runs_on_the_device():
     cfg = _cfg()
     with on_device() as device:
-        net = build_network(_spec(cfg), device, memory_format(True))
+        spec = _spec(cfg)
+        net = build_network(spec, device, memory_format(True, device, spec))
         genotype = net.derive(cfg.search.param_free_cap)
         derived = DerivedNetwork(net, genotype).eval()
         x, _ = _batch(device)
@@ -126,7 +129,8 @@ def test_every_growth_step_stays_on_the_device(kind, index):
         pytest.skip(f"this machine has no cuda:{index}")
     cfg = _cfg()
     with on_device(index) as device:
-        net = build_network(_spec(cfg), device, memory_format(True))
+        spec = _spec(cfg)
+        net = build_network(spec, device, memory_format(True, device, spec))
         x, _ = _batch(device)
         net = growth.propose(net, kind, 1.0).net
         assert _on(net, device) == set(), f"{kind} left tensors off {device}"

@@ -101,13 +101,19 @@ def test_out_of_memory_in_a_phase_is_one_line_exit_2_and_the_run_resumes(
 def test_channels_last_keeps_tiny_networks_contiguous_on_the_cpu():
     """oneDNN's channels-last CPU kernels corrupted the heap for cells under 8 channels on an
     AVX2 machine; such networks stay contiguous there, and nowhere else."""
+    from asolab import config
     from asolab.runner.device import CPU_CHANNELS_LAST_MIN, memory_format
+    from asolab.space.spec import ArchSpec
+
+    def spec(init_channels: int) -> ArchSpec:  # its narrowest cell has init_channels
+        space = config.load(None, [f"space.init_channels={init_channels}"]).space
+        return ArchSpec.from_config(space, 1, 10)
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert memory_format(True, cpu, CPU_CHANNELS_LAST_MIN - 1) == torch.contiguous_format
-    assert memory_format(True, cpu, CPU_CHANNELS_LAST_MIN) == torch.channels_last
-    assert memory_format(True, gpu, 4) == torch.channels_last
-    assert memory_format(False, cpu, 64) == torch.contiguous_format
+    assert memory_format(True, cpu, spec(CPU_CHANNELS_LAST_MIN - 1)) == torch.contiguous_format
+    assert memory_format(True, cpu, spec(CPU_CHANNELS_LAST_MIN)) == torch.channels_last
+    assert memory_format(True, gpu, spec(4)) == torch.channels_last
+    assert memory_format(False, cpu, spec(64)) == torch.contiguous_format
 
 
 def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():

@@ -87,8 +87,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self.spec = spec or ArchSpec.from_config(
             cfg.space, self.data.in_channels, self.data.num_classes
         )
-        narrowest = min((c.channels for c in self.spec.cells), default=cfg.space.init_channels)
-        self._layout = memory_format(cfg.speed.channels_last, self.device, narrowest)
+        self._layout = memory_format(cfg.speed.channels_last, self.device, self.spec)
         # Before allocating: a supernet too big for this machine is one line, not the OOM killer.
         check_fits(self.spec, cfg.data.batch_size, self.data.image_size, self.device)
         try:

@@ -7,10 +7,14 @@ device); a device this machine lacks is a one-line :class:`ConfigError`.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..config import ConfigError
+
+if TYPE_CHECKING:
+    from ..space.spec import ArchSpec
 
 
 def resolve_device(name: str) -> torch.device:
@@ -61,19 +65,13 @@ def check_cuda_index(name: str, count: int) -> None:
 CPU_CHANNELS_LAST_MIN = 8
 
 
-def memory_format(
-    channels_last: bool, device: torch.device | None = None, min_channels: int | None = None
-) -> torch.memory_format:
-    """The layout of the network's weights (``speed.channels_last``). Convolutions and
-    pooling follow their weights' layout, so the activations need no conversion. On the
-    CPU a network whose narrowest cell has fewer than ``CPU_CHANNELS_LAST_MIN`` channels
-    stays contiguous (see above)."""
-    tiny = (
-        device is not None
-        and device.type == "cpu"
-        and min_channels is not None
-        and min_channels < CPU_CHANNELS_LAST_MIN
-    )
+def memory_format(channels_last: bool, device: torch.device, spec: ArchSpec) -> torch.memory_format:
+    """The layout of the weights of a network of ``spec`` on ``device``
+    (``speed.channels_last``). Convolutions and pooling follow their weights' layout, so
+    the activations need no conversion. On the CPU a network whose narrowest cell has
+    fewer than ``CPU_CHANNELS_LAST_MIN`` channels stays contiguous (see above)."""
+    narrowest = min((c.channels for c in spec.cells), default=spec.stem_channels)
+    tiny = device.type == "cpu" and narrowest < CPU_CHANNELS_LAST_MIN
     return torch.channels_last if channels_last and not tiny else torch.contiguous_format
 
 

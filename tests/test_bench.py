@@ -3,28 +3,16 @@ its table with the headline last. No timing is asserted (speed lives in bench/).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _module(name: str):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import BENCH, bench_module
 
 
 def _run(capsys, name: str, argv: list[str]) -> list[str]:
-    assert _module(name).main(argv) == 0
+    assert bench_module(name).main(argv) == 0
     return capsys.readouterr().out.strip().splitlines()
 
 
@@ -83,7 +71,7 @@ def test_search_quality_records_its_arms_in_mlflow(capsys, tmp_path):
     assert "per seed: test % (val %), final parameters, minutes of training" in lines
     assert lines[-1].startswith("digits: ASO-SE test accuracy minus each arm")
     with pytest.raises(SystemExit):
-        _module("search_quality").main(args + ["--arms", "initial,bogus"])
+        bench_module("search_quality").main(args + ["--arms", "initial,bogus"])
 
 
 def test_study_signal_smoke(capsys, tmp_path):
@@ -108,7 +96,7 @@ def test_study_signal_smoke(capsys, tmp_path):
 
 
 def test_study_signal_analysis():
-    a = _module("study_signal").analyse(
+    a = bench_module("study_signal").analyse(
         [
             {"setting": k, "val_acc": v}
             for k, vs in (("a", (0.90, 0.92)), ("b", (0.80, 0.82)))
@@ -143,7 +131,7 @@ def test_search_throughput_neuroexapt_shaped_cycle(capsys):
 def test_search_throughput_compares_with_neuroexapt_per_image():
     """NeuroExapt's W-step figure is one batch of 64 and its W-retraining figure 256 images;
     asolab's are per 256 images: the same time per image reads 1.00x, a 4x slower one 0.25x."""
-    bench = _module("search_throughput")
+    bench = bench_module("search_throughput")
     (w_s, w_n), (r_s, r_n) = bench.NEUROEXAPT["W-step"], bench.NEUROEXAPT["W-retrain"]
     assert (w_n, r_n) == (64, 256)
     line = bench.vs_neuroexapt({"W-step": w_s * 256 / w_n, "W-retrain": 4 * r_s * 256 / r_n})
@@ -182,7 +170,7 @@ def test_concurrency(capsys):
     ],
 )
 def test_every_benchmark_documents_itself(name):
-    assert _module(name).__doc__.strip()
+    assert bench_module(name).__doc__.strip()
 
 
 def test_growth_digits(capsys):
@@ -199,7 +187,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     import json
 
     fashion = tmp_path / "fashion-mnist"  # the cut copy a bare GPU machine is given
-    _module("gpu_prepare").fashion_subset(fashion, 300)
+    bench_module("gpu_prepare").fashion_subset(fashion, 300)
     argv = ["--smoke", "--device", "cpu", "--out", str(tmp_path), "--fashion-dir", str(fashion)]
     lines = _run(capsys, "gpu_check", argv)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -230,7 +218,7 @@ def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):
 
     from asolab.data.builtin import FASHION_MNIST_DIR, _read_idx
 
-    prep = _module("gpu_prepare")
+    prep = bench_module("gpu_prepare")
     prep.fashion_subset(tmp_path, 123)
     full = _read_idx(FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz")
     cut = _read_idx(tmp_path / "train-images-idx3-ubyte.gz")

@@ -57,19 +57,11 @@ def test_the_committed_store_prints_the_published_per_seed_table(tmp_path, monke
 def test_the_committed_selection_rows_print_the_published_figures():
     """bench/results/selection_fashion_mnist.csv holds every run of the selection
     measurement; its report lines are the ones bench/README.md quotes."""
-    import importlib.util
-    import sys
-
     import pandas as pd
+    from bench_scripts import bench_module
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "bench_sq", ROOT / "bench" / "selection_quality.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     rows = pd.read_csv(RESULTS / "selection_fashion_mnist.csv")
-    lines = module.figures(rows, ["alpha", "perturbation"])
+    lines = bench_module("selection_quality").figures(rows, ["alpha", "perturbation"])
     readme = (ROOT / "bench" / "README.md").read_text()
     for line in lines:
         assert line in readme, line

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -149,16 +148,9 @@ def test_perturbation_selection_never_reads_the_test_split(tiny_cfg):
 def test_selection_quality_driver_pairs_both_selections_and_ranks(capsys, tmp_path):
     """bench/selection_quality.py (smoke sizes, digits): both selections' sets and ranks are
     recorded; a second invocation with --report trains nothing and prints the pairs."""
-    import importlib.util
-    import sys
+    from bench_scripts import bench_module
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location(
-        "bench_selection_quality", bench / "selection_quality.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = bench_module("selection_quality")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["--smoke", "--datasets", "digits", "--seeds", "0,1", "--threads", "1"]
     args += ["--tracking-uri", uri]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from asolab import threads
 
@@ -52,6 +55,58 @@ PROJECT_MLRUNS = config.PROJECT_ROOT / "mlruns"
 
 def _entries(folder):
     return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+def _shared_tmp(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this session sees (the session's own with -n 0)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def migrated_store_template(tmp_path_factory):
+    """A fresh SQLite MLflow store starts as a copy of one made by MLflow's own migrations.
+
+    MLflow builds a new store's tables by running every migration since its first release:
+    about 4 s of CPU, paid by some 70 tests. The template is made once per session (one
+    worker builds it, the other waits on the lock) by the same function, on an empty
+    database; each new store then gets its pages by SQLite's backup, in milliseconds. The
+    default experiment is not in the template: MLflow still creates it in each store, with
+    that store's artifact root. A store with any table, or a copy that fails (a read-only
+    folder, a full disk), goes the ordinary way, so it fails as it would without this."""
+    import mlflow
+    import mlflow.store.db.utils as db_utils
+    import mlflow.store.model_registry.sqlalchemy_store as registry_store
+    import sqlalchemy
+
+    migrate = db_utils._initialize_tables
+    template = _shared_tmp(tmp_path_factory) / f"mlflow-{mlflow.__version__}-template.db"
+    with FileLock(f"{template}.lock"):
+        if not template.exists():
+            building = template.with_suffix(".building")
+            building.unlink(missing_ok=True)
+            engine = sqlalchemy.create_engine(f"sqlite:///{building}")
+            migrate(engine)
+            engine.dispose()
+            building.rename(template)
+
+    def initialize(engine):
+        if engine.dialect.name != "sqlite" or sqlalchemy.inspect(engine).get_table_names():
+            return migrate(engine)
+        raw = engine.raw_connection()
+        try:
+            with sqlite3.connect(template) as source:
+                source.backup(raw.driver_connection)
+        except sqlite3.Error:
+            return migrate(engine)
+        finally:
+            raw.close()
+
+    db_utils._initialize_tables = initialize
+    registry_store._initialize_tables = initialize
+    yield
+    db_utils._initialize_tables = migrate
+    registry_store._initialize_tables = migrate
 
 
 @pytest.fixture(autouse=True)

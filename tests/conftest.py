@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -148,3 +151,44 @@ def tiny_cfg() -> config.ExperimentConfig:
 @pytest.fixture(scope="session")
 def digits():
     return load_data(config.DataConfig(), seed=0)
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """One finished run: its config, result and events, and the checkpoint its runner
+    wrote at the end of each phase, by (cycle, phase). Tests read it, never change it."""
+
+    cfg: config.ExperimentConfig
+    result: Any
+    recorder: Any
+    checkpoints: dict[tuple[int, str], Path]
+
+    def checkpoint(self, cycle: int, phase: str, folder: Path) -> Path:
+        """A copy of the checkpoint written at the end of ``phase`` of ``cycle``, as
+        ``folder/checkpoint.pt``: the file a run killed right after it leaves behind."""
+        folder.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy(self.checkpoints[cycle, phase], folder / "checkpoint.pt"))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> TrainedRun:
+    """The run of ``TINY``, trained once per worker: the tests that need a finished run of
+    it, its events or a checkpoint it wrote take them from here instead of training again
+    (each such training is seconds of CPU)."""
+    from asolab.runner import Runner
+    from asolab.runner.events import Recorder
+
+    folder = tmp_path_factory.mktemp("tiny-run")
+    kept: dict[tuple[int, str], Path] = {}
+
+    class KeepCheckpoints(Recorder):
+        def on_checkpoint(self, event):
+            super().on_checkpoint(event)
+            kept[event.cycle, event.phase] = Path(
+                shutil.copy(folder / "checkpoint.pt", folder / f"{event.cycle}-{event.phase}.pt")
+            )
+
+    cfg = config.load(None, TINY)
+    recorder = KeepCheckpoints()
+    result = Runner(cfg, [recorder], checkpoint_dir=folder).run()
+    return TrainedRun(cfg, result, recorder, kept)

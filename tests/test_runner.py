@@ -122,11 +122,10 @@ def test_derived_network_starts_from_the_supernets_training(tiny_cfg):
     assert inherited_acc > 0.2 and inherited_acc > fresh_acc + 0.05, (inherited_acc, fresh_acc)
 
 
-def test_same_seed_same_run(tiny_cfg):
+def test_same_seed_same_run(tiny_cfg, tiny_run):
     results = []
-    for _ in range(2):
-        rec = Recorder()
-        res = Runner(tiny_cfg, [rec]).run()
+    for res, rec in [(tiny_run.result, tiny_run.recorder), (None, Recorder())]:
+        res = res or Runner(tiny_cfg, [rec]).run()
         results.append(
             (res.genotype, [(e.train_loss, e.val_acc) for e in rec.of("epoch_end")], res.test_acc)
         )
@@ -173,24 +172,22 @@ def test_a_checkpoint_from_before_the_speed_section_resumes_in_its_layout(tiny_c
     assert fresh.cfg.speed.channels_last is True
 
 
-def test_test_split_never_influences_the_search(tiny_cfg):
+def test_test_split_never_influences_the_search(tiny_cfg, tiny_run):
     data = load_data(tiny_cfg.data, tiny_cfg.seed)
     scrambled = dataclasses.replace(
         data, test=Split(torch.randn_like(data.test.x), torch.randint(0, 10, data.test.y.shape))
     )
-    runs = []
-    for bundle in (data, scrambled):
-        rec = Recorder()
-        res = Runner(tiny_cfg, [rec], data=bundle).run()
-        runs.append((res, [e.val_acc for e in rec.of("epoch_end")]))
+    runs = [(tiny_run.result, [e.val_acc for e in tiny_run.recorder.of("epoch_end")])]
+    rec = Recorder()
+    res = Runner(tiny_cfg, [rec], data=scrambled).run()
+    runs.append((res, [e.val_acc for e in rec.of("epoch_end")]))
     (a, va), (b, vb) = runs
     assert a.genotype == b.genotype and va == vb and a.val_acc == b.val_acc
     assert a.test_acc != b.test_acc
 
 
-def test_events_cover_every_phase_and_cycle(tiny_cfg):
-    rec = Recorder()
-    Runner(tiny_cfg, [rec]).run()
+def test_events_cover_every_phase_and_cycle(tiny_run):
+    rec = tiny_run.recorder
     epochs = rec.of("epoch_end")
     assert [e.phase for e in epochs] == ["w_train", "alpha", "retrain"] * 2
     assert [e.global_epoch for e in epochs] == list(range(6))
@@ -251,32 +248,20 @@ def test_final_genotype_follows_the_configured_choice(tiny_cfg, choice):
     assert end.derived_params == runner.net.count_derived(expected)
 
 
-def test_checkpoint_resume_continues_identically(tiny_cfg, tmp_path):
-    full = Runner(tiny_cfg).run()
-
-    class StopAfter(Exception):
-        pass
-
-    class Stopper(Recorder):
-        def on_checkpoint(self, event):
-            if event.cycle == 1 and event.phase == "alpha":
-                raise StopAfter
-
-    with pytest.raises(StopAfter):
-        Runner(tiny_cfg, [Stopper()], checkpoint_dir=tmp_path).run()
-    rec = Recorder()
-    resumed = Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
+def test_checkpoint_resume_continues_identically(tiny_run, tmp_path):
+    full = tiny_run.result
+    rec = Recorder()  # killed right after cycle 1's alpha phase was saved
+    resumed = Runner.resume(tiny_run.checkpoint(1, "alpha", tmp_path), [rec]).run()
     assert rec.of("run_start")[0].resumed_from["cycle"] == 1
     assert [e.global_epoch for e in rec.of("epoch_end")] == [5]
     assert resumed.genotype == full.genotype and resumed.test_acc == full.test_acc
 
 
-def test_fair_w_sampling_changes_the_run_and_resumes_identically(tiny_cfg, tmp_path):
+def test_fair_w_sampling_changes_the_run_and_resumes_identically(tiny_cfg, tiny_run, tmp_path):
     cfg = tiny_cfg.replace(**{"search.w_sampling": "fair"})
     rec = Recorder()
     full = Runner(cfg, [rec]).run()
-    gumbel = Recorder()
-    Runner(tiny_cfg, [gumbel]).run()
+    gumbel = tiny_run.recorder
     w_losses = [e.train_loss for e in rec.of("epoch_end") if e.phase == "w_train"]
     assert w_losses != [e.train_loss for e in gumbel.of("epoch_end") if e.phase == "w_train"]
     # killed after cycle 0's W-training: rounds restart with each W-training phase, so
@@ -336,10 +321,8 @@ def _growth_summary(events):
     ]
 
 
-def test_checkpoints_name_the_cycle_their_phase_belonged_to(tiny_cfg, tmp_path):
-    rec = Recorder()
-    Runner(tiny_cfg, [rec], checkpoint_dir=tmp_path).run()
-    saved = [(c.cycle, c.phase) for c in rec.of("checkpoint")]
+def test_checkpoints_name_the_cycle_their_phase_belonged_to(tiny_run):
+    saved = [(c.cycle, c.phase) for c in tiny_run.recorder.of("checkpoint")]
     phases = ["w_train", "alpha", "mutate", "retrain"]
     assert saved == [(0, p) for p in phases] + [(1, p) for p in phases] + [(2, "final")]
 
@@ -604,11 +587,10 @@ def _save_edited(src, dst, edit):
         pytest.param(lambda s: s["position"].update(step=3), id="unknown-position-field"),
     ],
 )
-def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_cfg, tmp_path, edit):
+def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_run, tmp_path, edit):
     from asolab.runner.checkpoint import CheckpointError
 
-    with pytest.raises(_StopAt):
-        Runner(tiny_cfg, [_Stopper(0, "alpha")], checkpoint_dir=tmp_path).run()
+    tiny_run.checkpoint(0, "alpha", tmp_path)  # a run killed after cycle 0's alpha phase
     Runner.resume(tmp_path / "checkpoint.pt")  # the untouched checkpoint restores
     bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", edit)
     with pytest.raises(CheckpointError, match="incomplete or from another asolab version") as info:
@@ -626,12 +608,11 @@ def test_incomplete_or_mismatched_checkpoint_is_a_clear_error(tiny_cfg, tmp_path
         pytest.param({"stage_epoch": 1}, id="final-stage-epoch-inside-a-cycle"),
     ],
 )
-def test_checkpoint_at_a_position_its_run_never_reaches_is_refused(tiny_cfg, tmp_path, position):
+def test_checkpoint_at_a_position_its_run_never_reaches_is_refused(tiny_run, tmp_path, position):
     """Resuming there would skip or repeat epochs: the run would end with steps missing."""
     from asolab.runner.checkpoint import CheckpointError
 
-    with pytest.raises(_StopAt):
-        Runner(tiny_cfg, [_Stopper(0, "alpha")], checkpoint_dir=tmp_path).run()
+    tiny_run.checkpoint(0, "alpha", tmp_path)  # a run killed after cycle 0's alpha phase
     Runner.resume(tmp_path / "checkpoint.pt")  # the untouched checkpoint restores
     edit = lambda s: s["position"].update(position)  # noqa: E731
     bad = _save_edited(tmp_path / "checkpoint.pt", tmp_path / "bad.pt", edit)

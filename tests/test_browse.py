@@ -42,6 +42,9 @@ from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+# One worker builds the module's store, asolab ui and browser (--dist loadgroup), not both.
+pytestmark = pytest.mark.xdist_group("browse")
+
 SHOTS = os.environ.get("ASOLAB_SCREENSHOTS", "")
 
 TINY = """

@@ -43,6 +43,9 @@ from asolab.tracking import layout
 from asolab.tracking.mlflow_tracker import MlflowTracker
 from asolab.tracking.store import artifact_root
 
+# One worker builds the module's store of recorded runs (--dist loadgroup), not both.
+pytestmark = pytest.mark.xdist_group("compare")
+
 EXPERIMENTS = {
     # experiment -> (seeds, initial temperature, mutation strength)
     "cmp-alpha": ((0, 1, 2), 5.0, 0.25),

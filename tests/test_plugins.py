@@ -34,6 +34,9 @@ from asolab.plugins import PluginError
 from asolab.space.ops import OPS
 from asolab.tracking import layout as L
 
+# One worker builds the module's plugin, built and installed (--dist loadgroup), not both.
+pytestmark = pytest.mark.xdist_group("plugins")
+
 TINY = ONE_CYCLE
 
 

@@ -42,6 +42,9 @@ from asolab.tracking import (
 from asolab.tracking import layout as L
 from asolab.tracking.store import RunNotFound, ensure_experiment, find_run
 
+# One worker builds the module's store and tracked run (--dist loadgroup), not both.
+pytestmark = pytest.mark.xdist_group("tracking")
+
 # Tiny but complete: 2 cycles of every phase, growth in each mutation, 1 final epoch.
 TINY = [
     "seed=3",

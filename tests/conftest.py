@@ -60,6 +60,13 @@ def _entries(folder):
     return set(os.listdir(folder)) if folder.is_dir() else set()
 
 
+def pytest_collection_modifyitems(items):
+    """The slow end-to-end tests first (in their order): with ``--dist loadgroup`` xdist
+    hands tests out in this order, after the xdist groups, so a long one never starts
+    last while the other core has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _shared_tmp(tmp_path_factory) -> Path:
     """A folder every xdist worker of this session sees (the session's own with -n 0)."""
     base = tmp_path_factory.getbasetemp()

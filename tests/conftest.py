@@ -108,7 +108,9 @@ def migrated_store_template(tmp_path_factory):
             with sqlite3.connect(template) as source:
                 source.backup(raw.driver_connection)
         except sqlite3.Error:
-            return migrate(engine)
+            # another opener of the same new store may have copied it first
+            if not sqlalchemy.inspect(engine).get_table_names():
+                return migrate(engine)
         finally:
             raw.close()
 

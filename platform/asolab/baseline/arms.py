@@ -39,7 +39,7 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
-from ..runner.phases import W_TRAIN
+from ..runner.phases import BY_NAME, W_TRAIN
 from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.ops import NONE, PARAMETER_FREE
@@ -55,6 +55,8 @@ class FixedGenotypeRunner(Runner):
     """A runner whose genotype never changes: W-training trains the genotype's
     path instead of sampled ones, alpha-training and mutation do nothing. The
     epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
+
+    reads = frozenset({"cfg", "data", "net", "state"})
 
     def __init__(
         self,
@@ -74,8 +76,7 @@ class FixedGenotypeRunner(Runner):
         self.state.final_epochs = final_epochs
 
     def w_train(self) -> None:
-        s = self.cfg.search
-        epochs = s.w_epochs + (s.warmup_epochs if self.state.position.cycle == 0 else 0)
+        epochs = BY_NAME[W_TRAIN].epochs(self.cfg.search, self.state.position.cycle)
         self.retrain(W_TRAIN, epochs, self.data.train)
 
     def alpha_train(self) -> None:
@@ -103,6 +104,8 @@ class FinalOnlyRunner(FixedGenotypeRunner):
     """A fixed-genotype runner that trains the final stage only: the warm-up,
     W-training and W-retraining epochs pass untrained (counted, so the final
     epochs keep their places and learning rates in the schedule)."""
+
+    reads = frozenset({"state"})
 
     def retrain(self, phase: str, epochs: int, split) -> None:
         self.state.position.global_epoch += epochs

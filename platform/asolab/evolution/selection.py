@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ..config import ExperimentConfig
 from ..data import Batches, Split
 from ..space.cells import edge_index
 from ..space.genotype import CELL_TYPES, Genotype
@@ -209,24 +210,25 @@ def selection_record(
     }
 
 
-def select_genotype(runner: Any, param_free_cap: int) -> tuple[Genotype, dict[str, Any] | None]:
-    """The mutation phase's genotype before its edits, by ``search.selection``, and the
-    per-cycle record (None for "alpha"). ``runner`` is the cycle runner: its supernet,
-    validation split, config and cycle."""
-    s = runner.cfg.search
+def select_genotype(
+    net: SearchNetwork, val: Split, cfg: ExperimentConfig, cycle: int
+) -> tuple[Genotype, dict[str, Any] | None]:
+    """The mutation phase's genotype before its edits, read off the supernet ``net`` by
+    ``cfg.search.selection`` (``val``: the validation split; ``cycle``: the cycle, for the
+    record), and the per-cycle record (None for "alpha")."""
+    s = cfg.search
     if s.selection == "alpha":
-        return runner.net.derive(param_free_cap), None
+        return net.derive(s.param_free_cap), None
     settings = {
-        "images": min(s.selection_images, len(runner.data.val)),
+        "images": min(s.selection_images, len(val)),
         "paths": s.selection_paths,
-        "seed": runner.cfg.seed,
+        "seed": cfg.seed,
     }
     genotype, drops = select(
-        runner.net,
-        runner.data.val,
-        batch_size=runner.cfg.data.eval_batch_size,
-        param_free_cap=param_free_cap,
+        net,
+        val,
+        batch_size=cfg.data.eval_batch_size,
+        param_free_cap=s.param_free_cap,
         **settings,
     )
-    cycle = runner.state.position.cycle
     return genotype, selection_record(cycle, genotype, drops, settings)

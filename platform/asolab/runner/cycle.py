@@ -44,6 +44,7 @@ from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
 from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
 from .mutating import Mutating
+from .parts import shared_names
 from .phases import PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
@@ -60,8 +61,12 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
     Its parts live beside this module, one job each: ``schedule`` (epochs,
     temperature, learning rate), ``training`` (steps, epochs, the training
     phases), ``mutating`` (mutation and growth), ``final`` (the final stage),
-    ``resume`` (checkpoints); ``state`` holds what a checkpoint saves.
+    ``resume`` (checkpoints); ``state`` holds what a checkpoint saves. What the parts
+    share is declared once, in ``parts.Shared``; each part names the attributes it
+    reads and writes. The Runner builds them all.
     """
+
+    writes = shared_names()
 
     def __init__(
         self,

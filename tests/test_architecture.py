@@ -169,7 +169,8 @@ def part_violations(cls: type, shared: frozenset[str]) -> list[str]:
     runner/parts.py's ``Shared`` does not annotate."""
     reads, writes = cls.__dict__.get("reads", frozenset()), cls.__dict__.get("writes", frozenset())
     name = cls.__name__
-    found = [f"{name} declares {a}, which Shared does not" for a in sorted((reads | writes) - shared)]
+    unknown = sorted((reads | writes) - shared)
+    found = [f"{name} declares {a}, which Shared does not" for a in unknown]
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     for node in ast.walk(tree):
         if not (

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "platform" / "asolab"
 
 LAYERS: list[set[str]] = [
-    {"config", "threads", "interrupt", "errors", "options", "plugins"},
+    {"config", "threads", "interrupt", "errors", "options", "plugins", "version"},
     {"data", "space"},
     {"evolution"},
     {"runner"},
@@ -77,8 +77,11 @@ def scan(root: Path = ROOT) -> dict[str, list[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         where = path.relative_to(root.parent)
         for target, name, line in _imports(tree, here, path.name == "__init__.py"):
-            # ``from . import x`` inside asolab/__init__.py names a package.
+            # ``from . import x`` inside asolab/__init__.py names a package; ``from .. import
+            # __version__`` anywhere else names the package root (asolab/__init__.py).
             other = _package(target if target else ([name] if name else []))
+            if not target and other not in LAYER:
+                other = "__init__"
             if other == package or other not in LAYER or package not in LAYER:
                 continue
             edges.setdefault(package, set()).add(other)
@@ -150,8 +153,12 @@ def test_the_scan_sees_a_planted_violation(tmp_path):
         "from ..evolution.sample import _draw\n" + "def long():\n" + "    x = 1\n" * 61
     )
     (pkg / "evolution" / "sample.py").write_text("from asolab.space import net\n_draw = 1\n")
+    (pkg / "space" / "version.py").write_text("from .. import __version__\n")
     found = scan(pkg)
-    assert found["layer"] == ["asolab/space/net.py:1 (space) imports evolution"]
+    assert found["layer"] == [
+        "asolab/space/net.py:1 (space) imports evolution",
+        "asolab/space/version.py:1 (space) imports __init__",
+    ]
     assert found["private"] == ["asolab/space/net.py:1 imports evolution's _draw"]
     assert found["long"] == ["asolab/space/net.py:2 long 62 lines"]
     assert "space -> evolution -> space" in found["cycle"]

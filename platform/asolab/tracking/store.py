@@ -158,18 +158,14 @@ def database_unreachable(url: str, timeout: float = 5.0) -> str:
     except ModuleNotFoundError as exc:
         return f"its database driver is not installed: No module named {exc.name!r}"
     except Exception as exc:  # a malformed URL, an unknown dialect
-        return _first_line(exc)
+        return first_line(exc, named=True, limit=300)
     try:
         with engine.connect():
             return ""
     except Exception as exc:  # OperationalError and friends: refused, unknown host, bad password
-        return _first_line(getattr(exc, "orig", None) or exc)
+        return first_line(getattr(exc, "orig", None) or exc, named=True, limit=300)
     finally:
         engine.dispose()
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"[:300]
 
 
 def mask_password(url: str) -> str:

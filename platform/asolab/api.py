@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import ConfigError, ExperimentConfig, apply_overrides, load, parse_override
+from .config import (
+    DEFAULT_EXPERIMENT,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    load,
+    parse_overrides,
+)
 from .interrupt import sigterm_as_interrupt
 
 if TYPE_CHECKING:
@@ -48,28 +55,19 @@ class RunResult:
     experiment_id: str | None = None  # the MLflow experiment (None when not tracked)
 
 
-def load_config(experiment: Experiment = "digits", overrides: Overrides = None) -> ExperimentConfig:
+def load_config(
+    experiment: Experiment = DEFAULT_EXPERIMENT, overrides: Overrides = None
+) -> ExperimentConfig:
     """An experiment config, validated: a shipped name (``"digits"``), a TOML path, or a
     config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``)."""
     if isinstance(experiment, ExperimentConfig):
-        return apply_overrides(experiment, _pairs(overrides)) if overrides else experiment
-    return load(experiment, _pairs(overrides) if overrides else ())
-
-
-def _pairs(overrides: Overrides) -> dict[str, Any]:
-    if not overrides:
-        return {}
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    if isinstance(overrides, str):
-        raise ConfigError(
-            f"overrides must be a mapping or a list of 'key=value' strings, got {overrides!r}"
-        )
-    return dict(parse_override(o) for o in overrides)
+        pairs = parse_overrides(overrides)
+        return apply_overrides(experiment, pairs) if pairs else experiment
+    return load(experiment, parse_overrides(overrides))
 
 
 def run(
-    experiment: Experiment = "digits",
+    experiment: Experiment = DEFAULT_EXPERIMENT,
     overrides: Overrides = None,
     tracking_uri: str | None = None,
     *,
@@ -92,7 +90,7 @@ def run(
     even though the run's lease names a process on another machine (it is gone);
     ``hint_file``: the experiment file the recorded resume command names (the CLI's).
     """
-    pairs = _pairs(overrides)
+    pairs = parse_overrides(overrides)
     if tracking_uri is not None:
         pairs["tracking.tracking_uri"] = tracking_uri
     if resume is not None and not str(resume).strip():
@@ -111,7 +109,11 @@ def run(
 
         result = Runner(cfg, list(observers)).run()
         return _result(result, None, None, cfg)
-    if hint_file is None and isinstance(experiment, (str, Path)) and str(experiment) != "digits":
+    if (
+        hint_file is None
+        and isinstance(experiment, (str, Path))
+        and str(experiment) != DEFAULT_EXPERIMENT
+    ):
         hint_file = str(experiment)
     return _run_tracked(
         cfg, pairs, list(observers), mlflow_experiment, resume, force=force, hint_file=hint_file
@@ -168,9 +170,7 @@ def _run_tracked(
         try:
             if resume:
                 tracker.resume_run_id = resume = _hold(uri, resume, force)
-                threads = forced_threads(
-                    [f"threads={pairs['threads']}"] if "threads" in pairs else []
-                )
+                threads = forced_threads(pairs)
                 runner = resumed_runner(uri, resume, [*observers, tracker], workdir, threads)
             else:
                 runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
@@ -288,20 +288,15 @@ def resume_command(file: str | None, run_id: str, uri: str) -> str:
     return shlex.join(parts)
 
 
-def forced_threads(overrides: Sequence[str]) -> int:
+def forced_threads(overrides: Overrides) -> int:
     """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
     resume takes (0 = keep the run's own count)."""
-    values = [
-        o.split("=", 1)[1]
-        for o in overrides
-        if o.split("=", 1)[0].strip() == "threads" and "=" in o
-    ]
-    if not values:
+    pairs = parse_overrides(overrides)
+    if "threads" not in pairs:
         return 0
-    try:
-        threads = int(values[-1])
-    except ValueError:
-        raise ConfigError(f"--set threads={values[-1]}: threads must be a whole number") from None
+    threads = pairs["threads"]
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise ConfigError(f"--set threads={threads}: threads must be a whole number")
     if not 0 <= threads <= 1024:
         raise ConfigError(f"--set threads={threads}: threads must be between 0 and 1024")
     return threads

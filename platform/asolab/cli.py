@@ -24,7 +24,7 @@ from .api import forced_threads, resume_command
 from .baseline.cli import add_baseline as _add_baseline
 from .baseline.cli import add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
-from .config import ConfigError
+from .config import DEFAULT_EXPERIMENT, ConfigError
 from .data import DataError
 from .interrupt import Terminated
 from .plugins import PluginError
@@ -125,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     recorder = Recorder()
     try:
         result = api.run(
-            args.file or "digits",
+            args.file or DEFAULT_EXPERIMENT,
             args.overrides,
             track=not args.no_track,
             mlflow_experiment=args.experiment,

@@ -142,10 +142,7 @@ def _uniform_genotype(rng: random.Random, ops: list[str], steps: int) -> Genotyp
         )
         for kind in CELL_TYPES
     }
-    concat = tuple(range(2, steps + 2))
-    return Genotype(
-        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
-    )
+    return Genotype.from_cells(cells, range(2, steps + 2))
 
 
 def matched_random(

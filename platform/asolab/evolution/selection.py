@@ -40,7 +40,7 @@ import torch
 from ..config import ExperimentConfig
 from ..data import Batches, Split
 from ..space.cells import edge_index
-from ..space.genotype import CELL_TYPES, Genotype
+from ..space.genotype import Genotype
 from ..space.network import SearchNetwork
 from ..space.ops import PARAMETER_FREE
 
@@ -181,16 +181,7 @@ def select(
         if param_free_cap >= 0:
             _cap(nodes, drops, param_free_cap, net.spec.primitives)
         cells[key] = tuple(tuple((op, j) for op, j in node) for node in nodes)
-    concat = tuple(range(2, net.spec.steps + 2))
-    keys = [net.spec.alpha_key(i) for i in range(len(net.spec.cells))]
-    own = tuple((i, cells[key], concat) for i, key in enumerate(keys) if key not in CELL_TYPES)
-    genotype = Genotype(
-        normal=cells["normal"],
-        normal_concat=concat,
-        reduce=cells["reduce"],
-        reduce_concat=concat,
-        own_cells=own,
-    )
+    genotype = Genotype.from_cells(cells, range(2, net.spec.steps + 2))
     marked = [
         EdgeDrops(**{**asdict(d), "kept": (d.cell, d.node, d.input) in kept}) for d in measured
     ]

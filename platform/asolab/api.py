@@ -7,12 +7,10 @@ docs/python-api.md for a walk-through.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shlex
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -342,6 +340,7 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
     import mlflow.pytorch
 
     from .tracking import layout
+    from .tracking.environment import quiet_mlflow
     from .tracking.store import RunNotFound, client, find_run, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri or "")
@@ -357,28 +356,12 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
             "tracking.log_models = false)"
         )
     logged = c.get_logged_model(model_uri.removeprefix("models:/"))
-    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, _no_progress_bars():
+    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, quiet_mlflow():
         local = mlflow.artifacts.download_artifacts(
             artifact_uri=logged.artifact_location, dst_path=tmp, tracking_uri=uri
         )
         model = mlflow.pytorch.load_model(local, map_location="cpu")
     return model.eval()
-
-
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """MLflow's per-file download bars, off while a model loads (a notebook cell would
-    fill with them), and back as they were."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def register_dataset(name: str, loader: Any, **declared: Any) -> None:

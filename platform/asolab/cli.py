@@ -260,11 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from .tracking.environment import quiet_mlflow
     from .tracking.health import quiet_db_errors
 
     quiet_db_errors(args.verbose)
     try:
-        return args.func(args)
+        with quiet_mlflow():  # MLflow's download bars would bury the command's own output
+            return args.func(args)
     except USER_ERRORS as exc:
         say(f"asolab: error: {exc}")
         return 2

@@ -138,8 +138,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
-    # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _check_outputs(args)
     selection = load_selection(
         args.tracking_uri or None,

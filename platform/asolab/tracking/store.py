@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import first_line
+from .environment import quiet_mlflow
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -456,16 +457,8 @@ def download_checkpoint(uri: str, run_id: str, dst: str | Path) -> Path | None:
 def _download(c: MlflowClient, run_id: str, path: str, dst: str | Path) -> Path:
     """One artifact, without MLflow's progress bar (the terminal shows asolab's own
     output, and an error stays one line)."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
+    with quiet_mlflow():
         return Path(c.download_artifacts(run_id, path, str(dst)))
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def recorded_config(uri: str, run_id: str, dst: str | Path) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from .version import __version__ as __version__
 if TYPE_CHECKING:
     from .api import RunResult, load_config, load_model, register_dataset, register_op, run, runs
     from .data import Arrays
+    from .interrupt import RunStopped
 
 _API = {
     "RunResult": "api",
@@ -33,10 +34,12 @@ _API = {
     "register_dataset": "api",
     "register_op": "api",
     "Arrays": "data",
+    "RunStopped": "interrupt",
 }
 __all__ = [
     "Arrays",
     "RunResult",
+    "RunStopped",
     "load_config",
     "load_model",
     "register_dataset",

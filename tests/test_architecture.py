@@ -230,3 +230,23 @@ def test_runner_parts_check_sees_a_planted_violation():
         "Planted sets net without declaring it in writes",
         "Planted uses speed without declaring it",
     ]
+
+
+def test_every_doc_the_package_points_to_exists():
+    """A docstring, help text or error that names docs/x.md (or docs/x.md#section) names a
+    page that is there, and a section the page has."""
+    import re
+
+    docs = ROOT.parents[1] / "docs"
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for page, anchor in re.findall(r"docs/([\w-]+\.md)(?:#([\w-]+))?", path.read_text()):
+            where = f"{path.relative_to(ROOT.parent)} -> docs/{page}"
+            if not (docs / page).is_file():
+                missing.append(where)
+            elif anchor and not any(
+                re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") == anchor
+                for h in re.findall(r"^#+ (.*)$", (docs / page).read_text(), re.M)
+            ):
+                missing.append(f"{where}#{anchor}")
+    assert missing == []

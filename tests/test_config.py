@@ -127,7 +127,7 @@ def test_the_configs_choices_are_the_registries():
     """Each name lives in its registry; the config accepts exactly those names."""
     from asolab.data import REGISTRY
     from asolab.evolution.growth import POLICIES
-    from asolab.evolution.sampling import SCHEDULES
+    from asolab.evolution.temperature import SCHEDULES
     from asolab.space.ops import OPS, PRIMITIVES
 
     assert config.DATASETS() == tuple(REGISTRY)

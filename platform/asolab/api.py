@@ -250,7 +250,7 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
 
 
 def register_dataset(name: str, loader: Any, **declared: Any) -> None:
-    """Make ``name`` a valid ``data.name`` in this process (docs/plugins.md):
+    """Make ``name`` a valid ``data.name`` in this process (docs/python-api.md#plugins):
     ``loader(cfg) -> asolab.data.Arrays``; ``num_classes``, ``mean``, ``std``,
     ``augmentation`` may be declared."""
     from .data import register_dataset as _register

@@ -1,12 +1,17 @@
-"""Turning an exception into the one line a user reads.
+"""Errors a user reads: :class:`ConfigError`, the bad-input error every layer raises
+(and subclasses: a run too big for memory, a comparison with nothing to compare), and
+:func:`first_line`, which turns any exception into the one line a user reads.
 
-The package's own errors live beside what raises them (``ConfigError`` in
-config/, ``DataError`` in data/, ``CheckpointError`` in runner/checkpoint.py,
-``RunNotFound`` in tracking/store.py); this module holds what every layer uses
-to report them: :func:`first_line`.
+Errors of one concern live beside what raises them (``DataError`` in data/,
+``CheckpointError`` in runner/checkpoint.py, ``TrackingError`` in tracking/store.py,
+``Terminated`` and ``RunStopped`` in interrupt.py).
 """
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line for the user."""
 
 
 def first_line(exc: BaseException | str, *, named: bool = False, limit: int = 0) -> str:

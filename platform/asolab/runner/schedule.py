@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..evolution.sampling import temperature as temperature_at
+from ..evolution.temperature import temperature as temperature_at
 from .parts import Part
 from .phases import search_epochs
 

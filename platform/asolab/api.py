@@ -110,26 +110,15 @@ def run(
 
         result = Runner(cfg, list(observers)).run()
         return _result(result, None, None, cfg)
-    if (
-        hint_file is None
-        and isinstance(experiment, (str, Path))
-        and str(experiment) != DEFAULT_EXPERIMENT
-    ):
-        hint_file = str(experiment)
+    if hint_file is None and isinstance(experiment, (str, Path)):
+        hint_file = str(experiment) if str(experiment) != DEFAULT_EXPERIMENT else None
     from .tracking.lifecycle import run_tracked
 
-    tracked = run_tracked(
-        cfg,
-        list(observers),
-        mlflow_experiment,
-        resume,
-        threads=forced_threads(pairs) if resume else 0,
-        force=force,
-        hint_file=hint_file,
+    threads = forced_threads(pairs) if resume else 0
+    t = run_tracked(
+        cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
     )
-    return _result(
-        tracked.result, tracked.run_id, tracked.tracking_uri, tracked.config, tracked.experiment_id
-    )
+    return _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
 
 
 def _kept(key: str) -> bool:

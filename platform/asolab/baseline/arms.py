@@ -54,7 +54,11 @@ PARAM_TOLERANCE = 0.10  # the random arm's parameter count: within 10% of the AS
 class FixedGenotypeRunner(Runner):
     """A runner whose genotype never changes: W-training trains the genotype's
     path instead of sampled ones, alpha-training and mutation do nothing. The
-    epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
+    epoch layout, LR schedule, BN recalibration and evaluation are the runner's.
+
+    A subclass, because the phase table looks a phase's method up on the runner:
+    overriding it is how a runner runs a phase differently. The arms add no state of
+    their own (``reads`` only, checked like the Runner's parts)."""
 
     reads = frozenset({"cfg", "data", "net", "state"})
 

@@ -104,3 +104,17 @@ def test_a_stopped_run_raises_run_stopped_with_the_run_and_the_command(tmp_path)
     run = MlflowClient(store).get_run(exc.run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags[L.TAG_RESUME_COMMAND] == exc.command
+
+
+def test_mlflow_progress_bars_are_off_inside_and_the_users_setting_wins(monkeypatch):
+    import os
+
+    from asolab.tracking.environment import PROGRESS_BAR, quiet_mlflow
+
+    monkeypatch.delenv(PROGRESS_BAR, raising=False)
+    with quiet_mlflow():
+        assert os.environ[PROGRESS_BAR] == "false"
+    assert PROGRESS_BAR not in os.environ  # back as it was
+    monkeypatch.setenv(PROGRESS_BAR, "true")
+    with quiet_mlflow():
+        assert os.environ[PROGRESS_BAR] == "true"

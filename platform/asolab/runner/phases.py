@@ -59,6 +59,8 @@ FINAL_TITLE = FINAL_STAGE.title
 # a resume from that checkpoint goes straight to the evaluation.
 FINAL_DONE = 1
 
+# The search.* fields of the cycle's epochs, in phase order (the compare table's columns).
+EPOCH_FIELDS: tuple[str, ...] = tuple(p.epochs_field for p in PHASES if p.epochs_field)
 BY_NAME: dict[str, Phase] = {p.name: p for p in (*PHASES, FINAL_STAGE)}
 # phase -> its title, and its index: the cycle's phases in order, then the final stage
 PHASE_TITLES: dict[str, str] = {name: p.title for name, p in BY_NAME.items()}

@@ -45,7 +45,7 @@ from .final import FinalStage
 from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
 from .mutating import Mutating
 from .parts import shared_names
-from .phases import PHASES, RETRAIN
+from .phases import BY_NAME, PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
 from .speed import Speed, build_network
@@ -148,7 +148,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         )
 
     def retrain_cycle(self) -> None:
-        self.retrain(RETRAIN, self.cfg.search.retrain_epochs, self.data.train)
+        self.retrain(RETRAIN, BY_NAME[RETRAIN].epochs(self.cfg.search), self.data.train)
         self._end_cycle()
 
     def run(self) -> RunResult:

@@ -146,7 +146,7 @@ class Training(Part):
         for p in weights:
             p.requires_grad_(False)
         try:
-            for e in range(self.cfg.search.alpha_epochs):
+            for e in range(BY_NAME[ALPHA].epochs(self.cfg.search)):
                 self._epoch(
                     ALPHA,
                     e,

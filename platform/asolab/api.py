@@ -146,15 +146,9 @@ def _result(
     )
 
 
-def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, threads: int = 0):
-    """The runner that continues ``run_id`` (tracking/lifecycle.py ``resumed_runner``)."""
-    from .tracking.lifecycle import resumed_runner as _resumed
-
-    return _resumed(uri, run_id, observers, workdir, threads)
-
-
 def resume_command(file: str | None, run_id: str, uri: str) -> str:
-    """The command that continues ``run_id`` (tracking/lifecycle.py ``resume_command``)."""
+    """The command that continues ``run_id`` (tracking/lifecycle.py ``resume_command``;
+    imported on use, so that the CLI's parser loads no torch)."""
     from .tracking.lifecycle import resume_command as _command
 
     return _command(file, run_id, uri)

@@ -56,6 +56,32 @@ def test_pyproject_lists_every_package_and_ships_the_configs():
     assert setuptools["package-dir"]["asolab.studies"] == "studies"
 
 
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {"PIL": "pillow", "sklearn": "scikit-learn"}
+
+
+def test_pyproject_declares_every_third_party_import():
+    """Every package the code imports that is neither the standard library nor asolab is
+    a declared dependency: a clean install must not rely on another package's extras."""
+    import ast
+    import re
+
+    declared = {
+        re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower()
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    imported = set()
+    for path in (ROOT / "platform" / "asolab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"asolab", "__future__"}
+    missing = {DISTRIBUTIONS.get(m, m).lower() for m in third_party} - declared
+    assert missing == set(), f"declare {sorted(missing)} in pyproject.toml's dependencies"
+
+
 def test_bare_names_look_in_the_working_directory_first(tmp_path, monkeypatch):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "digits.toml").write_text("seed = 7\n[space]\ninit_channels = 4\n")

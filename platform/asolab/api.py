@@ -7,18 +7,21 @@ docs/python-api.md for a walk-through.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shlex
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import ConfigError, ExperimentConfig, apply_overrides, load, parse_override
-from .interrupt import sigterm_as_interrupt
+from .config import (
+    DEFAULT_EXPERIMENT,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    load,
+    parse_overrides,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,28 +51,19 @@ class RunResult:
     experiment_id: str | None = None  # the MLflow experiment (None when not tracked)
 
 
-def load_config(experiment: Experiment = "digits", overrides: Overrides = None) -> ExperimentConfig:
+def load_config(
+    experiment: Experiment = DEFAULT_EXPERIMENT, overrides: Overrides = None
+) -> ExperimentConfig:
     """An experiment config, validated: a shipped name (``"digits"``), a TOML path, or a
     config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``)."""
     if isinstance(experiment, ExperimentConfig):
-        return apply_overrides(experiment, _pairs(overrides)) if overrides else experiment
-    return load(experiment, _pairs(overrides) if overrides else ())
-
-
-def _pairs(overrides: Overrides) -> dict[str, Any]:
-    if not overrides:
-        return {}
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    if isinstance(overrides, str):
-        raise ConfigError(
-            f"overrides must be a mapping or a list of 'key=value' strings, got {overrides!r}"
-        )
-    return dict(parse_override(o) for o in overrides)
+        pairs = parse_overrides(overrides)
+        return apply_overrides(experiment, pairs) if pairs else experiment
+    return load(experiment, parse_overrides(overrides))
 
 
 def run(
-    experiment: Experiment = "digits",
+    experiment: Experiment = DEFAULT_EXPERIMENT,
     overrides: Overrides = None,
     tracking_uri: str | None = None,
     *,
@@ -91,8 +85,13 @@ def run(
     ``observers``: extra run observers (progress bars, recorders); ``force``: resume
     even though the run's lease names a process on another machine (it is gone);
     ``hint_file``: the experiment file the recorded resume command names (the CLI's).
+
+    A tracked run stopped by Ctrl-C, SIGTERM or SIGHUP raises ``RunStopped`` (a
+    ``KeyboardInterrupt``), one out of memory in a phase ``RunOutOfMemory``; both carry
+    ``run_id``, ``tracking_uri`` and ``command``, the command that continues the run
+    (tracking/lifecycle.py).
     """
-    pairs = _pairs(overrides)
+    pairs = parse_overrides(overrides)
     if tracking_uri is not None:
         pairs["tracking.tracking_uri"] = tracking_uri
     if resume is not None and not str(resume).strip():
@@ -111,11 +110,15 @@ def run(
 
         result = Runner(cfg, list(observers)).run()
         return _result(result, None, None, cfg)
-    if hint_file is None and isinstance(experiment, (str, Path)) and str(experiment) != "digits":
-        hint_file = str(experiment)
-    return _run_tracked(
-        cfg, pairs, list(observers), mlflow_experiment, resume, force=force, hint_file=hint_file
+    if hint_file is None and isinstance(experiment, (str, Path)):
+        hint_file = str(experiment) if str(experiment) != DEFAULT_EXPERIMENT else None
+    from .tracking.lifecycle import run_tracked
+
+    threads = forced_threads(pairs) if resume else 0
+    t = run_tracked(
+        cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
     )
+    return _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
 
 
 def _kept(key: str) -> bool:
@@ -143,165 +146,23 @@ def _result(
     )
 
 
-def _run_tracked(
-    cfg: ExperimentConfig,
-    pairs: dict[str, Any],
-    observers: list,
-    mlflow_experiment: str | None,
-    resume: str | None,
-    *,
-    force: bool = False,
-    hint_file: str | None = None,
-) -> RunResult:
-    """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
-    from .runner import Runner
-    from .runner.checkpoint import local_folder
-    from .runner.memory import MemoryLimitError
-    from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
-    tracker = MlflowTracker(
-        tracking_uri=uri, experiment=mlflow_experiment, log_models=cfg.tracking.log_models
-    )
-    with local_folder() as workdir:  # removed however the run ends
-        try:
-            if resume:
-                tracker.resume_run_id = resume = _hold(uri, resume, force)
-                threads = forced_threads(
-                    [f"threads={pairs['threads']}"] if "threads" in pairs else []
-                )
-                runner = resumed_runner(uri, resume, [*observers, tracker], workdir, threads)
-            else:
-                runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
-            with sigterm_as_interrupt():
-                result = runner.run()
-        except (KeyboardInterrupt, MemoryLimitError) as exc:
-            # Ctrl-C, or out of memory in a phase: the checkpoints are kept. The CLI
-            # prints the resume command from these; code gets them on the error.
-            exc.asolab_run_id = tracker.run_id  # type: ignore[attr-defined]
-            exc.asolab_tracking_uri = uri  # type: ignore[attr-defined]
-            if tracker.run_id:
-                _record_stop(tracker, resume_command(hint_file, tracker.run_id, uri))
-            raise
-        except Exception as exc:  # a full, read-only or corrupt store: one line, no traceback
-            raise _one_line_failure(exc, uri, tracker, hint_file) from None
-    return _result(result, tracker.run_id, uri, runner.cfg, tracker.experiment_id)
-
-
-def _hold(uri: str, resume: str, force: bool) -> str:
-    """The full id of the run to resume, held by this process from here on (another
-    process cannot run it at the same time); refused while another one runs it."""
-    from .tracking import lease
-    from .tracking.store import client, resumable_run
-
-    # An id prefix or a run name names the run too; everything below uses the full id.
-    run = resumable_run(client(uri), uri, resume)
-    lease.take(uri, run.info.run_id, run, force=force)
-    return run.info.run_id
-
-
-def _record_stop(tracker: Any, command: str) -> None:
-    """A stopped run keeps the command that continues it (its ``asolab.resume_command``
-    tag and its description): a terminal or a pipe that is gone loses the printed one."""
-    from .tracking import layout as L
-
-    note = f"Stopped before its end; continue it with:\n\n    {command}\n"
-    try:
-        tracker.client.set_tag(tracker.run_id, L.TAG_RESUME_COMMAND, command)
-        tracker.client.set_tag(tracker.run_id, L.TAG_NOTE, note)
-    except Exception as exc:  # the store may be what stopped the run; the hint still prints
-        log.debug("could not record the resume command in run %s: %s", tracker.run_id, exc)
-
-
-def _one_line_failure(exc: Exception, uri: str, tracker: Any, file: str | None) -> Exception:
-    """What a failed run ends with: for a full, read-only or corrupt store, or a full temp
-    folder, one line with the fix and the command that continues the run; else ``exc``."""
-    from .runner.checkpoint import CheckpointWriteError
-    from .tracking.health import store_failure
-
-    failure = exc if isinstance(exc, CheckpointWriteError) else store_failure(exc, uri)
-    if failure is None:
-        return exc
-    if tracker.run_id:
-        failure.args = (
-            f"{failure}; run {tracker.run_id} stopped, continue it then with: "
-            f"{resume_command(file, tracker.run_id, uri)}",
-        )
-    return failure
-
-
-def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, threads: int = 0):
-    """The runner that continues ``run_id``: from its checkpoint, or, for a run stopped
-    before its first checkpoint, from the start with the config it recorded (the
-    same MLflow run; steps it already logged are not written twice).
-
-    A run that can never continue (its checkpoint is unreadable, or it stopped
-    before it recorded even its config) is ended FAILED with the reason, instead
-    of staying RUNNING for good, and the reason is the one-line error. ``threads``
-    forces a thread count (0 = the run's own).
-    """
-    from .config import from_dict
-    from .runner import Runner
-    from .runner.checkpoint import CheckpointError
-    from .tracking import layout as L
-    from .tracking.store import client, download_checkpoint, mark_failed, recorded_config
-
-    path = download_checkpoint(uri, run_id, workdir / "resume")
-    recorded_hash = client(uri).get_run(run_id).data.tags.get(L.TAG_CONFIG_HASH, "")
-    try:
-        if path is None:
-            data = recorded_config(uri, run_id, workdir / "resume")
-            if data is None:
-                raise CheckpointError(
-                    f"run {run_id} in {uri} stopped before it recorded its config or a checkpoint; "
-                    "there is nothing to continue: start a new run"
-                )
-            log.warning("run %s has no checkpoint yet: it starts again from epoch 0", run_id)
-            cfg = from_dict(data, source=f"the config recorded by run {run_id}")
-            return Runner(
-                cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir
-            )
-        label = f"the checkpoint of run {run_id} in {uri}"
-        return Runner.resume(
-            path,
-            observers,
-            checkpoint_dir=workdir,
-            label=label,
-            threads=threads,
-            owner=(run_id, recorded_hash),
-        )
-    except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
-        mark_failed(uri, run_id, str(exc))
-        raise
-
-
 def resume_command(file: str | None, run_id: str, uri: str) -> str:
-    """The command that continues ``run_id``: the same experiment file, and the
-    store spelled out unless it is the default, so that it is found again
-    whatever the environment (MLFLOW_TRACKING_URI) of the next shell."""
-    from .tracking import default_tracking_uri
+    """The command that continues ``run_id`` (tracking/lifecycle.py ``resume_command``;
+    imported on use, so that the CLI's parser loads no torch)."""
+    from .tracking.lifecycle import resume_command as _command
 
-    parts = ["asolab", "run", *([file] if file else []), "--resume", run_id]
-    if uri != default_tracking_uri():
-        parts += ["--set", f"tracking.tracking_uri={uri}"]
-    return shlex.join(parts)
+    return _command(file, run_id, uri)
 
 
-def forced_threads(overrides: Sequence[str]) -> int:
+def forced_threads(overrides: Overrides) -> int:
     """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
     resume takes (0 = keep the run's own count)."""
-    values = [
-        o.split("=", 1)[1]
-        for o in overrides
-        if o.split("=", 1)[0].strip() == "threads" and "=" in o
-    ]
-    if not values:
+    pairs = parse_overrides(overrides)
+    if "threads" not in pairs:
         return 0
-    try:
-        threads = int(values[-1])
-    except ValueError:
-        raise ConfigError(f"--set threads={values[-1]}: threads must be a whole number") from None
+    threads = pairs["threads"]
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise ConfigError(f"--set threads={threads}: threads must be a whole number")
     if not 0 <= threads <= 1024:
         raise ConfigError(f"--set threads={threads}: threads must be between 0 and 1024")
     return threads
@@ -347,6 +208,7 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
     import mlflow.pytorch
 
     from .tracking import layout
+    from .tracking.environment import quiet_mlflow
     from .tracking.store import RunNotFound, client, find_run, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri or "")
@@ -362,7 +224,7 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
             "tracking.log_models = false)"
         )
     logged = c.get_logged_model(model_uri.removeprefix("models:/"))
-    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, _no_progress_bars():
+    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, quiet_mlflow():
         local = mlflow.artifacts.download_artifacts(
             artifact_uri=logged.artifact_location, dst_path=tmp, tracking_uri=uri
         )
@@ -370,24 +232,8 @@ def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
     return model.eval()
 
 
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """MLflow's per-file download bars, off while a model loads (a notebook cell would
-    fill with them), and back as they were."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
-
-
 def register_dataset(name: str, loader: Any, **declared: Any) -> None:
-    """Make ``name`` a valid ``data.name`` in this process (docs/plugins.md):
+    """Make ``name`` a valid ``data.name`` in this process (docs/python-api.md#plugins):
     ``loader(cfg) -> asolab.data.Arrays``; ``num_classes``, ``mean``, ``std``,
     ``augmentation`` may be declared."""
     from .data import register_dataset as _register

@@ -11,7 +11,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 from .runner import events as ev
-from .runner.phases import ALPHA, FINAL, PHASE_TITLES, RETRAIN, W_TRAIN
+from .runner.phases import FINAL, PHASE_TITLES, PHASES
 
 
 class ProgressObserver(ev.Observer):
@@ -34,13 +34,9 @@ class ProgressObserver(ev.Observer):
 
     def on_run_start(self, event: ev.RunStart) -> None:
         s = event.config.search
-        self.epochs = {
-            W_TRAIN: s.w_epochs,
-            ALPHA: s.alpha_epochs,
-            RETRAIN: s.retrain_epochs,
-            FINAL: event.final_epochs or s.final_epochs,
-        }
-        self.warmup = s.warmup_epochs
+        self.epochs = {p.name: p.epochs(s) for p in PHASES}
+        self.epochs[FINAL] = event.final_epochs or s.final_epochs
+        self.first = {p.name: p.epochs(s, cycle=0) for p in PHASES}  # the warm-up's share
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
         self._write(
@@ -62,7 +58,9 @@ class ProgressObserver(ev.Observer):
             label = PHASE_TITLES[event.phase] + (
                 "" if event.phase == FINAL else f" {event.cycle + 1}"
             )
-            total = self.epochs[event.phase] + (self.warmup if key == (0, W_TRAIN) else 0)
+            total = (self.first if event.cycle == 0 else self.epochs).get(
+                event.phase, self.epochs[event.phase]
+            )
             # A run resumed inside the final stage starts its bar at the epoch it resumed at.
             # The bar appears after the phase's first epoch, so tqdm's own clock would miss
             # that epoch (and show a rate of many epochs per second): the time and what is

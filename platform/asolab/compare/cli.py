@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..errors import first_line
 from ..options import add_tracking_uri
+from ..runner.phases import EPOCH_FIELDS
 from ..tracking import layout as L
 
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
 
 # The terminal shows the report's columns (compare.select.COLUMNS) but these wide ones;
 # the CSV and the report keep them.
-_WIDE = ("anneal_fraction", "warmup_epochs", "w_epochs", "alpha_epochs", "retrain_epochs")
+_WIDE = ("anneal_fraction", "warmup_epochs", *EPOCH_FIELDS)
 _WIDE += ("final_epochs",)
 _WIDE += ("genotype", "status", "experiment_id")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
@@ -138,8 +139,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
-    # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _check_outputs(args)
     selection = load_selection(
         args.tracking_uri or None,

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from ..config import ConfigError
 from ..errors import first_line
+from ..runner.phases import EPOCH_FIELDS
 from ..space.genotype import Genotype
 from ..tracking import layout
 from ..tracking.runs import final_genotype
@@ -38,14 +39,7 @@ COMPARISON_EXPERIMENT = "asolab-comparisons"
 VAL_ACC_METRICS = (layout.FINAL_VAL_ACC, layout.CYCLE_VAL_ACC, layout.VAL_ACC)
 
 # The training budget: runs that differ here are not compared like for like.
-BUDGET_COLUMNS = (
-    "cycles",
-    "warmup_epochs",
-    "w_epochs",
-    "alpha_epochs",
-    "retrain_epochs",
-    "final_epochs",
-)
+BUDGET_COLUMNS = ("cycles", "warmup_epochs", *EPOCH_FIELDS, "final_epochs")
 # Table columns, in order: (column, where it comes from).
 COLUMNS = (
     "run_name",
@@ -137,9 +131,7 @@ class RunRecord:
             "cycles": self.param("search.cycles", int),
             # Runs from before search.warmup_epochs existed had no warm-up.
             "warmup_epochs": self.param("search.warmup_epochs", int, 0),
-            "w_epochs": self.param("search.w_epochs", int),
-            "alpha_epochs": self.param("search.alpha_epochs", int),
-            "retrain_epochs": self.param("search.retrain_epochs", int),
+            **{f: self.param(f"search.{f}", int) for f in EPOCH_FIELDS},
             "final_epochs": layout.final_epochs_trained(self.params),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),

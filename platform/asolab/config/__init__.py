@@ -60,7 +60,7 @@ from .schema import (
     TemperatureConfig,
     TrackingConfig,
 )
-from .validate import apply_overrides, from_dict, parse_override
+from .validate import apply_overrides, from_dict, parse_override, parse_overrides
 
 __all__ = [
     "DATASETS",
@@ -99,6 +99,7 @@ __all__ = [
     "from_dict",
     "load",
     "parse_override",
+    "parse_overrides",
     "read_toml",
     "resolve_experiment_path",
     "resolve_named_file",

@@ -3,7 +3,7 @@ validation on top of each field's own check."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tomllib
@@ -71,6 +71,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     except tomllib.TOMLDecodeError:
         value = raw
     return key, value
+
+
+def parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    """Overrides as ``{key: value}``: a mapping as it is, ``key=value`` strings (``--set``)
+    parsed by :func:`parse_override`. The one parser of every override a user gives."""
+    if not overrides:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides must be a mapping or a list of 'key=value' strings, got {overrides!r}"
+        )
+    return dict(parse_override(o) for o in overrides)
 
 
 def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,14 +9,19 @@ import time
 from ..space.genotype import Genotype
 from .events import FinalPlan, RunEnd
 from .memory import memory_stats
+from .parts import Part
 from .phases import FINAL, FINAL_DONE
 from .state import RunResult
 
 log = logging.getLogger(__name__)
 
 
-class FinalStage:
+class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
+
+    reads = frozenset(
+        {"_elapsed", "_started", "cfg", "data", "device", "net", "state", "weight_opt"}
+    )
 
     def choose_final_genotype(self) -> Genotype:
         """The network the final epochs train and the run reports (search.final_genotype)."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from .cells import Plan, SearchCell, edge_index
-from .genotype import CELL_TYPES, Genotype, Node
+from .genotype import Genotype, Node
 from .ops import NONE, PARAMETER_FREE
 from .sampling import FairPaths, gumbel_softmax_st
 from .spec import ArchSpec
@@ -244,19 +244,7 @@ class SearchNetwork(nn.Module):
             if param_free_cap >= 0 and weighted:
                 _cap_param_free(nodes, w, prims, weighted, param_free_cap)
             cells[kind] = tuple(tuple((op, j) for op, j in node) for node in nodes)
-        concat = tuple(range(2, self.spec.steps + 2))
-        own = tuple(
-            (i, cells[key], concat)
-            for i, key in enumerate(self._plan_keys)
-            if key not in CELL_TYPES
-        )
-        return Genotype(
-            normal=cells["normal"],
-            normal_concat=concat,
-            reduce=cells["reduce"],
-            reduce_concat=concat,
-            own_cells=own,
-        )
+        return Genotype.from_cells(cells, range(2, self.spec.steps + 2))
 
     def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
         """The modules the derived network runs: stem, preprocessing, kept ops,

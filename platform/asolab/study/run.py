@@ -245,7 +245,7 @@ def _tell(
 
 
 def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
-    one_line = f"{type(exc).__name__}: {first_line(exc)}"
+    one_line = first_line(exc, named=True)
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:

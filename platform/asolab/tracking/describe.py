@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import PROJECT_ROOT, ExperimentConfig
 from ..runner.events import RunEnd, RunStart
+from ..runner.phases import PHASES
 from ..space.genotype import Genotype
 from . import layout as L
 from .browse import run_description
@@ -64,10 +65,8 @@ def describe_run(
                 f"{fitted_epochs} final epochs (of at most {s.final_epochs}, "
                 f"fitted to {s.budget_minutes:g} minutes)"
             )
-        facts["budget"] = (
-            f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
-            f"{s.retrain_epochs} retrain epochs), {final}"
-        )
+        cycle = " + ".join(f"{p.epochs(s)} {p.short}" for p in PHASES if p.epochs_field)
+        facts["budget"] = f"{s.cycles} cycles x ({cycle} epochs), {final}"
         params = {
             "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
             f"anneal {t.anneal_fraction:g})",

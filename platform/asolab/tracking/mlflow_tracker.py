@@ -36,8 +36,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 
-from .. import __version__
 from ..config import ExperimentConfig, config_json
+from ..errors import first_line
 from ..runner.checkpoint import config_hash
 from ..runner.events import (
     CheckpointSaved,
@@ -53,6 +53,7 @@ from ..runner.events import (
 )
 from ..space.genotype import Genotype
 from ..space.plot import drawing_note, genotype_png
+from ..version import __version__
 from . import layout as L
 from . import lease
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
@@ -68,11 +69,6 @@ LIVE_SECONDS = 30.0  # buffered metrics wait at most this long (plus an epoch) f
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
-    return text[:_MAX_TAG]
 
 
 class MlflowTracker(ModelLogging, Observer):
@@ -527,7 +523,11 @@ class MlflowTracker(ModelLogging, Observer):
         from .health import store_failure
 
         failure = store_failure(exc, self.tracking_uri or "")
-        return str(failure)[:_MAX_TAG] if failure is not None else _one_line(exc)
+        return (
+            str(failure)[:_MAX_TAG]
+            if failure is not None
+            else first_line(exc, named=True, limit=_MAX_TAG)
+        )
 
     def _terminate(self, status: str) -> None:
         self._closed = True

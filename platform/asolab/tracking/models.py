@@ -14,8 +14,8 @@ import torch
 from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus
 from mlflow.models import Model
 
-from .. import __version__
 from ..runner.events import RunEnd
+from ..version import __version__
 from . import layout as L
 
 

@@ -79,6 +79,7 @@ def run(
     observers: Sequence[Observer] = (),
     force: bool = False,
     hint_file: str | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Run one experiment (as ``asolab run`` does) and return its result.
 
@@ -90,8 +91,13 @@ def run(
     that run (id, id prefix or name) from its last checkpoint with its own config;
     ``observers``: extra run observers (progress bars, recorders); ``force``: resume
     even though the run's lease names a process on another machine (it is gone);
-    ``hint_file``: the experiment file the recorded resume command names (the CLI's).
+    ``hint_file``: the experiment file the recorded resume command names (the CLI's);
+    ``progress``: progress bars (tqdm.auto's in a notebook), the data notes and the
+    summary on stderr (default: where a terminal or a notebook is attached; False:
+    silent).
     """
+    shown = _progress(progress)
+    observers = [*observers, *shown]
     pairs = _pairs(overrides)
     if tracking_uri is not None:
         pairs["tracking.tracking_uri"] = tracking_uri
@@ -113,9 +119,22 @@ def run(
         return _result(result, None, None, cfg)
     if hint_file is None and isinstance(experiment, (str, Path)) and str(experiment) != "digits":
         hint_file = str(experiment)
-    return _run_tracked(
+    out = _run_tracked(
         cfg, pairs, list(observers), mlflow_experiment, resume, force=force, hint_file=hint_file
     )
+    for bars in shown:
+        bars.say(f"MLflow run {out.run_id} in {out.tracking_uri}")
+    return out
+
+
+def _progress(progress: bool | None) -> list[Any]:
+    """The observer that shows a run from Python: bars, data notes, the summary."""
+    from .progress import ProgressObserver, attached
+
+    where = attached()
+    if not (progress if progress is not None else bool(where)):
+        return []
+    return [ProgressObserver(notebook=where == "notebook", summary=True)]
 
 
 def _kept(key: str) -> bool:
@@ -152,6 +171,7 @@ def _run_tracked(
     *,
     force: bool = False,
     hint_file: str | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
     from .runner import Runner

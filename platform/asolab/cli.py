@@ -133,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             observers=[ProgressObserver(enabled=not args.quiet), recorder],
             force=args.force,
             hint_file=args.file,
+            progress=False,  # its own bars above, and its summary below, with the links
         )
     except KeyboardInterrupt as exc:
         run_id = getattr(exc, "asolab_run_id", None)

@@ -32,6 +32,10 @@ def short_id(run_id: str) -> str:
 TAG_VERSION = "asolab.version"
 TAG_GIT_COMMIT = "asolab.git_commit"
 TAG_DATASET = "asolab.dataset"
+# what was done to the images that the data did not say, one line each: a prefix + the
+# note's key (data/core.py NOTE_*): asolab.data_note.layout (an array's layout told from
+# its shape, or data.layout), asolab.data_note.resize (how many images, from and to which size)
+TAG_DATA_NOTE = "asolab.data_note."
 TAG_DEVICE = "asolab.device"
 # the GPU a run ran on: asolab.device_info.gpu_name, .gpu_index, .gpu_memory_gib,
 # .cuda_visible_devices (runner/device.py describe_device)
@@ -399,7 +403,7 @@ def declared(kind: str, name: str, config_keys: tuple[str, ...] = ()) -> bool:
         prefixes = (TRIALS_PREFIX, BEST_PREFIX, OBJECTIVE_PREFIX)
         return name in fixed or name.startswith(prefixes)
     if kind == "tag":
-        return name in TAGS or name.startswith(BEST_PREFIX)
+        return name in TAGS or name.startswith((BEST_PREFIX, TAG_DATA_NOTE, TAG_DEVICE_INFO))
     if kind == "param":
         fixed = STUDY_PARAMS + COMPARISON_PARAMS + tuple(config_keys)
         return name in fixed or name.startswith((SPACE_PREFIX, TRIAL_PARAM_PREFIX))

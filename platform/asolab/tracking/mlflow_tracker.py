@@ -258,6 +258,7 @@ class MlflowTracker(ModelLogging, Observer):
             L.TAG_GIT_COMMIT: commit,
             L.MLFLOW_GIT_COMMIT: commit,
             L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
+            **{L.TAG_DATA_NOTE + k: v for k, v in event.data.get("notes", {}).items()},
             L.TAG_DEVICE: event.device,
             **{L.TAG_DEVICE_INFO + k: v for k, v in event.device_info.items()},
             L.TAG_HOST: socket.gethostname(),

@@ -303,6 +303,20 @@ def test_a_set_too_large_for_memory_is_refused_before_loading_with_the_estimate(
 # ------------------------------------------------------------------ runs
 
 
+def test_runs_on_other_data_than_the_files_own_are_named_after_that_data(tmp_path):
+    assert config.load("digits", {"search.cycles": 2}).name == "digits"
+    own = {"data.name": "folder", "data.data_dir": str(tmp_path / "shapes") + "/"}
+    assert config.load("digits", own).name == "folder-shapes"
+    npz = {"data.name": "arrays", "data.path": "sets/my_set.npz"}
+    assert config.load("digits", npz).name == "my_set"
+    assert config.load("digits", {**npz, "name": "mine"}).name == "mine"  # a name given wins
+    assert config.load("digits", {"data.name": "fashion_mnist"}).name == "fashion_mnist"
+    # a file whose own data it is keeps the file's name
+    exp = tmp_path / "shapes_run.toml"
+    exp.write_text(f'[data]\nname = "folder"\ndata_dir = "{tmp_path / "shapes"}"\n')
+    assert config.load(exp, {"seed": 3}).name == "shapes_run"
+
+
 def test_a_folder_run_records_the_data_set_source_sizes_and_normalisation(tmp_path, capsys):
     """Through ``asolab run``: the run's dataset input in MLflow names the folder and
     holds the split sizes and the training split's mean and std."""
@@ -315,6 +329,10 @@ def test_a_folder_run_records_the_data_set_source_sizes_and_normalisation(tmp_pa
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.params["data.name"] == "folder"
     assert run.data.params["data.data_dir"] == str(root)
+    # filed under its data, not under the experiment file's name (digits)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "folder-imgs" and run.data.params["name"] == "folder-imgs"
+    assert "**folder-imgs**" in experiment.tags["mlflow.note.content"]
     (inp,) = run.inputs.dataset_inputs
     ds = inp.dataset
     assert ds.name == "folder" and ds.source_type == "local"

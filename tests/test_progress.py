@@ -45,3 +45,61 @@ def test_progress_is_on_by_default_where_a_terminal_or_a_notebook_looks(monkeypa
     from tqdm.auto import tqdm as auto
 
     assert progress.ProgressObserver(notebook=True)._bars is auto
+
+
+# ------------------------------------------------------------------ a run that crawls
+
+
+def _epochs(rates: list[float], threads: int = 2) -> list:
+    from asolab.runner.events import EpochEnd
+
+    return [
+        EpochEnd("w_train", i, 0, i, 1.0, 0.5, 1.0, 0.5, 1.0, {}, 1.0, rate, threads)
+        for i, rate in enumerate(rates)
+    ]
+
+
+def test_an_epoch_under_a_third_of_the_median_names_load_or_threads_and_what_to_set(
+    monkeypatch,
+):
+    from asolab.runner import pace
+
+    monkeypatch.setattr(pace, "usable_cores", lambda: 2)
+    monkeypatch.setattr(pace, "load_average", lambda: 6.5)  # others keep both cores busy
+    watch = pace.Pace()
+    said = [watch.check(e) for e in _epochs([120, 110, 40, 13, 12])]
+    assert said[:3] == ["", "", ""]  # 40 is not under a third of the median (110)
+    assert said[3].startswith("slow: epoch 3 (W-training, cycle 4) ran at 13 images/s")
+    assert "likely cause: load" in said[3] and "load 6.5 on 2 cores" in said[3]
+    assert "set threads = 1 (--set threads=1)" in said[3]
+    assert said[4] == ""  # one line per run
+    monkeypatch.setattr(pace, "load_average", lambda: 0.4)  # a quiet machine: the threads
+    quiet = pace.Pace()
+    line = [quiet.check(e) for e in _epochs([120, 110, 100, 13])][-1]
+    assert "likely cause: threads" in line and "set threads = 1" in line
+
+
+def test_a_slow_epoch_is_printed_and_recorded_as_a_tag(tiny_cfg, tmp_path, monkeypatch):
+    import io
+
+    from mlflow import MlflowClient
+
+    from asolab.runner import pace
+    from asolab.runner.events import RunStart
+    from asolab.tracking import MlflowTracker
+    from asolab.tracking import layout as L
+
+    monkeypatch.setattr(pace, "load_average", lambda: 9.0)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    screen = io.StringIO()
+    tracker = MlflowTracker(tracking_uri=store, experiment="slow")
+    bar = progress.ProgressObserver(screen)
+    start = RunStart(tiny_cfg, {"name": "digits", "train": 1, "val": 1, "test": 1}, "cpu", {})
+    for observer in (tracker, bar):
+        observer.on_run_start(start)
+        for e in _epochs([100, 100, 100, 20]):
+            observer.on_epoch_end(e)
+    tracker.flush()
+    tag = MlflowClient(store).get_run(tracker.run_id).data.tags[L.TAG_SLOW_EPOCH]
+    assert tag.startswith("slow: epoch 3") and "likely cause: load" in tag
+    assert tag in screen.getvalue()

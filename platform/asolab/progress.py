@@ -11,6 +11,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 from .runner import events as ev
+from .runner.pace import Pace
 from .runner.phases import ALPHA, FINAL, PHASE_TITLES, RETRAIN, W_TRAIN
 
 
@@ -51,6 +52,7 @@ class ProgressObserver(ev.Observer):
         self.stream = _Guarded(stream if stream is not None else sys.stderr)
         self.enabled = enabled
         self.summary = summary
+        self.pace = Pace()  # an epoch far slower than the run's others is said
         self.end: ev.RunEnd | None = None
         self._bars = tqdm
         if notebook:
@@ -116,6 +118,9 @@ class ProgressObserver(ev.Observer):
             )
             self.phase_seconds = []
         assert self.bar is not None
+        slow = self.pace.check(event)
+        if slow:
+            self._write(slow)
         self.phase_seconds.append(event.seconds)
         self.postfix = {
             "val_acc": f"{event.val_acc:.3f}",

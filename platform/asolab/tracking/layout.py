@@ -58,6 +58,9 @@ TAG_CELLS_NOTE = "asolab.cells_note"
 # torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
 # also the param "threads" (the first process's; a resume may force another count)
 TAG_THREADS = "asolab.threads"
+# the run's first epoch that ran under a third of its phase's median images/s, the likely
+# cause and what to set (runner/pace.py); absent when none did
+TAG_SLOW_EPOCH = "asolab.slow_epoch"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
 # which process runs the run now, JSON {host, pid, started, beat}; beat is refreshed with

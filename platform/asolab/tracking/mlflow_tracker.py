@@ -51,6 +51,7 @@ from ..runner.events import (
     RunInterrupted,
     RunStart,
 )
+from ..runner.pace import Pace
 from ..space.genotype import Genotype
 from ..space.plot import drawing_note, genotype_png
 from . import layout as L
@@ -129,6 +130,7 @@ class MlflowTracker(ModelLogging, Observer):
         self._config: ExperimentConfig | None = None  # for the run's description at its end
         self._final_epochs = 0  # fitted to search.budget_minutes (0: not fitted)
         self._dataset = ""
+        self._pace = Pace()  # says a slow epoch (the asolab.slow_epoch tag)
 
     # ------------------------------------------------------------------ helpers
 
@@ -374,6 +376,9 @@ class MlflowTracker(ModelLogging, Observer):
             }
             for k, v in values.items():
                 self._metric(k, v, event.global_epoch)
+            slow = self._pace.check(event)
+            if slow:
+                self._tag(L.TAG_SLOW_EPOCH, slow)
             if time.perf_counter() - self._last_flush >= LIVE_SECONDS:
                 self.flush()
 

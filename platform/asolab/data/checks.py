@@ -113,15 +113,9 @@ def standardise(
     if (a.x_test is None) != (a.y_test is None):
         raise DataError(f"{where}: give both x_test and y_test, or neither")
     notes = dict(a.notes)
-    shape = getattr(a.x_train, "shape", ())
     xtr, read = _images(a.x_train, "x_train", where, layout)
-    if read == "nhwc" and layout == "auto":
-        notes[NOTE_LAYOUT] = (
-            f"x_train {tuple(shape)} read as (N, H, W, C): channels last; "
-            'set data.layout = "nchw" if that is wrong'
-        )
-    elif read and layout != "auto":
-        notes[NOTE_LAYOUT] = f"read as {read.upper()} (data.layout)"
+    if read and (read == "nhwc" or layout != "auto"):
+        notes[NOTE_LAYOUT] = _layout_note(a.x_train.shape, read, layout)
     sizes = collections.Counter({tuple(xtr.shape[2:]): len(xtr)})
     xtr = resize(xtr, image_size) if image_size else xtr
     ytr = _labels(a.y_train, len(xtr), "y_train", where, "x_train")
@@ -146,8 +140,7 @@ def standardise(
     _check_range(ytr, k, "y_train", where)
     if yte is not None:
         _check_range(yte, k, "y_test", where)
-    present = len(np.unique(ytr))
-    if present < 2:
+    if len(np.unique(ytr)) < 2:
         raise DataError(
             f"{where}: the training split holds one class only; classification needs two or more"
         )
@@ -162,6 +155,15 @@ def standardise(
     if image_size and any(hw != to for hw in sizes):
         notes[NOTE_RESIZE] = resize_note(sizes, to, "data.image_size")
     return Arrays(xtr, ytr, xte, yte, k, mean, std, a.source, a.classes, notes)
+
+
+def _layout_note(shape: tuple[int, ...], read: str, layout: str) -> str:
+    if layout != "auto":
+        return f"read as {read.upper()} (data.layout)"
+    return (
+        f"x_train {tuple(shape)} read as (N, H, W, C): channels last; "
+        'set data.layout = "nchw" if that is wrong'
+    )
 
 
 def resize_note(sizes: Mapping[tuple[int, int], int], to: tuple[int, int], why: str) -> str:

@@ -9,7 +9,6 @@ Skipped, with the reason, where Chromium, chromedriver or selenium is missing
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,24 +18,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from chromium import CHROMIUM, DRIVER, missing
 from mlflow import MlflowClient
 from ports import free_port
 
 from asolab.tracking import layout as L
 
-CHROMIUM = (
-    shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-)
-DRIVER = shutil.which("chromedriver")
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
 )
-if not CHROMIUM or not DRIVER:
-    pytest.skip(
-        "headless Chromium and chromedriver are not installed "
-        "(apt install chromium chromium-driver)",
-        allow_module_level=True,
-    )
+if missing(CHROMIUM, DRIVER):
+    pytest.skip(missing(CHROMIUM, DRIVER), allow_module_level=True)
 
 from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402

@@ -242,3 +242,16 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     ).stdout.split()
     assert study[0].startswith(str(env_dir)) and study[0].endswith("temperature_mutation.toml")
     assert study[1] == "digits"
+
+
+def test_the_browser_tests_skip_names_the_missing_piece():
+    from chromium import missing
+
+    assert missing("/usr/bin/chromium", None) == (
+        "chromedriver (apt install chromium-driver) is not installed"
+    )
+    assert missing(None, "/usr/bin/chromedriver").startswith("headless Chromium (apt install")
+    assert " and chromedriver " in missing(None, None) and missing(None, None).endswith(
+        "are not installed"
+    )
+    assert missing("/usr/bin/chromium", "/usr/bin/chromedriver") == ""

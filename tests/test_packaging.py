@@ -255,3 +255,12 @@ def test_the_browser_tests_skip_names_the_missing_piece():
         "are not installed"
     )
     assert missing("/usr/bin/chromium", "/usr/bin/chromedriver") == ""
+
+
+def test_the_readmes_first_block_says_how_to_skip_cuda_before_the_install():
+    """A newcomer copies the first block: the CPU build's command stands before the
+    install command, in the block, not in a bullet below it."""
+    readme = (config.PROJECT_ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    cpu = block.find("--index-url https://download.pytorch.org/whl/cpu")
+    assert 0 <= cpu < block.find("pip install -e . && asolab run"), block

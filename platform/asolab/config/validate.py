@@ -113,9 +113,14 @@ def _data_of(cfg: ExperimentConfig) -> tuple[str, str, str]:
 def data_label(cfg: ExperimentConfig) -> str:
     """A name for the data a config reads: ``folder-<folder's name>``, the ``.npz``
     file's stem, else the data set's name."""
-    d = cfg.data
-    if d.name == "folder" and d.data_dir:
-        return f"folder-{Path(d.data_dir).expanduser().resolve().name}"
-    if d.name == "arrays" and d.path:
-        return Path(d.path).stem
-    return d.name
+    return data_set_name(cfg.data.name, cfg.data.data_dir, cfg.data.path)
+
+
+def data_set_name(name: str, data_dir: str = "", path: str = "") -> str:
+    """:func:`data_label` from the recorded params (``data.name``, ``data.data_dir``,
+    ``data.path``): compare groups runs by it."""
+    if name == "folder" and data_dir:
+        return f"folder-{Path(data_dir).expanduser().resolve().name}"
+    if name == "arrays" and path:
+        return Path(path).stem
+    return name

@@ -235,7 +235,13 @@ FINAL_CELLS_ARTIFACT = f"{CELLS_DIR}/final.png"  # the final genotype's cells
 GENOTYPE_CANONICAL_KEY = "canonical"
 GENOTYPE_OPS_KEY = "primitives"  # ... and the op set searched (space.primitives)
 # the runs table's columns: what a researcher reads first
-VIEW_METRICS = ("test_acc", "final_val_acc", "final_params", "run_seconds")
+VIEW_METRICS = (
+    "test_acc",
+    "final_val_acc",
+    "final_params",
+    FINAL_PREFIX + PEAK_RSS_MB,
+    "run_seconds",
+)
 VIEW_PARAMS = (
     "temperature.initial_temperature",
     "temperature.min_temperature",
@@ -244,7 +250,7 @@ VIEW_PARAMS = (
     "search.cycles",
     "search.final_epochs",
 )
-VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
+VIEW_TAGS = (TAG_DATASET, TAG_BEST, TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
 # The final stage's epoch count that search.budget_minutes fitted (a param, logged when
 # fitted; search.final_epochs then holds the most it could have been).
 PARAM_FINAL_EPOCHS_FITTED = "fitted.final_epochs"

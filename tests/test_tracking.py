@@ -1122,8 +1122,9 @@ def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
     text = run_description("r1", head, "normal: ... ; reduce: ...", {"data set": "digits"})
     lines = text.splitlines()
     assert lines[0] == "**Final genotype** `normal: ... ; reduce: ...`"
-    assert lines[2] == (
-        "validation accuracy **0.4483** · test accuracy **0.4000** · parameters **24,682** · "
+    assert lines[2].startswith("[![final cells](get-artifact?path=cells%2Ffinal_thumb.png")
+    assert lines[2].endswith(
+        ") validation accuracy **0.4483** · test accuracy **0.4000** · parameters **24,682** · "
         "peak memory **726 MB** · wall time **36.9 s**"
     )
     assert lines[4].startswith("![final cells](get-artifact?path=cells%2Ffinal.png")
@@ -1132,3 +1133,17 @@ def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
     for shown in ("tags.`asolab.dataset`", "tags.`asolab.best`", "metrics.`final_peak_rss_mb`"):
         assert shown in columns
     assert server_log(f"sqlite:///{tmp_path / 'mlflow.db'}") == tmp_path / "ui.log"
+    # the strip: the picture's cells side by side, 40 px tall (the title left out)
+    import io
+
+    from PIL import Image
+
+    from asolab.space.genotype import Genotype
+    from asolab.space.plot import genotype_png, thumbnail_png
+
+    g = Genotype.parse(
+        "normal: sep_conv_3x3(0) skip_connect(1) -> 2 ; reduce: max_pool_3x3(0) skip_connect(1) -> 2"
+    )
+    full = Image.open(io.BytesIO(genotype_png(g, "final genotype")))
+    strip = Image.open(io.BytesIO(thumbnail_png(genotype_png(g, "final genotype"))))
+    assert strip.height == 40 and strip.width > 40 * full.width / full.height

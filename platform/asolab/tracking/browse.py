@@ -139,18 +139,22 @@ def _fmt(value: Any) -> str:
 def run_description(
     run_id: str, head: dict[str, Any], genotype: str, details: dict[str, Any]
 ) -> str:
-    """A run's Markdown description. What the UI shows before "Show more" comes first:
-    the genotype, one line of ``head`` (accuracies, parameters, peak memory, wall time)
-    and the cell picture; then the ``details`` (data set, budget, knobs), one per line.
+    """A run's Markdown description. What the UI shows before "Show more" (its first
+    100 px) comes first: the genotype, then a strip of the cells (a link to their
+    picture) and one line of ``head`` (accuracies, parameters, peak memory, wall time);
+    then the full picture and the ``details`` (data set, budget, knobs), one per line.
 
     No Markdown tables: the UI draws them without cell padding, so that a header runs
     together ("seedval acc"); lines of "key **value**" read the same everywhere."""
+    picture = artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)
+    thumb = f"[![final cells]({artifact_url(run_id, L.FINAL_CELLS_THUMB_ARTIFACT)})]({picture})"
     lines = [
         f"**Final genotype** `{genotype}`",
         "",
-        " · ".join(f"{k} **{_fmt(v)}**" for k, v in head.items()),
+        # the strip of cells opens the picture: the UI shows ~100 px before "Show more"
+        f"{thumb} " + " · ".join(f"{k} **{_fmt(v)}**" for k, v in head.items()),
         "",
-        f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})",
+        f"![final cells]({picture})",
         "",
         *(f"- {k}: {_fmt(v)}" for k, v in details.items()),
         "",

@@ -231,6 +231,8 @@ VIEW_KEY = "asolab"
 TAG_VIEW_STATE = f"mlflow.sharedViewState.{VIEW_KEY}"
 TAG_BEST = "asolab.best"  # "true" on a study's best trial run (filter: tags.`asolab.best` = 'true')
 FINAL_CELLS_ARTIFACT = f"{CELLS_DIR}/final.png"  # the final genotype's cells
+# ... as a strip 40 px tall, the cells side by side: the run description's first lines
+FINAL_CELLS_THUMB_ARTIFACT = f"{CELLS_DIR}/final_thumb.png"
 # genotypes/*.json hold {"canonical": <str(genotype)>, "genotype": <Genotype.to_dict()>}
 GENOTYPE_CANONICAL_KEY = "canonical"
 GENOTYPE_OPS_KEY = "primitives"  # ... and the op set searched (space.primitives)
@@ -393,6 +395,7 @@ _ARTIFACTS = (
     rf"{SELECTION_DIR}/cycle_\d{{3}}\.json",
     re.escape(CHECKPOINT_ARTIFACT),
     re.escape(FINAL_CELLS_ARTIFACT),
+    re.escape(FINAL_CELLS_THUMB_ARTIFACT),
     rf"{MODEL_DIR}/.+",
     rf"{PLOTS_DIR}/[^/]+",
     r"[^/]+\.toml",

@@ -53,7 +53,7 @@ from ..runner.events import (
 )
 from ..runner.pace import Pace
 from ..space.genotype import Genotype
-from ..space.plot import drawing_note, genotype_png
+from ..space.plot import drawing_note, genotype_png, thumbnail_png
 from . import layout as L
 from . import lease
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
@@ -193,6 +193,10 @@ class MlflowTracker(ModelLogging, Observer):
             local = Path(tmp) / name
             local.write_bytes(genotype_png(genotype, title=title))
             self._c.log_artifact(self.run_id, str(local), folder or None)
+            if path == L.FINAL_CELLS_ARTIFACT:  # the strip the run's description leads with
+                thumb = Path(tmp) / L.FINAL_CELLS_THUMB_ARTIFACT.rpartition("/")[2]
+                thumb.write_bytes(thumbnail_png(local.read_bytes()))
+                self._c.log_artifact(self.run_id, str(thumb), folder or None)
 
     def _upload_checkpoint(self, path: str) -> None:
         # Upload a snapshot: the runner replaces checkpoint.pt after the next phase, and

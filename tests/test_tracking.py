@@ -1142,7 +1142,8 @@ def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
     from asolab.space.plot import genotype_png, thumbnail_png
 
     g = Genotype.parse(
-        "normal: sep_conv_3x3(0) skip_connect(1) -> 2 ; reduce: max_pool_3x3(0) skip_connect(1) -> 2"
+        "normal: sep_conv_3x3(0) skip_connect(1) -> 2 ; "
+        "reduce: max_pool_3x3(0) skip_connect(1) -> 2"
     )
     full = Image.open(io.BytesIO(genotype_png(g, "final genotype")))
     strip = Image.open(io.BytesIO(thumbnail_png(genotype_png(g, "final genotype"))))

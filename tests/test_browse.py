@@ -206,6 +206,7 @@ def _shot(driver, name: str) -> None:
 def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> None:
     from asolab.tracking.browse import run_url, runs_url
 
+    browser.set_window_size(1900, 1000)  # room for asolab's columns beside MLflow's panel
     c = MlflowClient(ui["uri"])
     exp = c.get_experiment_by_name("tiny")
     assert exp.tags[L.TAG_EXPERIMENT_KIND] == L.EXPERIMENT_KIND
@@ -221,15 +222,19 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     test_acc = f"{run.data.metrics['test_acc']:.4f}"[:5]
     assert test_acc in body, f"no test_acc ({test_acc}) column: {body[:2000]}"
     _shot(browser, "runs_table")
+    # further right: the peak-memory, data-set and best-trial columns
+    _scroll_grid(browser)
+    _wait_text(browser, "final_peak_rss_mb", "asolab.dataset", "asolab.best")
+    _shot(browser, "runs_table_right")
 
     # The run's overview: its description with the canonical genotype, and the final cells.
     browser.get(run_url(ui["base"], exp.experiment_id, run.info.run_id))
-    body = _wait_text(browser, "Final genotype", "test accuracy", "Show more")
+    body = _wait_text(browser, "Final genotype", "test acc", "Show more")
     assert f"Final genotype {genotype}" in " ".join(body.split()), body[:3000]
     # before "Show more" (the UI shows the description's first 100 px): the accuracies,
     # parameters, peak memory, wall time and the strip of cells, loaded and not cut off
     first = _first_screen(browser)
-    for shown in ("validation accuracy", "test accuracy", "parameters", "peak memory", "wall time"):
+    for shown in ("val acc", "test acc", "params", "peak memory", "wall time"):
         assert shown in first["text"], first
     assert first["strip"] == "shown", first
     _shot(browser, "run_first_screen")
@@ -278,9 +283,13 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
         assert mean in row, (mean, row)
         size = t.data.metrics["final_params"]
         assert size == int(size) and str(int(size)) in row.replace(",", ""), (size, row)
+    _shot(browser, "study_trials")
+    _scroll_grid(browser)
+    _wait_text(browser, "asolab.best")
     best_trial = [t for t in trials if t.data.tags.get(L.TAG_BEST) == "true"]
     assert len(best_trial) == 1 and "true" in _row_text(browser, best_trial[0].info.run_id)
-    _shot(browser, "study_trials")
+    _shot(browser, "study_trials_right")
+    _scroll_grid(browser, 0)
     first = min(trials, key=lambda r: r.info.run_name)
     _expand(browser, first.info.run_id)
     body = _wait_text(browser, *seeds[first.info.run_id])
@@ -301,6 +310,15 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     for scroller in browser.find_elements(By.CSS_SELECTOR, "main, [class*='scroll']"):
         browser.execute_script("arguments[0].scrollTop = arguments[0].scrollHeight", scroller)
     _shot(browser, "trial_description")
+
+
+def _scroll_grid(browser, to: int = 100_000) -> None:
+    """Scroll the runs table sideways (its columns render only when in view)."""
+    for bar in browser.find_elements(
+        By.CSS_SELECTOR, ".ag-body-horizontal-scroll-viewport, .ag-center-cols-viewport"
+    ):
+        browser.execute_script("arguments[0].scrollLeft = arguments[1]", bar, to)
+    time.sleep(1)
 
 
 def _first_screen(browser) -> dict:

@@ -1113,9 +1113,9 @@ def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
     from asolab.tracking.ui import server_log
 
     head = {
-        "validation accuracy": 0.448275862,
-        "test accuracy": 0.4,
-        "parameters": 24682,
+        "val acc": 0.448275862,
+        "test acc": 0.4,
+        "params": 24682,
         "peak memory": "726 MB",
         "wall time": "36.9 s",
     }
@@ -1124,7 +1124,7 @@ def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
     assert lines[0] == "**Final genotype** `normal: ... ; reduce: ...`"
     assert lines[2].startswith("[![final cells](get-artifact?path=cells%2Ffinal_thumb.png")
     assert lines[2].endswith(
-        ") validation accuracy **0.4483** · test accuracy **0.4000** · parameters **24,682** · "
+        ") val acc **0.4483** · test acc **0.4000** · params **24,682** · "
         "peak memory **726 MB** · wall time **36.9 s**"
     )
     assert lines[4].startswith("![final cells](get-artifact?path=cells%2Ffinal.png")

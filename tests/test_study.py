@@ -831,6 +831,7 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     assert "```\nseed  val acc  test acc  parameters\n" in note and "|---" not in note
     sizes = [by_seed[s].data.metrics["final_params"] for s in ("0", "1")]
     assert trial_run.data.metrics["final_params"] == round(sum(sizes) / 2)
+    assert trial_run.data.tags[layout.TAG_DATASET] == "digits"  # the data-set column
     assert undeclared(c, trial_run.info.run_id, load_study(file).base.flat()) == []
     # compare sees the seed runs (with genotypes), never the trial's grouping run
     from asolab.compare.select import load_selection

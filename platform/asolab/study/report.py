@@ -213,6 +213,7 @@ def start_trial_run(
         TAG_TRIAL: str(number),
         TAG_RUN_KIND: L.KIND_TRIAL,
         TAG_TRIAL_STATE: TrialState.RUNNING.name,
+        L.TAG_DATASET: exp.data.name,  # the UI's data-set column reads it on the trial's row
     }
     t = exp.temperature.initial_temperature
     run = c.create_run(exp_id, tags=tags, run_name=trial_run_name(number, t, exp.mutation.strength))

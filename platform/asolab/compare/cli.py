@@ -175,20 +175,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         f"{selection.tracking_uri}",
         file=out,
     )
-    groups = selection.by_data_set()
-    if len(groups) > 1:
-        print(data_sets_line(groups), file=out)
-    for name, group in groups.items():
-        part = comparison if len(groups) == 1 else analyse(group, with_evolution=False)
-        if len(groups) > 1:
-            print(f"\n== data set {name}: {len(group.records)} run(s) ==", file=out)
-        _print_table(part, out, every=args.all)
-    if selection.records and not args.all:
-        print(
-            "\n(--all: every row, the distinct genotypes, the differences from the best run "
-            "and the op frequencies)",
-            file=out,
-        )
+    _print_data_sets(comparison, args.all, out)
     if diff_pair:
         _print_diff(*diff_pair, out)
     if args.evolution:
@@ -219,6 +206,27 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_writable(args.report, "--report", CompareError, folder=True)
     if args.log_to_mlflow and not args.comparison_experiment.strip():
         raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
+
+
+def _print_data_sets(comparison: Comparison, every: bool, out: TextIO) -> None:
+    """The summary and table of each data set's runs, apart (runs on different data share
+    no best run and no Pareto front), with one line saying so."""
+    from .analysis import analyse
+
+    groups = comparison.selection.by_data_set()
+    if len(groups) > 1:
+        print(data_sets_line(groups), file=out)
+    for name, group in groups.items():
+        part = comparison if len(groups) == 1 else analyse(group, with_evolution=False)
+        if len(groups) > 1:
+            print(f"\n== data set {name}: {len(group.records)} run(s) ==", file=out)
+        _print_table(part, out, every=every)
+    if groups and not every:
+        print(
+            "\n(--all: every row, the distinct genotypes, the differences from the best run "
+            "and the op frequencies)",
+            file=out,
+        )
 
 
 def data_sets_line(groups: dict[str, Selection]) -> str:

@@ -268,3 +268,25 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     ).stdout.split()
     assert study[0].startswith(str(env_dir)) and study[0].endswith("temperature_mutation.toml")
     assert study[1] == "digits"
+
+
+def test_the_browser_tests_skip_names_the_missing_piece():
+    from chromium import missing
+
+    assert missing("/usr/bin/chromium", None) == (
+        "chromedriver (apt install chromium-driver) is not installed"
+    )
+    assert missing(None, "/usr/bin/chromedriver").startswith("headless Chromium (apt install")
+    assert " and chromedriver " in missing(None, None) and missing(None, None).endswith(
+        "are not installed"
+    )
+    assert missing("/usr/bin/chromium", "/usr/bin/chromedriver") == ""
+
+
+def test_the_readmes_first_block_says_how_to_skip_cuda_before_the_install():
+    """A newcomer copies the first block: the CPU build's command stands before the
+    install command, in the block, not in a bullet below it."""
+    readme = (config.PROJECT_ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    cpu = block.find("--index-url https://download.pytorch.org/whl/cpu")
+    assert 0 <= cpu < block.find("pip install -e . && asolab run"), block

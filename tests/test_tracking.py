@@ -1102,3 +1102,49 @@ def test_cell_pictures_without_graphviz_are_noted_in_the_run(
         Path(a.path).name for a in client.list_artifacts(run.info.run_id, "cells")
     ]
     assert caplog.text.count("graphviz's dot is not installed") == 1
+
+
+def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
+    """The run description leads with the genotype, one line of accuracies, parameters,
+    peak memory and wall time, then the cell picture (before the UI's "Show more"), values
+    rounded, no Markdown table; the shared view has data-set, peak-memory and best-trial
+    columns; `asolab ui` keeps the server's access log in a file."""
+    from asolab.tracking.browse import run_description, view_state
+    from asolab.tracking.ui import server_log
+
+    head = {
+        "val acc": 0.448275862,
+        "test acc": 0.4,
+        "params": 24682,
+        "peak memory": "726 MB",
+        "wall time": "36.9 s",
+    }
+    text = run_description("r1", head, "normal: ... ; reduce: ...", {"data set": "digits"})
+    lines = text.splitlines()
+    assert lines[0] == "**Final genotype** `normal: ... ; reduce: ...`"
+    assert lines[2].startswith("[![final cells](get-artifact?path=cells%2Ffinal_thumb.png")
+    assert lines[2].endswith(
+        ") val acc **0.4483** · test acc **0.4000** · params **24,682** · "
+        "peak memory **726 MB** · wall time **36.9 s**"
+    )
+    assert lines[4].startswith("![final cells](get-artifact?path=cells%2Ffinal.png")
+    assert "|---" not in text and "- data set: digits" in text
+    columns = view_state()["selectedColumns"]
+    for shown in ("tags.`asolab.dataset`", "tags.`asolab.best`", "metrics.`final_peak_rss_mb`"):
+        assert shown in columns
+    assert server_log(f"sqlite:///{tmp_path / 'mlflow.db'}") == tmp_path / "ui.log"
+    # the strip: the picture's cells side by side, 40 px tall (the title left out)
+    import io
+
+    from PIL import Image
+
+    from asolab.space.genotype import Genotype
+    from asolab.space.plot import genotype_png, thumbnail_png
+
+    g = Genotype.parse(
+        "normal: sep_conv_3x3(0) skip_connect(1) -> 2 ; "
+        "reduce: max_pool_3x3(0) skip_connect(1) -> 2"
+    )
+    full = Image.open(io.BytesIO(genotype_png(g, "final genotype")))
+    strip = Image.open(io.BytesIO(thumbnail_png(genotype_png(g, "final genotype"))))
+    assert strip.height == 40 and strip.width > 40 * full.width / full.height

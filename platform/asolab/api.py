@@ -73,6 +73,7 @@ def run(
     observers: Sequence[Observer] = (),
     force: bool = False,
     hint_file: str | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Run one experiment (as ``asolab run`` does) and return its result.
 
@@ -84,13 +85,18 @@ def run(
     that run (id, id prefix or name) from its last checkpoint with its own config;
     ``observers``: extra run observers (progress bars, recorders); ``force``: resume
     even though the run's lease names a process on another machine (it is gone);
-    ``hint_file``: the experiment file the recorded resume command names (the CLI's).
+    ``hint_file``: the experiment file the recorded resume command names (the CLI's);
+    ``progress``: progress bars (tqdm.auto's in a notebook), the data notes and the
+    summary on stderr (default: where a terminal or a notebook is attached; False:
+    silent).
 
     A tracked run stopped by Ctrl-C, SIGTERM or SIGHUP raises ``RunStopped`` (a
     ``KeyboardInterrupt``), one out of memory in a phase ``RunOutOfMemory``; both carry
     ``run_id``, ``tracking_uri`` and ``command``, the command that continues the run
     (tracking/lifecycle.py).
     """
+    shown = _progress(progress)
+    observers = [*observers, *shown]
     pairs = parse_overrides(overrides)
     if tracking_uri is not None:
         pairs["tracking.tracking_uri"] = tracking_uri
@@ -118,7 +124,20 @@ def run(
     t = run_tracked(
         cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
     )
-    return _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
+    out = _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
+    for bars in shown:
+        bars.say(f"MLflow run {out.run_id} in {out.tracking_uri}")
+    return out
+
+
+def _progress(progress: bool | None) -> list[Any]:
+    """The observer that shows a run from Python: bars, data notes, the summary."""
+    from .progress import ProgressObserver, attached
+
+    where = attached()
+    if not (progress if progress is not None else bool(where)):
+        return []
+    return [ProgressObserver(notebook=where == "notebook", summary=True)]
 
 
 def _kept(key: str) -> bool:

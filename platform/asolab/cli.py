@@ -25,10 +25,8 @@ from .baseline.cli import add_baseline as _add_baseline
 from .baseline.cli import add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
 from .config import DEFAULT_EXPERIMENT, ConfigError
-from .data import DataError
 from .interrupt import RunStopped, Terminated
 from .plugins import PluginError
-from .runner.checkpoint import CheckpointError
 from .study.cli import add_parser as _add_study
 from .tracking.store import TrackingError
 
@@ -37,12 +35,27 @@ log = logging.getLogger("asolab")
 # FloatingPointError: the runner's "loss became nan" (lower a learning rate), not a bug.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError,
-    DataError,
-    CheckpointError,
     TrackingError,
     FloatingPointError,
     PluginError,
 )
+# ... and these, named by module: their modules import torch, which the CLI loads only
+# for the commands that need it (``asolab --help`` stays fast); an error of one can only
+# come from a module that is loaded.
+LAZY_USER_ERRORS = (
+    ("asolab.data.core", "DataError"),
+    ("asolab.runner.checkpoint", "CheckpointError"),
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The errors that are the user's to fix: one line and exit status 2."""
+    loaded = (sys.modules.get(module) for module, _ in LAZY_USER_ERRORS)
+    return USER_ERRORS + tuple(
+        getattr(m, name) for m, (_, name) in zip(loaded, LAZY_USER_ERRORS) if m is not None
+    )
+
+
 _forced_threads = forced_threads  # the name tests and scripts know
 
 __all__ = ["main", "resume_command"]
@@ -132,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             observers=[ProgressObserver(enabled=not args.quiet), recorder],
             force=args.force,
             hint_file=args.file,
+            progress=False,  # its own bars above, and its summary below, with the links
         )
     except RunStopped as exc:  # main says it was interrupted and exits with exc.status
         say(f"asolab: {exc}")
@@ -257,10 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with quiet_mlflow():  # MLflow's download bars would bury the command's own output
             return args.func(args)
-    except USER_ERRORS as exc:
-        say(f"asolab: error: {exc}")
-        return 2
     except Exception as exc:  # a store that is full, read-only or corrupt, wherever it shows
+        if isinstance(exc, user_errors()):
+            say(f"asolab: error: {exc}")
+            return 2
         failure = _store_failure(exc, args)
         if failure is None:
             raise

@@ -43,11 +43,8 @@ from ..runner.phases import BY_NAME, W_TRAIN
 from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.ops import NONE, PARAMETER_FREE
+from .names import ARMS, DEFAULT_ARMS, FINAL_ONLY, GENOTYPES  # noqa: F401 (their old home)
 
-GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
-FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
-ARMS = (*GENOTYPES, *(g + FINAL_ONLY for g in GENOTYPES))  # the registry of control arms
-DEFAULT_ARMS = GENOTYPES
 PARAM_TOLERANCE = 0.10  # the random arm's parameter count: within 10% of the ASO-SE network's
 
 

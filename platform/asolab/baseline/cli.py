@@ -11,7 +11,7 @@ from ..config import ConfigError
 from ..interrupt import sigterm_as_interrupt
 from ..options import add_quiet, add_threads, add_tracking_uri
 from ..tracking import layout as L
-from .arms import ARMS, DEFAULT_ARMS
+from .names import ARMS, DEFAULT_ARMS
 
 BASELINE_HELP = "train the control arms of recorded ASO-SE runs as tracked runs"
 BASELINE_TEXT = (

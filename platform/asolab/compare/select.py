@@ -24,7 +24,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..config import ConfigError
+from ..config import ConfigError, data_set_name
 from ..errors import first_line
 from ..runner.phases import EPOCH_FIELDS
 from ..space.genotype import Genotype
@@ -116,12 +116,21 @@ class RunRecord:
                 return float(self.metrics[name])
         return math.nan
 
+    @property
+    def data_set(self) -> str:
+        """The data the run searched on: its data set's name, and for a researcher's own
+        images or arrays, the folder's name or the file's stem (``folder-shapes``)."""
+        name = self.tags.get(layout.TAG_DATASET) or self.param("data.name") or ""
+        return data_set_name(
+            name, self.param("data.data_dir", default=""), self.param("data.path", default="")
+        )
+
     def row(self) -> dict[str, Any]:
         return {
             "run_name": self.run_name,
             "run_id": self.run_id,
             "experiment": self.experiment,
-            "dataset": self.tags.get(layout.TAG_DATASET) or self.param("data.name"),
+            "dataset": self.data_set,
             "seed": self.param("seed", int),
             "schedule": self.param("temperature.schedule"),
             "initial_temperature": self.param("temperature.initial_temperature", float, math.nan),
@@ -166,6 +175,19 @@ class Selection:
     records: list[RunRecord] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     description: str = ""
+
+    def by_data_set(self) -> dict[str, Selection]:
+        """The selection split by data set (one entry when all runs share one): runs on
+        different data have no best run or Pareto front in common."""
+        groups: dict[str, list[RunRecord]] = {}
+        for r in self.records:
+            groups.setdefault(r.data_set, []).append(r)
+        if len(groups) <= 1:
+            return {r.data_set: self for r in self.records[:1]}
+        return {
+            name: Selection(self.tracking_uri, runs, [], f"{self.description}, data set {name}")
+            for name, runs in sorted(groups.items())
+        }
 
     def table(self) -> pd.DataFrame:
         """One row per run, in :data:`COLUMNS` order (``params`` and ``cycles`` as integers)."""

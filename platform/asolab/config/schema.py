@@ -19,6 +19,9 @@ SEED_MAX = 2**63 - 1
 FINAL_GENOTYPES = ("best", "last", "derived")
 W_SAMPLINGS = ("gumbel", "fair")  # how W-training picks the path of each step
 FINAL_WEIGHTS = ("inherit", "fresh")  # what the final network starts from
+# how 4-dim image arrays are laid out (data/checks.py reads them): "auto" tells them apart by
+# where the axis of 1 or 3 channels is, and refuses a shape that could be either
+LAYOUTS = ("auto", "nchw", "nhwc")
 
 
 DATASETS = Registered("asolab.data", "REGISTRY")
@@ -48,6 +51,15 @@ class DataConfig:
         ),
     )
     path: str = field("", help="the .npz file of data set 'arrays' (docs/data.md)")
+    layout: str = field(
+        "auto",
+        choices=LAYOUTS,
+        help=(
+            "axis order of 4-dim image arrays: nchw (N, C, H, W), nhwc (N, H, W, C, numpy's and "
+            "PIL's), or auto: nhwc when the last axis is 1 or 3 and the second is not, nchw the "
+            "other way round, refused when the shape could be either"
+        ),
+    )
     image_size: int = field(
         0,
         ge=0,

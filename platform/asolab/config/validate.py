@@ -4,6 +4,7 @@ validation on top of each field's own check."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import tomllib
@@ -111,5 +112,29 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 def apply_overrides(
     cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set"
 ) -> ExperimentConfig:
-    merged = merge(to_dict(cfg), nest(overrides))
-    return from_dict(merged, source)
+    merged = from_dict(merge(to_dict(cfg), nest(overrides)), source)
+    if "name" not in overrides and _data_of(merged) != _data_of(cfg):
+        # Runs on other data than the file's own are filed under that data (experiment,
+        # param "name", description), not under the file's name ("digits").
+        merged = merged.replace(name=data_label(merged))
+    return merged
+
+
+def _data_of(cfg: ExperimentConfig) -> tuple[str, str, str]:
+    return (cfg.data.name, cfg.data.data_dir, cfg.data.path)
+
+
+def data_label(cfg: ExperimentConfig) -> str:
+    """A name for the data a config reads: ``folder-<folder's name>``, the ``.npz``
+    file's stem, else the data set's name."""
+    return data_set_name(cfg.data.name, cfg.data.data_dir, cfg.data.path)
+
+
+def data_set_name(name: str, data_dir: str = "", path: str = "") -> str:
+    """:func:`data_label` from the recorded params (``data.name``, ``data.data_dir``,
+    ``data.path``): compare groups runs by it."""
+    if name == "folder" and data_dir:
+        return f"folder-{Path(data_dir).expanduser().resolve().name}"
+    if name == "arrays" and path:
+        return Path(path).stem
+    return name

@@ -51,8 +51,9 @@ from ..runner.events import (
     RunInterrupted,
     RunStart,
 )
+from ..runner.pace import Pace
 from ..space.genotype import Genotype
-from ..space.plot import drawing_note, genotype_png
+from ..space.plot import drawing_note, genotype_png, thumbnail_png
 from ..version import __version__
 from . import layout as L
 from . import lease
@@ -125,6 +126,7 @@ class MlflowTracker(ModelLogging, Observer):
         self._config: ExperimentConfig | None = None  # for the run's description at its end
         self._final_epochs = 0  # fitted to search.budget_minutes (0: not fitted)
         self._dataset = ""
+        self._pace = Pace()  # says a slow epoch (the asolab.slow_epoch tag)
 
     # ------------------------------------------------------------------ helpers
 
@@ -187,6 +189,10 @@ class MlflowTracker(ModelLogging, Observer):
             local = Path(tmp) / name
             local.write_bytes(genotype_png(genotype, title=title))
             self._c.log_artifact(self.run_id, str(local), folder or None)
+            if path == L.FINAL_CELLS_ARTIFACT:  # the strip the run's description leads with
+                thumb = Path(tmp) / L.FINAL_CELLS_THUMB_ARTIFACT.rpartition("/")[2]
+                thumb.write_bytes(thumbnail_png(local.read_bytes()))
+                self._c.log_artifact(self.run_id, str(thumb), folder or None)
 
     def _upload_checkpoint(self, path: str) -> None:
         # Upload a snapshot: the runner replaces checkpoint.pt after the next phase, and
@@ -254,6 +260,7 @@ class MlflowTracker(ModelLogging, Observer):
             L.TAG_GIT_COMMIT: commit,
             L.MLFLOW_GIT_COMMIT: commit,
             L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
+            **{L.TAG_DATA_NOTE + k: v for k, v in event.data.get("notes", {}).items()},
             L.TAG_DEVICE: event.device,
             **{L.TAG_DEVICE_INFO + k: v for k, v in event.device_info.items()},
             L.TAG_HOST: socket.gethostname(),
@@ -369,6 +376,9 @@ class MlflowTracker(ModelLogging, Observer):
             }
             for k, v in values.items():
                 self._metric(k, v, event.global_epoch)
+            slow = self._pace.check(event)
+            if slow:
+                self._tag(L.TAG_SLOW_EPOCH, slow)
             if time.perf_counter() - self._last_flush >= LIVE_SECONDS:
                 self.flush()
 

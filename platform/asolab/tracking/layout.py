@@ -163,7 +163,7 @@ CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
 MODEL_DIR = "model"  # the final derived network: an MLflow pyfunc model (tracking/predictor.py)
 MODEL_NAME = MODEL_DIR  # mlflow.pyfunc.load_model(f"runs:/{run_id}/{MODEL_NAME}")
 # inside the model: the network's files, which hold no code (asolab.load_model reads only these)
-MODEL_NETWORK_DIR = "network"
+MODEL_NETWORK_DIR = "data/network"  # (pyfunc keeps a model's data_path under data/)
 MODEL_NETWORK_FILE = "network.json"  # spec, genotype, preprocessing, the weights file's name
 MODEL_WEIGHTS_SAFETENSORS = "weights.safetensors"  # where the safetensors package is installed
 MODEL_WEIGHTS_TORCH = "weights.pt"  # else: tensors only, read with torch.load(weights_only=True)

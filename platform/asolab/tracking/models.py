@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,12 @@ class ModelLogging:
         logged = self._c.get_logged_model(model_id)
         meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
         try:
-            with tempfile.TemporaryDirectory() as tmp:
-                network = Path(tmp) / L.MODEL_NETWORK_DIR
+            with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+                network = Path(tmp) / Path(L.MODEL_NETWORK_DIR).name
                 predictor.save(network, event.supernet, event.genotype, event.preprocessing)
                 local = os.path.join(tmp, L.MODEL_DIR)
+                # (its warning that no input example was given: the signature says it all)
+                warnings.filterwarnings("ignore", message="An input example was not provided")
                 mlflow.pyfunc.save_model(
                     local,
                     loader_module=L.MODEL_LOADER,
@@ -105,6 +108,6 @@ def _signature(pre: dict[str, Any]) -> ModelSignature:
     refuses float input (normalised or not) before the model sees it."""
     shape = (-1, int(pre["height"]), int(pre["width"]), int(pre["in_channels"]))
     return ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype(np.uint8), shape, "images")]),
+        inputs=Schema([TensorSpec(np.dtype(np.uint8), shape)]),
         outputs=Schema([ColSpec("string", "class"), ColSpec("double", "probability")]),
     )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..config import ConfigError
 from ..space.genotype import Genotype
 from ..space.network import DerivedNetwork, derived_state, standalone
 from ..space.spec import ArchSpec
@@ -151,7 +152,7 @@ class Predictor:
     def preprocess(self, images: Any) -> torch.Tensor:
         """Raw images -> the normalised ``(N, C, H, W)`` tensor the network takes."""
         x = self._pixels(images)
-        return (torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
+        return (torch.tensor(x).permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
 
     @torch.no_grad()
     def probabilities(self, images: Any) -> np.ndarray:
@@ -185,19 +186,22 @@ class Predictor:
     def _pixels(self, images: Any) -> np.ndarray:
         """``(N, H, W, C)`` uint8 at the run's size and channels; anything but raw
         images is refused (it would bypass or repeat the normalisation)."""
-        files = _files(images)
-        if files is not None:
-            images = files
+        from PIL import Image, UnidentifiedImageError
+
+        if isinstance(images, (str, Path)):
+            path = Path(images).expanduser()
+            if not path.is_file():
+                return self._pixels(_files(path))  # a folder: its images
+            try:
+                with Image.open(path) as img:
+                    img.load()
+                    return self._pixels(img)
+            except (OSError, UnidentifiedImageError) as exc:
+                raise TrackingError(f"{path} is not an image asolab can read ({exc})") from None
         if isinstance(images, (list, tuple)):
             parts = [self._pixels(i) for i in images]
             shape = (0, self.height, self.width, self.channels)
             return np.concatenate(parts) if parts else np.zeros(shape, np.uint8)
-        from PIL import Image
-
-        if isinstance(images, (str, Path)):
-            with Image.open(images) as img:
-                img.load()
-                return self._pixels(img)
         if isinstance(images, Image.Image):
             mode = _MODES.get(self.channels)
             if mode is None:
@@ -277,7 +281,13 @@ class _PyfuncModel:
     def __init__(self, predictor: Predictor) -> None:
         self.predictor = predictor
 
+    def get_raw_model(self) -> Predictor:
+        """The :class:`Predictor` (``mlflow.pyfunc``'s ``get_raw_model()``)."""
+        return self.predictor
+
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        if isinstance(model_input, dict) and len(model_input) == 1:  # a named tensor input
+            (model_input,) = model_input.values()
         return self.predictor.predict(model_input)
 
 
@@ -299,7 +309,7 @@ def from_run(uri: str, run: Any) -> Predictor:
     run_id = run.info.run_id
     model_uri = run.data.tags.get(L.TAG_MODEL_URI)
     if not model_uri:
-        raise TrackingError(
+        raise ConfigError(
             f"run {run_id} has no model (it did not finish, or ran with "
             "tracking.log_models = false)"
         )

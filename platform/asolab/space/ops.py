@@ -13,7 +13,7 @@ both strides, and refused by name when its output has the wrong shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -219,6 +219,13 @@ def build_op(name: str, channels: int, stride: int, affine: bool = False) -> nn.
 
 
 _PROBED: set[tuple[str, int, int, int, bool]] = set()  # plugin ops run once at these widths
+
+
+def load_ops(names: Iterable[str]) -> None:
+    """Import every op of ``names`` now (a plugin's module loads on first use): one that
+    fails to import is a PluginError naming it, before a study's trials each fail on it."""
+    for name in names:
+        OPS[name]
 
 
 def register_op(name: str, factory: OpFactory) -> None:

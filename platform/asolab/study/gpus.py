@@ -11,6 +11,7 @@ round-robin; no GPU leaves the environment as it is (CPU runs).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 from ..config import ConfigError
@@ -18,11 +19,51 @@ from ..config import ConfigError
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 
 
+# What CUDA_VISIBLE_DEVICES takes: an index, or a GPU's or MIG instance's UUID
+_GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
+
+
 def parse_gpus(text: str) -> list[str]:
     """``--gpus 0,1,3`` -> ["0", "1", "3"] (ids or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes)."""
     ids = [g.strip() for g in text.split(",")]
     if not all(ids):
         raise ConfigError(f"--gpus {text!r}: give GPU ids separated by commas, e.g. --gpus 0,1")
+    bad = [g for g in ids if not _GPU_ID.fullmatch(g)]
+    if bad:
+        raise ConfigError(
+            f"--gpus {text!r}: {bad[0]!r} is not a GPU id; give indices (--gpus 0,1) or GPU "
+            "UUIDs (GPU-..., as nvidia-smi -L lists them)"
+        )
+    return ids
+
+
+def study_gpus(text: str, device: str, workers: int) -> list[str]:
+    """The GPUs a study's workers share: ``--gpus`` checked (``text``; "" = the visible
+    ones). Naming GPUs where CUDA sees none is refused (the runs would silently train
+    on the CPU while recording the GPU ids), unless the experiment says
+    ``device = "cpu"``: then the GPUs are not used, and none is assigned.
+    One worker's GPU is made visible in this process (CUDA reads it when torch first
+    touches the GPU, which counting them does)."""
+    if not text:
+        return visible_gpus()
+    ids = parse_gpus(text)
+    if device == "cpu":
+        return []
+    before = os.environ.get(GPU_ENV)
+    if workers == 1:
+        os.environ[GPU_ENV] = ids[0]
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        if before is None:
+            os.environ.pop(GPU_ENV, None)
+        else:
+            os.environ[GPU_ENV] = before
+        raise ConfigError(
+            f"--gpus {text}: no GPU is visible here (CUDA counts none"
+            + (f" with CUDA_VISIBLE_DEVICES={ids[0]}" if workers == 1 else "")
+            + "); drop --gpus, or run on the CPU on purpose with --set device=cpu"
+        )
     return ids
 
 

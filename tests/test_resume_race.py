@@ -52,7 +52,8 @@ CONFIG = {
 }
 
 # One "machine": resumes the run it is told to at the instant it is told, stops at the
-# epoch it is told (Ctrl-C), and says what happened, one JSON line per race.
+# epoch it is told (Ctrl-C), and says what happened, one line "RACE {json}" per race
+# (MLflow prints lines of its own).
 WORKER = textwrap.dedent(
     """
     import json, os, sys, time
@@ -67,7 +68,7 @@ WORKER = textwrap.dedent(
             if event.global_epoch == self.epoch:
                 raise KeyboardInterrupt
 
-    print(json.dumps({"ready": os.getpid()}), flush=True)
+    print("RACE " + json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
         run_id, uri, at, stop = json.loads(line)
         time.sleep(max(0.0, at - time.time()))
@@ -79,7 +80,7 @@ WORKER = textwrap.dedent(
             out = {"ran": "stopped"}
         except TrackingError as exc:
             out = {"refused": str(exc)}
-        print(json.dumps({"pid": os.getpid(), **out}), flush=True)
+        print("RACE " + json.dumps({"pid": os.getpid(), **out}), flush=True)
     """
 )
 
@@ -145,8 +146,17 @@ def _machine(tmp_path: Path, name: str) -> subprocess.Popen:
         text=True,
         env=env,
     )
-    assert "ready" in json.loads(proc.stdout.readline())
+    assert "ready" in _said(proc)
     return proc
+
+
+def _said(proc: subprocess.Popen) -> dict:
+    """The machine's next report."""
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"machine {proc.pid} exited ({proc.poll()})"
+        if line.startswith("RACE "):
+            return json.loads(line[len("RACE ") :])
 
 
 def test_two_machines_resuming_one_run_at_once_one_refuses_and_no_step_is_written_twice(
@@ -166,7 +176,7 @@ def test_two_machines_resuming_one_run_at_once_one_refuses_and_no_step_is_writte
             for m in machines:
                 m.stdin.write(order + "\n")
                 m.stdin.flush()
-            said = [json.loads(m.stdout.readline()) for m in machines]
+            said = [_said(m) for m in machines]
             ran = [s for s in said if "ran" in s]
             refused = [s for s in said if "refused" in s]
             outcomes.append(said)

@@ -327,8 +327,9 @@ def from_run(uri: str, run: Any) -> Predictor:
             except Exception as exc:  # MlflowException, OSError: the file is not there
                 raise TrackingError(
                     f"run {run_id}'s model has no {L.MODEL_NETWORK_DIR}/{name} ({_first(exc)}); "
-                    "it was logged by an asolab before 0.x (a pickle, which asolab does not "
-                    "load), or the store lost it"
+                    "an earlier asolab logged it as a pickle, which load_model does not run "
+                    "(mlflow.pytorch.load_model does, if you trust the store), or the store "
+                    "lost it"
                 ) from None
 
         info = read_info(fetch(L.MODEL_NETWORK_FILE))

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError
+from ..plugins import PluginError
 from ..space.genotype import Genotype
 from ..space.network import DerivedNetwork, derived_state, standalone
 from ..space.spec import ArchSpec
@@ -64,14 +65,10 @@ def save(folder: Path, supernet: Any, genotype: Genotype, preprocessing: dict[st
         "spec": supernet.spec.to_dict(),
         "genotype": genotype.to_dict(),
         "weights": weights,
-        "params": int(sum(t.numel() for t in _parameters(supernet, genotype))),
+        "params": int(sum(p.numel() for p in supernet.derived_parameters(genotype))),
         "preprocessing": preprocessing,
     }
     (folder / L.MODEL_NETWORK_FILE).write_text(json.dumps(info, indent=2))
-
-
-def _parameters(supernet: Any, genotype: Genotype) -> list[torch.Tensor]:
-    return list(supernet.derived_parameters(genotype))
 
 
 def files_needed(info: dict[str, Any]) -> list[str]:
@@ -98,9 +95,16 @@ def read_info(path: Path) -> dict[str, Any]:
 def load(folder: Path, info: dict[str, Any] | None = None) -> Predictor:
     """The predictor saved in ``folder`` by :func:`save`, on the CPU, in eval mode."""
     info = info or read_info(folder / L.MODEL_NETWORK_FILE)
-    spec = ArchSpec.from_dict(info["spec"])
-    genotype = Genotype.from_dict(info["genotype"])
-    net = standalone(spec, genotype)
+    try:
+        net = standalone(ArchSpec.from_dict(info["spec"]), Genotype.from_dict(info["genotype"]))
+        preprocessing = dict(info["preprocessing"])
+    except PluginError:  # an op of a plugin that is not installed here: it says which
+        raise
+    except Exception as exc:  # an edited or damaged file: say so, in one line
+        raise TrackingError(
+            f"{folder / L.MODEL_NETWORK_FILE} does not describe a network asolab can build "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     path = folder / info["weights"]
     try:
         if info["weights"] == L.MODEL_WEIGHTS_SAFETENSORS:
@@ -121,7 +125,7 @@ def load(folder: Path, info: dict[str, Any] | None = None) -> Predictor:
             f"the weights {path} do not load into the network their network.json describes "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
-    return Predictor(net, info["preprocessing"])
+    return Predictor(net, preprocessing)
 
 
 class Predictor:

@@ -1,7 +1,7 @@
 """Who runs a run now: so that one run is never run or resumed by two processes at once.
 
 Two ``--resume`` of the same run at the same time would both replay its steps
-and write each of them twice. Two guards:
+and write each of them twice. Three guards:
 
 * a lock file per run (``leases/<run id>.lock`` beside a SQLite store, else in
   the temp folder), held with ``flock`` for as long as this process runs the
@@ -13,7 +13,14 @@ and write each of them twice. Two guards:
   same server or database. A RUNNING run whose lease was refreshed less than
   :data:`STALE_SECONDS` ago by another machine, or that names a live process of
   this one, is refused unless the user says the other process is gone
-  (``--force``).
+  (``--force``);
+* for two resumes that start at the same instant through a server or another
+  shared database, where neither has written its tag when the other reads it:
+  each writes the tag with this process's random token, waits longer than the
+  write's round trip plus :data:`SETTLE_MARGIN`, and reads it back; only the
+  process whose token is there goes on (:func:`_contend`). A rival stalled
+  between its read and its write for longer than that wait is the one window
+  left (docs/tracking.md).
 """
 
 from __future__ import annotations

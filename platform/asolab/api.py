@@ -66,7 +66,9 @@ def load_config(
 
 _URI = "a tracking URI ('sqlite:///mlruns/mlflow.db', 'http://host:5000')"
 _EXPERIMENT_TAKES = "a shipped experiment name ('digits'), a TOML path or an ExperimentConfig"
-_OVERRIDES_TAKES = "a mapping ({'search.cycles': 1}) or a list of 'key=value' strings"
+_OVERRIDES_TAKES = (
+    "a mapping or a list of 'key=value' strings ({'search.cycles': 1} or ['search.cycles=1'])"
+)
 
 
 def _pairs(overrides: Overrides, fn: str = "asolab.run") -> dict[str, Any]:

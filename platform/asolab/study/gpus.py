@@ -10,6 +10,7 @@ round-robin; no GPU leaves the environment as it is (CPU runs).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from ..config import ConfigError
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
+log = logging.getLogger(__name__)
 
 
 # What CUDA_VISIBLE_DEVICES takes: an index, or a GPU's or MIG instance's UUID
@@ -41,17 +43,18 @@ def study_gpus(text: str, device: str, workers: int) -> list[str]:
     """The GPUs a study's workers share: ``--gpus`` checked (``text``; "" = the visible
     ones). Naming GPUs where CUDA sees none is refused (the runs would silently train
     on the CPU while recording the GPU ids), unless the experiment says
-    ``device = "cpu"``: then the GPUs are not used, and none is assigned.
-    One worker's GPU is made visible in this process (CUDA reads it when torch first
-    touches the GPU, which counting them does)."""
+    ``device = "cpu"``: the CPU on purpose, said in a warning. One worker's GPU is
+    made visible in this process (CUDA reads it when torch first touches the GPU,
+    which counting them does)."""
     if not text:
         return visible_gpus()
     ids = parse_gpus(text)
-    if device == "cpu":
-        return []
     before = os.environ.get(GPU_ENV)
     if workers == 1:
         os.environ[GPU_ENV] = ids[0]
+    if device == "cpu":
+        log.warning("--gpus %s with device = 'cpu': the runs train on the CPU", text)
+        return ids
     import torch
 
     if torch.cuda.device_count() == 0:

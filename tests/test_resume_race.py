@@ -160,6 +160,7 @@ def _said(proc: subprocess.Popen) -> dict:
             return json.loads(line[len("RACE ") :])
 
 
+@pytest.mark.slow
 def test_two_machines_resuming_one_run_at_once_one_refuses_and_no_step_is_written_twice(
     server, tmp_path
 ):

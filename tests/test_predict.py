@@ -127,11 +127,18 @@ def test_load_model_neither_runs_nor_needs_a_pickle_planted_in_the_store(finishe
     marker = tmp_path / "pwned"
     payload = pickle.dumps(_Payload(marker))
     # the old pickle's place, and every file besides the network's own
-    for name in ("data/model.pth", "python_model.pkl", "MLmodel"):
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(payload)
-    model = asolab.load_model(result.run_id, tracking_uri=store)
-    assert model.params == result.params and not marker.exists()
+    planted = ("data/model.pth", "python_model.pkl", "MLmodel")
+    kept = {name: (folder / name).read_bytes() for name in planted if (folder / name).exists()}
+    try:
+        for name in planted:
+            (folder / name).write_bytes(payload)
+        model = asolab.load_model(result.run_id, tracking_uri=store)
+        assert model.params == result.params and not marker.exists()
+    finally:  # the module's other tests share this run
+        for name in planted:
+            (folder / name).unlink()
+        for name, data in kept.items():
+            (folder / name).write_bytes(data)
 
     # a payload in the weights file itself is refused, not run
     weights = folder / L.MODEL_NETWORK_DIR / L.MODEL_WEIGHTS_TORCH

@@ -88,11 +88,15 @@ def is_fake() -> bool:
 
 
 @contextlib.contextmanager
-def on_device(index: int = 0, modulo: int = 8) -> Iterator[torch.device]:
+def on_device(index: int | None = None, modulo: int = 8) -> Iterator[torch.device]:
     """The device the placement tests check, and the mode it needs (see the module doc).
-    ``modulo``: the op count of the space under test (sampled indices stay valid)."""
+    ``index`` None: the device as a config names it, ``cuda`` with no index, as on a GPU
+    (``ASOLAB_TEST_DEVICE=cuda``), while every tensor made there reports ``cuda:0``: the
+    tests must compare normalised devices (``asolab.runner.device.normalise_device``), as
+    they must on a real GPU, where ``cuda:0 != cuda``. ``modulo``: the op count of the
+    space under test (sampled indices stay valid)."""
     if REAL_DEVICE:
-        yield torch.device(REAL_DEVICE)
+        yield torch.device(REAL_DEVICE if index is None else f"cuda:{index}")
         return
     with FakeTensorMode(allow_non_fake_inputs=True), _CudaOnlyFake(), _values(modulo):
-        yield torch.device("cuda", index)
+        yield torch.device("cuda") if index is None else torch.device("cuda", index)

@@ -348,7 +348,21 @@ class SpeedConfig:
         ),
     )
     cudnn_benchmark: bool = field(
-        True, help="let cuDNN time its convolution algorithms per shape (CUDA only)"
+        True,
+        help=(
+            "let cuDNN time its convolution algorithms per shape in the final stage (CUDA "
+            "only); the search phases never do, since every growth step and sampled path "
+            "brings new shapes whose first step would pay the timing"
+        ),
+    )
+    compile: str = field(
+        "off",
+        choices=Registered("asolab.runner.speed", "COMPILE_MODES"),
+        help=(
+            "torch.compile the fixed network of W-retraining and the final stage: off | "
+            "default | reduce-overhead (CUDA graphs on CUDA); each new genotype compiles "
+            "anew, so it pays only for long fixed phases (bench/gpu_check.py measures it)"
+        ),
     )
 
 

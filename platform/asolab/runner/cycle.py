@@ -39,6 +39,7 @@ from .. import threads as cpu_threads
 from ..config import ExperimentConfig
 from ..data import DataBundle, load_data
 from ..space.spec import ArchSpec
+from . import steps
 from .device import describe_device, memory_format, resolve_device
 from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
@@ -94,19 +95,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
             self.net = build_network(self.spec, self.device, self._layout)
         except torch.cuda.OutOfMemoryError as exc:
             raise out_of_memory(exc, self.device, cfg.data.batch_size) from None
-        s = cfg.search
-        self.weight_opt = torch.optim.SGD(
-            self.net.weight_parameters(),
-            lr=s.weight_lr,
-            momentum=s.weight_momentum,
-            weight_decay=s.weight_decay,
-        )
-        self.alpha_opt = torch.optim.Adam(
-            self.net.alpha_parameters(),
-            lr=s.alpha_lr,
-            betas=(0.5, 0.999),
-            weight_decay=s.alpha_weight_decay,
-        )
+        self.weight_opt, self.alpha_opt = steps.optimizers(self.net, cfg.search)
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
         self.speed = Speed(cfg.speed, self.device)
         self.state = RunState()

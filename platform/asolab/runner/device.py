@@ -17,11 +17,24 @@ if TYPE_CHECKING:
     from ..space.spec import ArchSpec
 
 
+def normalise_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: ``cuda`` means ``cuda:<current index>``, as every tensor
+    made there reports it (torch compares ``cuda`` and ``cuda:0`` as different devices).
+    Without a driver (tests on a fake CUDA device) the current index is 0."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return torch.device("cuda", index)
+    return device
+
+
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA, then MPS, then the CPU; an unavailable device is a config error."""
+    """``auto`` picks CUDA, then MPS, then the CPU; an unavailable device is a config error.
+    A CUDA device comes back with its index (:func:`normalise_device`), the one the run
+    records and compares tensors against."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
+            return normalise_device("cuda")
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -37,7 +50,7 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(
             "device = 'mps' but MPS is not available here; use device = 'cpu' or 'auto'"
         )
-    return torch.device(name)
+    return normalise_device(name)
 
 
 def check_cuda_index(name: str, count: int) -> None:

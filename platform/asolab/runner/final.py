@@ -50,6 +50,7 @@ class FinalStage:
         run, so it also checkpoints between epochs, whenever the last checkpoint is
         ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch.
         With ``search.budget_minutes``, the first epoch's time fits the stage's length."""
+        self.speed.autotune(final_stage=True)
         step = self._genotype_step()
         while (e := self.state.position.stage_epoch) < self.final_epochs:
             start = time.perf_counter()

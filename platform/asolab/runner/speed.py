@@ -13,10 +13,15 @@ AVX-512 BF16/AMX, so only worth it on those). ``fp16`` needs CUDA: elsewhere it
 falls back to fp32 with a warning.
 
 cuDNN autotuning (``speed.cudnn_benchmark``) picks the fastest convolution
-algorithm per input shape on first sight. Growth adds convolutions of new
-shapes, so the first step after a growth step benchmarks them again: a few
-milliseconds per new shape, paid once per growth step, far below one epoch
-(``bench/gpu_check.py`` reports the first post-growth epoch's speed).
+algorithm per input shape on first sight. On an H100 the first step after a
+widen took 1.356 s against 6.5 ms for a steady step: growth and sampled paths
+keep bringing new shapes during the search, so autotuning is on only in the
+final stage, where one fixed network trains for many epochs
+(``bench/gpu_check.py`` measures both).
+
+``speed.compile`` compiles the fixed network of W-retraining and the final
+stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
+change path every step and run eagerly.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ from ..space.network import SearchNetwork
 from ..space.spec import ArchSpec
 
 log = logging.getLogger(__name__)
+
+# speed.compile: torch.compile's mode per setting (None: eager)
+COMPILE_MODES: dict[str, str | None] = {
+    "off": None,
+    "default": "default",
+    "reduce-overhead": "reduce-overhead",
+}
 
 # speed.autocast: the forward pass's dtype under torch.autocast (None: fp32, no autocast).
 AUTOCAST: dict[str, torch.dtype | None] = {
@@ -79,8 +91,25 @@ class Speed:
         self.dtype = dtype
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+        self.cudnn_benchmark = cfg.cudnn_benchmark
+        self.compile_mode = COMPILE_MODES[cfg.compile]
+        self.autotune(False)  # the search phases: see the module doc
+
+    def autotune(self, final_stage: bool) -> None:
+        """cuDNN autotuning for what comes next: in the final stage as configured, never
+        in the search phases."""
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = final_stage and self.cudnn_benchmark
+
+    def compiled(self, net: nn.Module) -> nn.Module:
+        """``net`` compiled as ``speed.compile`` says (the same parameters, so optimizers
+        and checkpoints see no difference), or ``net`` itself."""
+        if self.compile_mode is None:
+            return net
+        mode = self.compile_mode
+        if mode == "reduce-overhead" and self.device.type != "cuda":
+            mode = "default"  # CUDA graphs are what it adds; elsewhere plain compile
+        return torch.compile(net, mode=mode)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward pass's precision (a no-op with ``autocast = "off"``)."""
@@ -109,6 +138,8 @@ class Speed:
         self.scaler.scale(loss).backward()
         if clip:
             self.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(clip, max_norm)
+            # the optimizer's kernel choice: multi-tensor norms where its update is too
+            foreach = optimizer.defaults.get("foreach")
+            torch.nn.utils.clip_grad_norm_(clip, max_norm, foreach=foreach)
         self.scaler.step(optimizer)
         self.scaler.update()

@@ -8,12 +8,15 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data import Batches, Split
+from ..space.fixed import FixedNetwork
 from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.sampling import FairPaths
+from . import steps
 from .events import EpochEnd
 from .phases import ALPHA, W_TRAIN
 
@@ -22,21 +25,17 @@ class Training:
     """Steps, epochs and the training phases (a Runner part)."""
 
     def weight_step(
-        self, x: torch.Tensor, y: torch.Tensor, plans: Plans
+        self, x: torch.Tensor, y: torch.Tensor, plans: Plans | None, net: nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
-        # inf: no clipping (no norm to compute)
-        clip = self.net.weight_parameters() if math.isfinite(self.cfg.search.grad_clip) else []
-        self.speed.step(loss, self.weight_opt, clip, self.cfg.search.grad_clip)
-        return loss.detach(), (logits.argmax(1) == y).sum()
+        """A weight step of the supernet along ``plans``, or of ``net`` (a fixed network)."""
+        return steps.weight_step(
+            net or self.net, self.speed, self.weight_opt, x, y, plans, self.cfg.search.grad_clip
+        )
 
     def alpha_step(
         self, x: torch.Tensor, y: torch.Tensor, tau: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        plans = self.net.sample_plans(tau, differentiable=True)  # fp32, outside autocast
-        loss, logits = self.speed.forward_loss(self.net, x, y, plans)
-        self.speed.step(loss, self.alpha_opt)
-        return loss.detach(), (logits.argmax(1) == y).sum()
+        return steps.alpha_step(self.net, self.speed, self.alpha_opt, x, y, tau)
 
     @torch.no_grad()
     def evaluate(self, split: Split, genotype: Genotype) -> tuple[float, float]:
@@ -127,10 +126,12 @@ class Training:
         # Fair rounds restart with each phase, so a resume at its boundary repeats them.
         fair = FairPaths(self.net.trainable_ops()) if self.cfg.search.w_sampling == "fair" else None
 
+        logits = self.net.path_logits()  # the alphas are frozen here: one host copy
+
         def step(x, y, tau):
             if fair is not None:
                 return self.weight_step(x, y, self.net.fair_plans(fair))
-            return self.weight_step(x, y, self.net.sample_plans(tau, differentiable=False))
+            return self.weight_step(x, y, self.net.sample_path(logits, tau))
 
         epochs = self.cfg.search.w_epochs + (
             self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0
@@ -157,10 +158,12 @@ class Training:
                 p.requires_grad_(True)
 
     def _genotype_step(self) -> Callable:
-        """A weight step along the current genotype's path (W-retraining, final stage)."""
+        """A weight step of the current genotype's network (W-retraining, final stage):
+        its modules wired once (:class:`FixedNetwork`, the supernet's own weights),
+        compiled as ``speed.compile`` says."""
         assert self.state.genotype is not None
-        plans = self.net.genotype_plans(self.state.genotype)
-        return lambda x, y, tau: self.weight_step(x, y, plans)
+        fixed = self.speed.compiled(FixedNetwork(self.net, self.state.genotype))
+        return lambda x, y, tau: self.weight_step(x, y, None, fixed)
 
     def retrain(self, phase: str, epochs: int, split: Split) -> None:
         step = self._genotype_step()

@@ -121,18 +121,36 @@ class SearchNetwork(nn.Module):
 
         With ``differentiable`` the straight-through weight (value exactly 1)
         multiplies the op output, so gradients reach the alphas; without it the
-        sample is drawn under no_grad and nothing but the op runs.
+        sample is drawn on the host (:meth:`path_logits`, :meth:`sample_path`) and
+        nothing but the op runs.
         """
+        if not differentiable:
+            return self.sample_path(self.path_logits(), temperature)
         plans: Plans = {}
         for kind in self.alphas:
-            if differentiable:
-                hard, index = gumbel_softmax_st(self.alphas[kind], temperature)
-                plans[kind] = [[(int(i), hard[e, i])] for e, i in enumerate(index.tolist())]
-            else:
-                # 'none' has no weights to train: W-training paths never sample it.
-                with torch.no_grad():
-                    _, index = gumbel_softmax_st(self.alphas[kind] + self._none_mask, temperature)
-                plans[kind] = [[(int(i), None)] for i in index.tolist()]
+            hard, index = gumbel_softmax_st(self.alphas[kind], temperature)
+            # one gather and one unbind for every edge's weight: a select per edge would
+            # cost two ops forward and a zero-filled gradient each backward
+            weights = hard.gather(1, index.unsqueeze(1)).squeeze(1).unbind()
+            plans[kind] = [[(int(i), weights[e])] for e, i in enumerate(index.tolist())]
+        return plans
+
+    def path_logits(self) -> dict[str, torch.Tensor]:
+        """What W-training samples paths from: each alpha matrix with 'none' masked out
+        (it has no weights to train), detached, on the host. The alphas stay frozen for
+        a whole W-training phase, so one copy serves every step of it: the paths are then
+        drawn without a device sync per step (on the CPU the copy is the tensor itself,
+        and the draws are those of sampling on the device)."""
+        with torch.no_grad():
+            return {kind: (a + self._none_mask).cpu() for kind, a in self.alphas.items()}
+
+    @staticmethod
+    def sample_path(logits: dict[str, torch.Tensor], temperature: float) -> Plans:
+        """One op per edge by hard Gumbel-softmax over ``logits`` (:meth:`path_logits`)."""
+        plans: Plans = {}
+        for kind, a in logits.items():
+            _, index = gumbel_softmax_st(a, temperature)
+            plans[kind] = [[(i, None)] for i in index.tolist()]
         return plans
 
     def trainable_ops(self) -> list[int]:

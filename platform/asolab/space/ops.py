@@ -18,8 +18,35 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..plugins import PluginError, Registry, qualname
+
+# Training steps call the built-in ops' submodules functionally (``_conv``, ``_bn``):
+# a search network's step is bound by the host, and each module call and
+# BatchNorm's bookkeeping cost more there than the kernel they launch on a GPU.
+# The modules stay as they are (state-dict names, growth's rules, hooks); eval mode
+# runs them as modules, so forward hooks (FLOPs, memory probes) see every leaf.
+
+
+def _conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` without the module call."""
+    if conv.padding_mode != "zeros":
+        return conv(x)
+    return F.conv2d(
+        x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups
+    )
+
+
+def _bn(bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """``bn(x)`` in training mode without the module call and without counting batches:
+    ``num_batches_tracked`` only matters when ``momentum`` is None (a cumulative
+    average, as BatchNorm recalibration uses), and then the module runs as it is."""
+    if bn.momentum is None or not (bn.training and bn.track_running_stats):
+        return bn(x)
+    return F.batch_norm(
+        x, bn.running_mean, bn.running_var, bn.weight, bn.bias, True, bn.momentum, bn.eps
+    )
 
 
 class ReLUConvBN(nn.Sequential):
@@ -33,6 +60,12 @@ class ReLUConvBN(nn.Sequential):
             nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding, bias=False),
             nn.BatchNorm2d(c_out, affine=affine),
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        _, conv, bn = self
+        return _bn(bn, _conv(conv, F.relu(x)))
 
 
 class DilConv(nn.Sequential):
@@ -64,6 +97,12 @@ class DilConv(nn.Sequential):
             nn.BatchNorm2d(c_out, affine=affine),
         )
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        _, depthwise, pointwise, bn = self
+        return _bn(bn, _conv(pointwise, _conv(depthwise, F.relu(x))))
+
 
 class SepConv(nn.Sequential):
     """Two stacked dilation-1 ``DilConv`` blocks, the first one strided (as in DARTS)."""
@@ -75,6 +114,12 @@ class SepConv(nn.Sequential):
             DilConv(c_in, c_in, kernel, stride, padding, 1, affine),
             DilConv(c_in, c_out, kernel, 1, padding, 1, affine),
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        first, second = self
+        return DilConv.forward(second, DilConv.forward(first, x))
 
 
 class Identity(nn.Module):
@@ -108,10 +153,14 @@ class FactorizedReduce(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, affine=affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(x)
-        # The second path looks at odd pixels; padding keeps odd sizes aligned.
-        shifted = nn.functional.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
-        return self.bn(torch.cat([self.conv_1(x), self.conv_2(shifted)], dim=1))
+        if not self.training:
+            x = self.relu(x)
+            # The second path looks at odd pixels; padding keeps odd sizes aligned.
+            shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
+            return self.bn(torch.cat([self.conv_1(x), self.conv_2(shifted)], dim=1))
+        x = F.relu(x)
+        shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
+        return _bn(self.bn, torch.cat([_conv(self.conv_1, x), _conv(self.conv_2, shifted)], dim=1))
 
 
 class Pool(nn.Module):
@@ -127,7 +176,9 @@ class Pool(nn.Module):
         self.bn = nn.BatchNorm2d(channels, affine=affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.pool(x))
+        if not self.training:
+            return self.bn(self.pool(x))
+        return _bn(self.bn, self.pool(x))
 
 
 OpFactory = Callable[[int, int, bool], nn.Module]

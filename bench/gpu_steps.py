@@ -1,0 +1,307 @@
+"""Training steps on a GPU: images/s, kernels per step and GPU busy, one section each.
+
+    python bench/gpu_steps.py --device cuda --out DIR       # every section, JSON + table
+    PYTHONPATH=OLD/platform python bench/gpu_steps.py ...    # the same on an older checkout
+    python bench/gpu_steps.py --device cpu --smoke          # CI: tiny sizes on the CPU
+
+Sections (``bench/gpu_check.py`` runs them too; each records its figures or its error):
+
+- ``w_step``: the sampled W-step at the DARTS-like size (8 cells, 4 nodes, 16 channels,
+  3x32x32) at batch 64 and 256: ms per step, images/s, CUDA kernels per step and GPU
+  busy (kernel time over wall time), both from ``torch.profiler``;
+- ``alpha_step``: the alpha step, same figures at batch 64;
+- ``retrain``: the fixed network's step (W-retraining, final stage) with
+  ``speed.compile`` off, default and reduce-overhead: compile seconds, steady ms per
+  step, and an epoch of 2,560 images with the compile paid in it;
+- ``growth``: the first step after widen and deepen against the steady ones, cuDNN
+  autotuning on and off;
+- ``workers``: aggregate W-step images/s of 1, 2 and 4 processes sharing the GPU;
+- ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds.
+
+``--budget-s`` skips a section whose estimate would not fit in what is left.
+Works on older checkouts (no ``runner/steps.py``): the "before" of a before/after pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import step_cost as sc
+import torch
+
+from asolab import config
+from asolab.evolution import morphism
+
+ROOT = Path(__file__).resolve().parents[1]
+# rough seconds per section on an H100 (for --budget-s)
+ESTIMATE = {
+    "w_step": 25,
+    "alpha_step": 10,
+    "retrain": 120,
+    "growth": 20,
+    "workers": 90,
+    "default_run": 90,
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, steps: int, warmup: int) -> float:
+    """Median seconds per call over blocks of ``steps`` calls (device work included)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    blocks = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        _sync(device)
+        blocks.append((time.perf_counter() - start) / steps)
+    return statistics.median(blocks)
+
+
+def profiled(fn: Callable[[], object], device: torch.device, steps: int = 5) -> dict:
+    """CUDA kernels per step and GPU busy (kernel time / wall time) from torch.profiler."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        _sync(device)
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 1e6  # µs -> s
+    return {"kernels_per_step": len(kernels) / steps, "gpu_busy": busy / wall}
+
+
+def _setup(device: torch.device, batch: int):
+    """The DARTS-like network as a run builds it on ``device`` (channels-last on CUDA)."""
+    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    return sc.setup(sc.DARTS_LIKE, 32, batch, device, layout=layout)
+
+
+def _sampler(net) -> Callable[[], dict]:
+    """W-training's path per step, as the runner draws it (older code: on the device)."""
+    if hasattr(net, "path_logits"):
+        logits = net.path_logits()  # once per W-training phase
+        return lambda: net.sample_path(logits, 1.0)
+    return lambda: net.sample_plans(1.0, False)
+
+
+def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -> dict:
+    out = {}
+    for batch in batches:
+        cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+        clip = cfg.search.grad_clip
+        sample = _sampler(net)
+        fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731, B023 (used at once)
+        seconds = timed(fn, device, steps, warmup=10)
+        out[f"batch_{batch}"] = {
+            "ms_per_step": 1e3 * seconds,
+            "images_per_s": batch / seconds,
+            **profiled(fn, device),
+        }
+    return out
+
+
+def alpha_section(device: torch.device, batch: int, steps: int) -> dict:
+    cfg, net, _, aopt, speed, x, y = _setup(device, batch)
+    for p in net.weight_parameters():
+        p.requires_grad_(False)
+    fn = lambda: sc.steps.alpha_step(net, speed, aopt, x, y, 1.0)  # noqa: E731, B023 (used at once)
+    seconds = timed(fn, device, steps, warmup=5)
+    return {"ms_per_step": 1e3 * seconds, "images_per_s": batch / seconds, **profiled(fn, device)}
+
+
+def retrain_section(device: torch.device, batch: int, epoch_images: int, modes) -> dict:
+    """The fixed network's step per ``speed.compile`` mode; an epoch pays the compile."""
+    out = {}
+    for mode in modes:
+        cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+        genotype = net.derive()
+        fixed = sc._retrain_net(net, genotype)
+        if not sc.BEFORE:
+            from asolab.runner.speed import Speed
+
+            speed = Speed(config.SpeedConfig(compile=mode), device)
+            fixed = speed.compiled(fixed)
+        elif mode != "off":
+            continue
+        clip = cfg.search.grad_clip
+        fn = lambda: sc.steps.weight_step(fixed, speed, wopt, x, y, None, clip)  # noqa: E731, B023 (used at once)
+        start = time.perf_counter()
+        for _ in range(3):  # compile (and CUDA-graph recording) happens here
+            fn()
+        _sync(device)
+        first = time.perf_counter() - start
+        seconds = timed(fn, device, 20, warmup=2)
+        per_epoch = epoch_images // batch
+        out[mode] = {
+            "first_3_steps_s": first,
+            "ms_per_step": 1e3 * seconds,
+            "images_per_s": batch / seconds,
+            "epoch_s_with_compile": first + (per_epoch - 3) * seconds,
+            **profiled(fn, device),
+        }
+    return out
+
+
+def growth_section(device: torch.device, batch: int) -> dict:
+    """First step after each growth kind against the steady ones, autotuning on and off."""
+    out = {}
+    for bench_on in (True, False):
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = bench_on
+        cfg, net, _, _, speed, x, y = _setup(device, batch)
+        for kind, grow in (
+            ("widen", lambda n: morphism.widen_cell(n, 0, 2 * n.spec.cells[0].channels)),
+            ("deepen", lambda n: morphism.deepen(n, morphism.deepen_positions(n.spec)[0])),
+        ):
+            net = grow(net).net
+            wopt, _ = sc._optimizers(net, cfg, None)
+            clip = cfg.search.grad_clip
+            plans = net.sample_plans(1.0, False)
+            fn = lambda n=net, o=wopt, p=plans: sc.steps.weight_step(n, speed, o, x, y, p, clip)  # noqa: E731, B023 (used at once)
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            first = time.perf_counter() - start
+            steady = timed(fn, device, 5, warmup=1)
+            out[f"{kind}_autotune_{'on' if bench_on else 'off'}"] = {
+                "first_step_s": first,
+                "steady_step_s": steady,
+                "first_over_steady": first / steady,
+            }
+    return out
+
+
+def worker(device: torch.device, batch: int, seconds: float) -> None:
+    """One of several processes on one GPU: W-steps for ``seconds``; prints images/s."""
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+    clip, sample = cfg.search.grad_clip, _sampler(net)
+    fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731, B023 (used at once)
+    for _ in range(10):
+        fn()
+    _sync(device)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    _sync(device)
+    print(json.dumps({"images_per_s": n * batch / (time.perf_counter() - start)}), flush=True)
+
+
+def workers_section(device: torch.device, counts, batch: int, seconds: float) -> dict:
+    out = {}
+    for n in counts:
+        cmd = [sys.executable, __file__, "--worker", "--device", str(device)]
+        cmd += ["--batch", str(batch), "--seconds", str(seconds)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)
+        ]
+        rates = [
+            json.loads(p.communicate()[0].strip().splitlines()[-1])["images_per_s"] for p in procs
+        ]
+        out[f"{n}_workers"] = {"images_per_s": sum(rates), "per_worker": rates}
+    return out
+
+
+def default_run_section(device: torch.device, smoke: bool) -> dict:
+    """The README's first command's run on the device (tracked, in an empty folder)."""
+    overrides = ["--set", f"device={device}"]
+    if smoke:
+        overrides += ["--set", "search.cycles=1", "--set", "search.final_epochs=0"]
+        overrides += ["--set", "data.train_subset=64", "--set", "space.init_channels=4"]
+    with tempfile.TemporaryDirectory() as folder:
+        cmd = [sys.executable, "-m", "asolab.cli", "run", *overrides, "--quiet"]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
+        seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"asolab run exited {proc.returncode}: {proc.stderr[-800:]}")
+    return {"command_s": seconds, "tail": proc.stdout.strip().splitlines()[-3:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+    ap.add_argument("--sections", default=",".join(ESTIMATE), help="comma-separated")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="skip what would not fit")
+    ap.add_argument("--out", default="", help="write steps.json here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if args.worker:
+        worker(device, args.batch, args.seconds)
+        return 0
+    smoke = args.smoke
+    if smoke:  # the DARTS-like size stays; only repeats and batches shrink
+        sc.DARTS_LIKE = {**sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
+    sections: dict[str, Callable[[], dict]] = {
+        "w_step": lambda: w_step_section(device, (2,) if smoke else (64, 256), 2 if smoke else 20),
+        "alpha_step": lambda: alpha_section(device, 2 if smoke else 64, 2 if smoke else 20),
+        "retrain": lambda: retrain_section(
+            device,
+            2 if smoke else 64,
+            8 if smoke else 2560,
+            ("off",) if smoke else ("off", "default", "reduce-overhead"),
+        ),
+        "growth": lambda: growth_section(device, 2 if smoke else 64),
+        "workers": lambda: workers_section(
+            device, (1, 2) if smoke else (1, 2, 4), 2 if smoke else 64, 2.0 if smoke else 12.0
+        ),
+        "default_run": lambda: default_run_section(device, smoke),
+    }
+    wanted = [s for s in args.sections.split(",") if s]
+    report: dict = {"before": sc.BEFORE, "device": str(device), "torch": torch.__version__}
+    if device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(device)
+    start = time.perf_counter()
+    for name in wanted:
+        left = args.budget_s - (time.perf_counter() - start)
+        if not smoke and ESTIMATE[name] > left:
+            report[name] = {
+                "status": "skipped",
+                "error": f"needs ~{ESTIMATE[name]} s, {left:.0f} left",
+            }
+            continue
+        t0 = time.perf_counter()
+        try:
+            report[name] = {"status": "ok", **sections[name]()}
+        except Exception as exc:  # one section's failure does not stop the others
+            report[name] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[-1500:]}
+        report[name]["seconds"] = time.perf_counter() - t0
+        print(f"{name}: {json.dumps(report[name], default=str)}", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        tag = "before" if sc.BEFORE else "after"
+        (Path(args.out) / f"steps_{tag}.json").write_text(json.dumps(report, indent=2) + "\n")
+    failed = [n for n in wanted if report.get(n, {}).get("status") == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

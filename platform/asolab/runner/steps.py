@@ -1,0 +1,85 @@
+"""One training step of each kind, as functions of exactly what they use.
+
+The runner's phases call these, and ``bench/step_cost.py`` counts and times them
+on their own: the weight step (sampled supernet path, or a fixed network), the
+alpha step, and the optimizers both are built with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from ..config import SearchConfig
+from ..space.network import Plans, SearchNetwork
+from .speed import Speed
+
+
+def optimizers(
+    net: SearchNetwork, s: SearchConfig, foreach: bool | None = None
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """SGD on the weights and Adam on the alphas, as a run keeps them for its whole length.
+
+    ``foreach`` None is torch's choice per device: multi-tensor kernels on CUDA (a
+    handful of launches per step instead of several per parameter), a loop elsewhere
+    (``bench/step_cost.py`` counts with True, what a GPU runs)."""
+    weight_opt = torch.optim.SGD(
+        net.weight_parameters(),
+        lr=s.weight_lr,
+        momentum=s.weight_momentum,
+        weight_decay=s.weight_decay,
+        foreach=foreach,
+    )
+    alpha_opt = torch.optim.Adam(
+        net.alpha_parameters(),
+        lr=s.alpha_lr,
+        betas=(0.5, 0.999),
+        weight_decay=s.alpha_weight_decay,
+        foreach=foreach,
+    )
+    return weight_opt, alpha_opt
+
+
+def sampled_plans(net: SearchNetwork, tau: float) -> Plans:
+    """W-training's path: one op per edge by hard Gumbel-softmax, no alpha gradient."""
+    return net.sample_plans(tau, differentiable=False)
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    groups = opt.param_groups
+    return groups[0]["params"] if len(groups) == 1 else [p for g in groups for p in g["params"]]
+
+
+def weight_step(
+    net: nn.Module,
+    speed: Speed,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    plans: Plans | None,
+    max_norm: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step of the weights: ``net(x, plans)`` on the supernet, ``net(x)`` on a
+    fixed network (``plans`` None). Returns ``(loss, correct)`` as device tensors."""
+    args = () if plans is None else (plans,)
+    loss, logits = speed.forward_loss(net, x, y, *args)
+    clip = _params(opt) if math.isfinite(max_norm) else []  # inf: no norm to compute
+    speed.step(loss, opt, clip, max_norm)
+    return loss.detach(), (logits.argmax(1) == y).sum()
+
+
+def alpha_step(
+    net: SearchNetwork,
+    speed: Speed,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Adam step of the alphas along a straight-through Gumbel sample."""
+    plans = net.sample_plans(tau, differentiable=True)  # fp32, outside autocast
+    loss, logits = speed.forward_loss(net, x, y, plans)
+    speed.step(loss, opt)
+    return loss.detach(), (logits.argmax(1) == y).sum()

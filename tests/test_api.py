@@ -62,10 +62,10 @@ def test_run_returns_the_result_and_the_mlflow_run_and_load_model_predicts(tmp_p
 
     # the final network, by a prefix of the run id, predicts as the run measured
     model = asolab.load_model(result.run_id[:8], tracking_uri=store)
-    assert isinstance(model, torch.nn.Module) and not model.training
+    assert isinstance(model.network, torch.nn.Module) and not model.network.training
     data = load_data(result.config.data, seed=result.config.seed)
     with torch.no_grad():
-        acc = (model(data.test.x).argmax(1) == data.test.y).float().mean().item()
+        acc = (model.network(data.test.x).argmax(1) == data.test.y).float().mean().item()
     assert acc == pytest.approx(result.test_acc, abs=1e-6)
 
 

@@ -242,6 +242,10 @@ def _bad_arrays(tmp_path: Path, case: str) -> dict:
         )
     elif case == "ambiguous layout":  # 8 channels of 8x8, or 8x8 images of 8 channels?
         np.savez(path, x_train=np.zeros((60, 8, 8, 8), np.uint8), y_train=y)
+    elif case == "zero-pixel images":  # NA22
+        np.savez(path, x_train=np.zeros((60, 4, 0, 0), np.uint8), y_train=y)
+    elif case == "one label of a million":  # NA14
+        np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=np.where(y == 2, 10**6, y))
     elif case == "not an npz":
         path.write_text("x_train,y_train\n1,2\n")
     elif case == "no path":
@@ -264,6 +268,8 @@ BAD = {
     "test labels out of range": (_bad_arrays, ["y_test[0] = 7", "0..2"]),
     "channels differ": (_bad_arrays, ["3 channel(s)", "cannot be reconciled"]),
     "not an npz": (_bad_arrays, ["not a readable .npz"]),
+    "zero-pixel images": (_bad_arrays, ["0x0 pixels", "at least 1x1"]),
+    "one label of a million": (_bad_arrays, ["up to 1000000", "only 3", "0..K-1"]),
     "no path": (_bad_arrays, ["needs data.path"]),
 }
 

@@ -6,7 +6,7 @@ The Python API (docs/python-api.md)::
     result = asolab.run("digits", {"search.cycles": 1})   # -> asolab.RunResult
     cfg = asolab.load_config("digits", {"data.name": "folder"})
     table = asolab.runs(experiment="digits")              # -> pandas.DataFrame
-    model = asolab.load_model(result.run_id)              # -> torch.nn.Module
+    model = asolab.load_model(result.run_id)              # .predict(images), .network
     asolab.register_dataset("mine", loader)               # data.name = "mine"
     asolab.register_op("conv_7x7", factory)               # space.primitives = [...]
 

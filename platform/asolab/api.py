@@ -8,7 +8,7 @@ docs/python-api.md for a walk-through.
 from __future__ import annotations
 
 import logging
-import tempfile
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +22,15 @@ from .config import (
     load,
     parse_overrides,
 )
+from .errors import text_arg as _text_arg
+from .errors import wrong as _wrong
 
 if TYPE_CHECKING:
     import pandas as pd
-    import torch
 
     from .runner.events import Observer
     from .space.genotype import Genotype
+    from .tracking.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +54,38 @@ class RunResult:
 
 
 def load_config(
-    experiment: Experiment = DEFAULT_EXPERIMENT, overrides: Overrides = None
+    experiment: Experiment = DEFAULT_EXPERIMENT,
+    overrides: Overrides = None,
+    *,
+    fn: str = "asolab.load_config",
 ) -> ExperimentConfig:
     """An experiment config, validated: a shipped name (``"digits"``), a TOML path, or a
-    config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``)."""
+    config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``).
+    (``fn``: the function an error names.)"""
     if isinstance(experiment, ExperimentConfig):
-        pairs = parse_overrides(overrides)
-        return apply_overrides(experiment, pairs) if pairs else experiment
-    return load(experiment, parse_overrides(overrides))
+        return apply_overrides(experiment, _pairs(overrides, fn)) if overrides else experiment
+    if not isinstance(experiment, (str, os.PathLike)) or not str(experiment).strip():
+        raise _wrong(fn, "experiment", experiment, _EXPERIMENT_TAKES)
+    return load(experiment, _pairs(overrides, fn) if overrides else ())
+
+
+_URI = "a tracking URI ('sqlite:///mlruns/mlflow.db', 'http://host:5000')"
+_EXPERIMENT_TAKES = "a shipped experiment name ('digits'), a TOML path or an ExperimentConfig"
+_OVERRIDES_TAKES = (
+    "a mapping or a list of 'key=value' strings ({'search.cycles': 1} or ['search.cycles=1'])"
+)
+
+
+def _pairs(overrides: Overrides, fn: str = "asolab.run") -> dict[str, Any]:
+    if overrides is None or (isinstance(overrides, (Mapping, list, tuple)) and not overrides):
+        return {}
+    if isinstance(overrides, Mapping):
+        if not all(isinstance(k, str) for k in overrides):
+            raise _wrong(fn, "overrides", overrides, _OVERRIDES_TAKES + " (keys as text)")
+        return dict(overrides)
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise _wrong(fn, "overrides", overrides, _OVERRIDES_TAKES)
+    return parse_overrides(overrides)
 
 
 def run(
@@ -97,14 +123,17 @@ def run(
     """
     shown = _progress(progress)
     observers = [*observers, *shown]
-    pairs = parse_overrides(overrides)
+    pairs = _pairs(overrides)
     if tracking_uri is not None:
-        pairs["tracking.tracking_uri"] = tracking_uri
+        pairs["tracking.tracking_uri"] = _text_arg("asolab.run", "tracking_uri", tracking_uri, _URI)
+    if resume is not None and not isinstance(resume, str):
+        raise _wrong("asolab.run", "resume", resume, "a run's id, id prefix or name")
     if resume is not None and not str(resume).strip():
         raise ConfigError("resume needs the id of the MLflow run to continue (it was empty)")
     # On resume the config and overrides only say where the run is (tracking.*) and how
     # many threads it takes; the run continues with the config stored in its checkpoint.
-    cfg = load_config(experiment, {k: v for k, v in pairs.items() if not resume or _kept(k)})
+    kept = {k: v for k, v in pairs.items() if not resume or _kept(k)}
+    cfg = load_config(experiment, kept, fn="asolab.run")
     if resume:
         _warn_ignored_overrides(pairs)
     if not (cfg.tracking.enabled and track):
@@ -176,7 +205,7 @@ def resume_command(file: str | None, run_id: str, uri: str) -> str:
 def forced_threads(overrides: Overrides) -> int:
     """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
     resume takes (0 = keep the run's own count)."""
-    pairs = parse_overrides(overrides)
+    pairs = _pairs(overrides)
     if "threads" not in pairs:
         return 0
     threads = pairs["threads"]
@@ -220,35 +249,29 @@ def runs(
     return selection.table()
 
 
-def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
-    """The final network of a run (its id, an id prefix or its name), on the CPU, in eval
-    mode. It takes inputs normalised as the run's data were (docs/python-api.md)."""
-    import mlflow.artifacts
-    import mlflow.pytorch
+def load_model(run_id: str, tracking_uri: str | None = None) -> Predictor:
+    """The final network of a run (its id, an id prefix or its name) with its
+    preprocessing, on the CPU: ``load_model(run).predict(images)`` takes raw images
+    (PIL images, uint8 arrays, image files, a folder) and returns class names and
+    probabilities; ``.network`` is the ``torch.nn.Module``, ``.params`` its parameter
+    count. Built from asolab's own code and the run's spec, genotype and weights
+    (tensors only): nothing stored in the run is executed (docs/python-api.md)."""
+    from .compare.select import existing_store
+    from .tracking.predictor import from_run
+    from .tracking.store import RunNotFound, find_run, resolve_tracking_uri, sqlite_path
 
-    from .tracking import layout
-    from .tracking.environment import quiet_mlflow
-    from .tracking.store import RunNotFound, client, find_run, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri or "")
-    c = client(uri)
+    fn = "asolab.load_model"
+    run_id = _text_arg(fn, "run_id", run_id, "a run's id, id prefix or name")
+    uri = resolve_tracking_uri(_text_arg(fn, "tracking_uri", tracking_uri, _URI, optional=True))
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # the MLflow client would make a new store there
+        raise _wrong(fn, "tracking_uri", uri, f"an existing MLflow store; there is none at {db}")
+    c = existing_store(uri)
     try:
         run = find_run(c, run_id)
     except RunNotFound as exc:
         raise ConfigError(str(exc)) from None
-    model_uri = run.data.tags.get(layout.TAG_MODEL_URI)
-    if not model_uri:
-        raise ConfigError(
-            f"run {run.info.run_id} has no model (it did not finish, or ran with "
-            "tracking.log_models = false)"
-        )
-    logged = c.get_logged_model(model_uri.removeprefix("models:/"))
-    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, quiet_mlflow():
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=logged.artifact_location, dst_path=tmp, tracking_uri=uri
-        )
-        model = mlflow.pytorch.load_model(local, map_location="cpu")
-    return model.eval()
+    return from_run(uri, run)
 
 
 def register_dataset(name: str, loader: Any, **declared: Any) -> None:

@@ -55,6 +55,7 @@ def _images(x: object, what: str, where: str, layout: str = "auto") -> tuple[np.
             f"{where}: {what} has shape {x.shape}; images must be (N, H, W), (N, C, H, W) or "
             "(N, H, W, C)"
         )
+    _check_not_empty(x, what, where)
     return _scaled(x, what, where), read
 
 
@@ -69,6 +70,30 @@ def _scaled(x: np.ndarray, what: str, where: str) -> np.ndarray:
     if not np.isfinite(x).all():
         raise DataError(f"{where}: {what} holds NaN or infinite values")
     return x
+
+
+def _check_not_empty(x: np.ndarray, what: str, where: str) -> None:
+    """Images need pixels and a channel: a 0x0 image would reach the network and fail
+    there with a traceback."""
+    if min(x.shape[1:]) == 0:
+        raise DataError(
+            f"{where}: {what} has shape {x.shape}: images of {x.shape[2]}x{x.shape[3]} pixels "
+            f"with {x.shape[1]} channel(s); every image needs at least 1x1 pixels and a channel"
+        )
+
+
+def _check_class_numbers(y: np.ndarray, k: int, where: str) -> None:
+    """Labels whose class count is inferred (their maximum + 1) must number the classes:
+    most numbers below the maximum in use. One stray label of 10^6 would otherwise make
+    a million-way classifier, and the error would blame the validation split."""
+    present = len(np.unique(y))
+    if k - present > present:
+        raise DataError(
+            f"{where}: y_train's labels run up to {k - 1}, so the data set would have {k} "
+            f"classes, but only {present} of those numbers occur; labels must be class numbers "
+            "0..K-1 (renumber them, e.g. np.unique(y, return_inverse=True)), or declare "
+            "num_classes"
+        )
 
 
 def _labels(y: object, n: int, what: str, where: str, images: str) -> np.ndarray:
@@ -137,6 +162,8 @@ def standardise(
     if len(ytr) == 0:
         raise DataError(f"{where}: the training split holds no images")
     k = spec.num_classes or a.num_classes or int(ytr.max()) + 1
+    if not (spec.num_classes or a.num_classes) and ytr.min() >= 0:
+        _check_class_numbers(ytr, k, where)
     _check_range(ytr, k, "y_train", where)
     if yte is not None:
         _check_range(yte, k, "y_test", where)

@@ -174,6 +174,21 @@ class DataBundle:
         return out
 
 
+def preprocessing(bundle: DataBundle) -> dict[str, object]:
+    """How raw images become the network's input, exactly (unrounded): what a saved
+    model needs to take raw images as the run's data were taken. Pixel values 0..255
+    are scaled to [0, 1], then normalised by ``mean`` and ``std`` per channel."""
+    return {
+        "data": bundle.name,
+        "in_channels": bundle.in_channels,
+        "height": bundle.height or bundle.image_size,
+        "width": bundle.width or bundle.image_size,
+        "mean": [float(m) for m in bundle.mean],
+        "std": [float(s) for s in bundle.std],
+        "classes": list(bundle.classes) or [str(i) for i in range(bundle.num_classes)],
+    }
+
+
 class Batches:
     """Iterates a split in (optionally shuffled, augmented) mini-batches."""
 

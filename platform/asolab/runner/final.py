@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ..data import preprocessing
 from ..space.genotype import Genotype
 from .events import FinalPlan, RunEnd
 from .memory import memory_stats
@@ -121,6 +122,7 @@ class FinalStage(Part):
             memory=memory_stats(self.device),
             global_epoch=self.state.position.global_epoch,
             supernet=self.net,
+            preprocessing=preprocessing(self.data),
         )
         self.emit("on_run_end", end)
         return RunResult(

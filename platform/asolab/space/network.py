@@ -356,6 +356,34 @@ def extract(supernet: SearchNetwork, genotype: Genotype) -> DerivedNetwork:
     return DerivedNetwork(clone, genotype).eval()
 
 
+ALPHAS_PREFIX = "supernet.alphas."  # state-dict keys of the alphas, which no export keeps
+
+
+def derived_state(supernet: SearchNetwork, genotype: Genotype) -> dict[str, torch.Tensor]:
+    """The derived network's tensors, on the CPU, without the alphas: what
+    :func:`standalone` loads. Plain tensors only, so that they save in a format that
+    holds no code (safetensors, or a ``torch.save`` that ``weights_only`` loads)."""
+    with exported(supernet, genotype) as net:
+        return {
+            k: v.detach().to("cpu", copy=True).contiguous()
+            for k, v in net.state_dict().items()
+            if not k.startswith(ALPHAS_PREFIX)
+        }
+
+
+def standalone(spec: ArchSpec, genotype: Genotype) -> DerivedNetwork:
+    """A new derived network built from asolab's own modules, the spec and the genotype:
+    the supernet's modules, every op the genotype does not run an empty placeholder,
+    no alphas (so ``parameters()`` counts what ``count_derived`` counts). Its weights are
+    random until :func:`derived_state`'s tensors are loaded into it (``strict=True``)."""
+    net = SearchNetwork(spec)
+    derived = DerivedNetwork(net, genotype)  # the plans need the alphas' keys, once
+    for ops, i in _unused_ops(net, genotype):
+        ops[i] = nn.Identity()
+    net.alphas = nn.ParameterDict()
+    return derived.eval()
+
+
 def _cap_param_free(
     nodes: list[list[list]], w: torch.Tensor, prims: tuple[str, ...], weighted: list[int], cap: int
 ) -> None:

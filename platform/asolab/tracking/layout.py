@@ -50,7 +50,7 @@ TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
 TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
 TAG_TRIAL_STATE = "asolab.trial_state"  # COMPLETE | PRUNED | FAIL
 TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
-# models:/<id> of the final network (load with mlflow.pytorch.load_model)
+# models:/<id> of the final network (load with asolab.load_model or mlflow.pyfunc.load_model)
 TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
 # one line, only where the cell pictures are Pillow's fallback (graphviz's dot missing)
@@ -167,8 +167,14 @@ GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
 SELECTION_DIR = "selection"  # selection/cycle_000.json: perturbation selection's drops
 CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
 CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
-MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
-MODEL_NAME = MODEL_DIR  # mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_NAME}")
+MODEL_DIR = "model"  # the final derived network: an MLflow pyfunc model (tracking/predictor.py)
+MODEL_NAME = MODEL_DIR  # mlflow.pyfunc.load_model(f"runs:/{run_id}/{MODEL_NAME}")
+# inside the model: the network's files, which hold no code (asolab.load_model reads only these)
+MODEL_NETWORK_DIR = "data/network"  # (pyfunc keeps a model's data_path under data/)
+MODEL_NETWORK_FILE = "network.json"  # spec, genotype, preprocessing, the weights file's name
+MODEL_WEIGHTS_SAFETENSORS = "weights.safetensors"  # where the safetensors package is installed
+MODEL_WEIGHTS_TORCH = "weights.pt"  # else: tensors only, read with torch.load(weights_only=True)
+MODEL_LOADER = "asolab.tracking.predictor"  # the pyfunc loader_module: installed asolab code
 
 
 def genotype_artifact(cycle: int) -> str:

@@ -123,13 +123,7 @@ def run(
     """
     shown = _progress(progress)
     observers = [*observers, *shown]
-    pairs = _pairs(overrides)
-    if tracking_uri is not None:
-        pairs["tracking.tracking_uri"] = _text_arg("asolab.run", "tracking_uri", tracking_uri, _URI)
-    if resume is not None and not isinstance(resume, str):
-        raise _wrong("asolab.run", "resume", resume, "a run's id, id prefix or name")
-    if resume is not None and not str(resume).strip():
-        raise ConfigError("resume needs the id of the MLflow run to continue (it was empty)")
+    pairs = _run_pairs(overrides, tracking_uri, resume)
     # On resume the config and overrides only say where the run is (tracking.*) and how
     # many threads it takes; the run continues with the config stored in its checkpoint.
     kept = {k: v for k, v in pairs.items() if not resume or _kept(k)}
@@ -147,16 +141,33 @@ def run(
         return _result(result, None, None, cfg)
     if hint_file is None and isinstance(experiment, (str, Path)):
         hint_file = str(experiment) if str(experiment) != DEFAULT_EXPERIMENT else None
-    from .tracking.lifecycle import run_tracked
-
     threads = forced_threads(pairs) if resume else 0
-    t = run_tracked(
-        cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
-    )
-    out = _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
+    out = _tracked(cfg, observers, mlflow_experiment, resume, threads, force, hint_file)
     for bars in shown:
         bars.say(f"MLflow run {out.run_id} in {out.tracking_uri}")
     return out
+
+
+def _run_pairs(overrides: Overrides, tracking_uri: str | None, resume: object) -> dict[str, Any]:
+    """``asolab.run``'s overrides with its tracking URI, its arguments checked."""
+    pairs = _pairs(overrides)
+    if tracking_uri is not None:
+        pairs["tracking.tracking_uri"] = _text_arg("asolab.run", "tracking_uri", tracking_uri, _URI)
+    if resume is not None and not isinstance(resume, str):
+        raise _wrong("asolab.run", "resume", resume, "a run's id, id prefix or name")
+    if resume is not None and not str(resume).strip():
+        raise ConfigError("resume needs the id of the MLflow run to continue (it was empty)")
+    return pairs
+
+
+def _tracked(cfg, observers, mlflow_experiment, resume, threads, force, hint_file) -> RunResult:
+    """A run recorded in MLflow (tracking/lifecycle.py), as the API's result."""
+    from .tracking.lifecycle import run_tracked
+
+    t = run_tracked(
+        cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
+    )
+    return _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
 
 
 def _progress(progress: bool | None) -> list[Any]:

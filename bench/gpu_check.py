@@ -20,7 +20,14 @@ Sections (each records its figures, or the error that stopped it):
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
 6. ``study``         a 2-worker study on one GPU (both workers given the same device);
 7. ``variants``      W-training images/s at the CIFAR-like shape: eager fp32 vs
-   ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved.
+   ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved;
+8. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
+   batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
+   and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
+   and GPU busy from torch.profiler;
+9. ``workers``       aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
+
+``--budget-s`` skips a section whose estimate no longer fits (a 10-minute call).
 
 The report lands in ``--out`` (default ``bench/results/gpu_check``) as
 ``report.md`` and ``report.json``; the Markdown is printed too.
@@ -42,6 +49,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import gpu_steps
 import numpy as np
 import torch
 from _common import interleaved, table
@@ -312,6 +320,36 @@ def variants_section(device: torch.device, init_channels: int, batch: int, repea
     return {name: {"images_per_sec": batch / s} for name, s in seconds.items()}
 
 
+# rough seconds per section on an H100, for --budget-s
+ESTIMATE_S = {
+    "device_tests": 30,
+    "digits": 60,
+    "fashion": 70,
+    "cifar_shape": 30,
+    "growth": 15,
+    "study": 60,
+    "variants": 20,
+    "steps": 200,
+    "workers": 90,
+}
+
+
+def steps_section(device: torch.device, smoke: bool) -> dict:
+    """The DARTS-like size's steps (bench/gpu_steps.py), kernels and GPU busy with them."""
+    if smoke:  # three cells, two nodes: the same code at a tiny size
+        gpu_steps.sc.DARTS_LIKE = {**gpu_steps.sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
+    modes = ("off",) if smoke else ("off", "default", "reduce-overhead")
+    return {
+        "w_step": gpu_steps.w_step_section(
+            device, (2,) if smoke else (64, 256), 2 if smoke else 20
+        ),
+        "alpha_step": gpu_steps.alpha_section(device, 2 if smoke else 64, 2 if smoke else 20),
+        "retrain": gpu_steps.retrain_section(
+            device, 2 if smoke else 64, 8 if smoke else 2560, modes
+        ),
+    }
+
+
 def device_tests(device: torch.device, smoke: bool) -> dict:
     """The suite's placement tests on this device."""
     cmd = [
@@ -355,6 +393,7 @@ def sizes(smoke: bool) -> dict:
             "growth_channels": 4,
             "study": (2, 64),
             "variants": (4, 16, 2),
+            "workers": ((1,), 2, 1.0),
         }
     return {
         "digits": [],  # the shipped default experiment, on the GPU
@@ -375,6 +414,7 @@ def sizes(smoke: bool) -> dict:
         "growth_channels": 16,
         "study": (4, 300),
         "variants": (16, 256, 20),
+        "workers": ((1, 2, 4), 64, 12.0),
     }
 
 
@@ -410,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for report.md and report.json")
     p.add_argument("--skip", default="", help="sections to skip, comma-separated")
     p.add_argument(
+        "--budget-s", type=float, default=560.0, help="skip what would not fit in this many s"
+    )
+    p.add_argument(
         "--fashion-dir",
         default="",
         help="Fashion-MNIST's idx files (default: Debian's dataset-fashion-mnist; "
@@ -430,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         "growth": lambda: growth_section(device, size["growth_channels"]),
         "study": lambda: study_section(device, *size["study"], workdir),
         "variants": lambda: variants_section(device, *size["variants"]),
+        "steps": lambda: steps_section(device, args.smoke),
+        "workers": lambda: gpu_steps.workers_section(device, *size["workers"]),
     }
     report = {
         "device": str(device),
@@ -443,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in sections.items():
             if name in skip:
                 report["sections"][name] = {"status": "skipped", "error": "--skip"}
+                continue
+            left = args.budget_s - (time.perf_counter() - start)
+            if not args.smoke and ESTIMATE_S.get(name, 30) > left:
+                report["sections"][name] = {"status": "skipped", "error": f"{left:.0f} s left"}
                 continue
             t0 = time.perf_counter()
             try:

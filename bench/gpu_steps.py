@@ -50,6 +50,7 @@ ESTIMATE = {
     "growth": 20,
     "workers": 90,
     "default_run": 90,
+    "profile": 20,
 }
 
 
@@ -120,6 +121,44 @@ def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -
             **profiled(fn, device),
         }
     return out
+
+
+def profile_section(device: torch.device, batch: int, out: str) -> dict:
+    """Where a W-step's host time goes: cProfile's top functions by own time, and the
+    CUDA kernels per step by name (written to ``profile.txt`` in ``out``)."""
+    import cProfile
+    import io
+    import pstats
+    from collections import Counter
+
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+    clip, sample = cfg.search.grad_clip, _sampler(net)
+    fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
+    timed(fn, device, 5, warmup=10)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(10):
+        fn()
+    _sync(device)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    kernels: Counter[str] = Counter()
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            fn()
+            _sync(device)
+        for e in p.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name[:90]] += 1
+    report = text.getvalue() + "\nkernels per step by name:\n"
+    report += "\n".join(f"{n:6d} {name}" for name, n in kernels.most_common(25))
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"profile_{'before' if sc.BEFORE else 'after'}.txt").write_text(report)
+    return {"kernel_kinds": len(kernels), "top_kernels": dict(kernels.most_common(6))}
 
 
 def alpha_section(device: torch.device, batch: int, steps: int) -> dict:
@@ -249,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default=",".join(ESTIMATE), help="comma-separated")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip what would not fit")
     ap.add_argument("--out", default="", help="write steps.json here")
+    ap.add_argument(
+        "--compile-modes", default="off,default,reduce-overhead", help="retrain's speed.compile"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
@@ -267,13 +309,14 @@ def main(argv: list[str] | None = None) -> int:
             device,
             2 if smoke else 64,
             8 if smoke else 2560,
-            ("off",) if smoke else ("off", "default", "reduce-overhead"),
+            ("off",) if smoke else tuple(args.compile_modes.split(",")),
         ),
         "growth": lambda: growth_section(device, 2 if smoke else 64),
         "workers": lambda: workers_section(
             device, (1, 2) if smoke else (1, 2, 4), 2 if smoke else 64, 2.0 if smoke else 12.0
         ),
         "default_run": lambda: default_run_section(device, smoke),
+        "profile": lambda: profile_section(device, 2 if smoke else 64, args.out),
     }
     wanted = [s for s in args.sections.split(",") if s]
     report: dict = {"before": sc.BEFORE, "device": str(device), "torch": torch.__version__}

@@ -62,10 +62,10 @@ def test_run_returns_the_result_and_the_mlflow_run_and_load_model_predicts(tmp_p
 
     # the final network, by a prefix of the run id, predicts as the run measured
     model = asolab.load_model(result.run_id[:8], tracking_uri=store)
-    assert isinstance(model, torch.nn.Module) and not model.training
+    assert isinstance(model.network, torch.nn.Module) and not model.network.training
     data = load_data(result.config.data, seed=result.config.seed)
     with torch.no_grad():
-        acc = (model(data.test.x).argmax(1) == data.test.y).float().mean().item()
+        acc = (model.network(data.test.x).argmax(1) == data.test.y).float().mean().item()
     assert acc == pytest.approx(result.test_acc, abs=1e-6)
 
 
@@ -82,3 +82,39 @@ def test_run_untracked_records_nothing_and_has_no_run_id(tmp_path):
     result = asolab.run("digits", {**ONE_CYCLE, "data.train_subset": 100}, track=False)
     assert result.run_id is None and result.tracking_uri is None
     assert 0 <= result.val_acc <= 1 and result.genotype.num_edges > 0
+
+
+def test_a_stopped_run_raises_run_stopped_with_the_run_and_the_command(tmp_path):
+    """Ctrl-C inside a tracked run: ``asolab.RunStopped`` (still a KeyboardInterrupt)
+    names the run, its store and the command that continues it, as the run records."""
+    from asolab.runner.events import Observer
+
+    class CtrlC(Observer):
+        def on_epoch_end(self, event):
+            raise KeyboardInterrupt
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = {**ONE_CYCLE, "data.train_subset": 150}
+    with pytest.raises(asolab.RunStopped) as stopped:
+        asolab.run("digits", overrides, tracking_uri=store, observers=[CtrlC()])
+    exc = stopped.value
+    assert isinstance(exc, KeyboardInterrupt) and exc.status == 130
+    assert exc.tracking_uri == store and f"--resume {exc.run_id}" in exc.command
+    assert str(exc) == f"run {exc.run_id} stopped; continue it with: {exc.command}"
+    run = MlflowClient(store).get_run(exc.run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags[L.TAG_RESUME_COMMAND] == exc.command
+
+
+def test_mlflow_progress_bars_are_off_inside_and_the_users_setting_wins(monkeypatch):
+    import os
+
+    from asolab.tracking.environment import PROGRESS_BAR, quiet_mlflow
+
+    monkeypatch.delenv(PROGRESS_BAR, raising=False)
+    with quiet_mlflow():
+        assert os.environ[PROGRESS_BAR] == "false"
+    assert PROGRESS_BAR not in os.environ  # back as it was
+    monkeypatch.setenv(PROGRESS_BAR, "true")
+    with quiet_mlflow():
+        assert os.environ[PROGRESS_BAR] == "true"

@@ -1,6 +1,7 @@
 """The package's shape, read from its source: imports point down the layers,
 packages form no circles, no package reaches into another's ``_private`` names,
-and no function is longer than a screen.
+no function is longer than a screen, and every part of the Runner uses only the
+shared attributes it declares (runner/parts.py).
 
 The layers are DESIGN.md's map (lowest first); a module may import its own
 package and any package of its own layer or below, never one above.
@@ -9,6 +10,8 @@ package and any package of its own layer or below, never one above.
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "platform" / "asolab"
 
 LAYERS: list[set[str]] = [
-    {"config", "threads", "interrupt", "errors", "options", "plugins"},
+    {"config", "threads", "interrupt", "errors", "options", "plugins", "version"},
     {"data", "space"},
     {"evolution"},
     {"runner"},
@@ -74,8 +77,11 @@ def scan(root: Path = ROOT) -> dict[str, list[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         where = path.relative_to(root.parent)
         for target, name, line in _imports(tree, here, path.name == "__init__.py"):
-            # ``from . import x`` inside asolab/__init__.py names a package.
+            # ``from . import x`` inside asolab/__init__.py names a package; ``from .. import
+            # __version__`` anywhere else names the package root (asolab/__init__.py).
             other = _package(target if target else ([name] if name else []))
+            if not target and other not in LAYER:
+                other = "__init__"
             if other == package or other not in LAYER or package not in LAYER:
                 continue
             edges.setdefault(package, set()).add(other)
@@ -147,8 +153,100 @@ def test_the_scan_sees_a_planted_violation(tmp_path):
         "from ..evolution.sample import _draw\n" + "def long():\n" + "    x = 1\n" * 61
     )
     (pkg / "evolution" / "sample.py").write_text("from asolab.space import net\n_draw = 1\n")
+    (pkg / "space" / "version.py").write_text("from .. import __version__\n")
     found = scan(pkg)
-    assert found["layer"] == ["asolab/space/net.py:1 (space) imports evolution"]
+    assert found["layer"] == [
+        "asolab/space/net.py:1 (space) imports evolution",
+        "asolab/space/version.py:1 (space) imports __init__",
+    ]
     assert found["private"] == ["asolab/space/net.py:1 imports evolution's _draw"]
     assert found["long"] == ["asolab/space/net.py:2 long 62 lines"]
     assert "space -> evolution -> space" in found["cycle"]
+
+
+# The Runner's parts: each uses only the shared state it declares (runner/parts.py).
+
+RUNNER_OWNERS = {"self", "runner"}  # the names a part's code calls the runner by
+
+
+def part_violations(cls: type, shared: frozenset[str]) -> list[str]:
+    """What ``cls`` (a Runner part, the Runner or a subclass) does with the runner's
+    attributes that its own ``reads`` / ``writes`` do not declare: an attribute it
+    assigns outside ``writes``, a shared one it uses outside both, a declared one that
+    runner/parts.py's ``Shared`` does not annotate."""
+    reads, writes = cls.__dict__.get("reads", frozenset()), cls.__dict__.get("writes", frozenset())
+    name = cls.__name__
+    unknown = sorted((reads | writes) - shared)
+    found = [f"{name} declares {a}, which Shared does not" for a in unknown]
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in RUNNER_OWNERS
+        ):
+            continue
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and node.attr not in writes:
+            found.append(f"{name} sets {node.attr} without declaring it in writes")
+        elif node.attr in shared and node.attr not in reads | writes:
+            found.append(f"{name} uses {node.attr} without declaring it")
+    return sorted(set(found))
+
+
+def runner_parts() -> list[type]:
+    """The Runner, its parts, and the runners that subclass it (baseline/arms.py)."""
+    from asolab.baseline import arms
+    from asolab.runner.cycle import Runner
+    from asolab.runner.parts import Part
+
+    classes = [c for c in Runner.__mro__ if issubclass(c, Part) and c is not Part]
+    return [*classes, arms.FixedGenotypeRunner, arms.FinalOnlyRunner]
+
+
+def test_runner_parts_use_only_the_state_they_declare():
+    from asolab.runner.parts import shared_names
+
+    parts = runner_parts()
+    assert len(parts) >= 7  # the Runner, its five parts, the control arms' runners
+    assert {v for c in parts for v in part_violations(c, shared_names())} == set()
+
+
+def test_runner_parts_check_sees_a_planted_violation():
+    """The check is not vacuous: a part that sets an undeclared attribute, uses a shared
+    one it does not declare, or declares one Shared lacks, is caught."""
+    from asolab.runner.parts import Part, shared_names
+
+    class Planted(Part):
+        reads = frozenset({"cfg", "velocity"})
+        writes = frozenset({"state"})
+
+        def step(self) -> None:
+            self.state = self.cfg
+            self.net = None  # a part that did not declare net replaces it
+            self.speed.step()  # used, never declared
+
+    assert part_violations(Planted, shared_names()) == [
+        "Planted declares velocity, which Shared does not",
+        "Planted sets net without declaring it in writes",
+        "Planted uses speed without declaring it",
+    ]
+
+
+def test_every_doc_the_package_points_to_exists():
+    """A docstring, help text or error that names docs/x.md (or docs/x.md#section) names a
+    page that is there, and a section the page has."""
+    import re
+
+    docs = ROOT.parents[1] / "docs"
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for page, anchor in re.findall(r"docs/([\w-]+\.md)(?:#([\w-]+))?", path.read_text()):
+            where = f"{path.relative_to(ROOT.parent)} -> docs/{page}"
+            if not (docs / page).is_file():
+                missing.append(where)
+            elif anchor and not any(
+                re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") == anchor
+                for h in re.findall(r"^#+ (.*)$", (docs / page).read_text(), re.M)
+            ):
+                missing.append(f"{where}#{anchor}")
+    assert missing == []

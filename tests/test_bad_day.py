@@ -235,6 +235,18 @@ def test_a_corrupt_database_is_one_line_for_run_resume_and_compare(store, capsys
         assert "corrupt" in err and "--filter" not in err and "restore" in err, err
 
 
+def test_a_corrupt_store_is_refused_before_anything_is_written_to_it(store, capsys):
+    """D64: the check runs in a read-only transaction before the first write, so the
+    file a new experiment would have gone into stays byte for byte as it was."""
+    db = Path(store[len("sqlite:///") :])
+    _corrupt(db, "runs")
+    before = db.read_bytes()
+    assert main(_args(store, "--experiment", "garbtest")) == 2
+    err = _one_error_line(capsys)
+    assert "corrupt" in err and "restore" in err, err
+    assert db.read_bytes() == before
+
+
 # ------------------------------------------------------------------ resume
 
 

@@ -193,8 +193,16 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
-        ["device_tests", "digits", "fashion", "cifar_shape", "growth", "study", "variants"], "ok"
+        ["device_tests", "digits", "fashion", "cifar_shape", "growth", "study", "variants"]
+        + ["steps", "workers"],
+        "ok",
     )
+    steps = sections["steps"]
+    assert (
+        steps["w_step"]["batch_2"]["images_per_s"] > 0
+        and steps["retrain"]["off"]["ms_per_step"] > 0
+    )
+    assert sections["workers"]["1_workers"]["images_per_s"] > 0
     assert sections["cifar_shape"]["images_per_sec"]["w_train"] > 0
     assert "passed" in sections["device_tests"]["summary"]
     assert set(sections["digits"]["images_per_sec"]) >= {"w_train", "alpha", "retrain"}

@@ -9,7 +9,7 @@ Skipped, with the reason, where Chromium, chromedriver or selenium is missing
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -19,24 +19,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from chromium import CHROMIUM, DRIVER, missing
 from mlflow import MlflowClient
 from ports import free_port
 
 from asolab.tracking import layout as L
 
-CHROMIUM = (
-    shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-)
-DRIVER = shutil.which("chromedriver")
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
 )
-if not CHROMIUM or not DRIVER:
-    pytest.skip(
-        "headless Chromium and chromedriver are not installed "
-        "(apt install chromium chromium-driver)",
-        allow_module_level=True,
-    )
+if missing(CHROMIUM, DRIVER):
+    pytest.skip(missing(CHROMIUM, DRIVER), allow_module_level=True)
 
 from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -161,6 +154,9 @@ def ui(store) -> dict:
         out = proc.communicate(timeout=30)[0].decode()
         # it printed the model-training view's address of every experiment's runs table
         assert "workflowType=machine_learning" in out and "viewStateShareKey=asolab" in out, out
+        # and not the server's access log: that went to ui.log beside the store
+        assert '"GET /' not in out and '"POST /' not in out, out[-2000:]
+        assert '"GET /' in (store["dir"] / "ui.log").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +209,7 @@ def _shot(driver, name: str) -> None:
 def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> None:
     from asolab.tracking.browse import run_url, runs_url
 
+    browser.set_window_size(1900, 1000)  # room for asolab's columns beside MLflow's panel
     c = MlflowClient(ui["uri"])
     exp = c.get_experiment_by_name("tiny")
     assert exp.tags[L.TAG_EXPERIMENT_KIND] == L.EXPERIMENT_KIND
@@ -223,16 +220,29 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
     # asolab's columns (accuracy, parameters, temperature, mutation strength, genotype).
     browser.get(runs_url(ui["base"], exp.experiment_id))
     # (the grid renders only the columns in view: the first of asolab's metric columns)
-    body = _wait_text(browser, run.info.run_name, "Model training", "final_params", "final_val_acc")
+    body = _wait_text(
+        browser, run.info.run_name, "Model training", "final_params", "final_peak_rss_mb"
+    )
     assert "Judges" not in body and "Evaluation runs" not in body, body[:2000]
     test_acc = f"{run.data.metrics['test_acc']:.4f}"[:5]
     assert test_acc in body, f"no test_acc ({test_acc}) column: {body[:2000]}"
     _shot(browser, "runs_table")
+    # further right: the data set's column (the best trial's is in the study's table)
+    _scroll_grid(browser)
+    _wait_text(browser, "asolab.dataset", "digits")
+    _shot(browser, "runs_table_right")
 
     # The run's overview: its description with the canonical genotype, and the final cells.
     browser.get(run_url(ui["base"], exp.experiment_id, run.info.run_id))
-    body = _wait_text(browser, "Final genotype", "test accuracy", "Show more")
+    body = _wait_text(browser, "Final genotype", "test acc", "Show more")
     assert f"Final genotype {genotype}" in " ".join(body.split()), body[:3000]
+    # before "Show more" (the UI shows the description's first 100 px): the accuracies,
+    # parameters, peak memory, wall time and the strip of cells, loaded and not cut off
+    first = _first_screen(browser)
+    for shown in ("val acc", "test acc", "params", "peak memory", "wall time"):
+        assert shown in first["text"], first
+    assert first["strip"] == "shown", first
+    _shot(browser, "run_first_screen")
     for more in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']"):
         browser.execute_script("arguments[0].click()", more)
     _wait_text(browser, "peak memory", "wall time", "mutation strength")
@@ -276,7 +286,15 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
         row = _row_text(browser, t.info.run_id)
         mean = f"{t.data.metrics['final_val_acc']:.4f}"[:5]
         assert mean in row, (mean, row)
+        size = t.data.metrics["final_params"]
+        assert size == int(size) and str(int(size)) in row.replace(",", ""), (size, row)
     _shot(browser, "study_trials")
+    _scroll_grid(browser)
+    _wait_text(browser, "asolab.best")
+    best_trial = [t for t in trials if t.data.tags.get(L.TAG_BEST) == "true"]
+    assert len(best_trial) == 1 and "true" in _row_text(browser, best_trial[0].info.run_id)
+    _shot(browser, "study_trials_right")
+    _scroll_grid(browser, 0)
     first = min(trials, key=lambda r: r.info.run_name)
     _expand(browser, first.info.run_id)
     body = _wait_text(browser, *seeds[first.info.run_id])
@@ -287,8 +305,57 @@ def test_mlflow_ui_shows_runs_descriptions_pictures_and_trials(ui, browser) -> N
         [first.info.run_name.split()[0], f"seed{s}"] for s in (0, 1)
     ]
     _shot(browser, "study_trial_seeds")
-    best = [r for r in trials if r.data.tags.get(L.TAG_BEST) == "true"]
-    assert len(best) == 1
+    # a trial's description: its per-seed table reads as columns, not "seedval acctest acc"
+    browser.get(run_url(ui["base"], study_exp.experiment_id, first.info.run_id))
+    body = _wait_text(browser, "Trial", "seed")
+    assert re.search(r"seed +val acc +test acc +parameters", body), body[-2000:]
+    for more in browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']"):
+        browser.execute_script("arguments[0].click()", more)
+    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    for scroller in browser.find_elements(By.CSS_SELECTOR, "main, [class*='scroll']"):
+        browser.execute_script("arguments[0].scrollTop = arguments[0].scrollHeight", scroller)
+    _shot(browser, "trial_description")
+
+
+def _scroll_grid(browser, to: int = 100_000) -> None:
+    """Scroll the runs table sideways (its columns render only when in view)."""
+    for bar in browser.find_elements(
+        By.CSS_SELECTOR, ".ag-body-horizontal-scroll-viewport, .ag-center-cols-viewport"
+    ):
+        browser.execute_script("arguments[0].scrollLeft = arguments[1]", bar, to)
+    time.sleep(1)
+
+
+def _first_screen(browser) -> dict:
+    """What the run description shows before "Show more": the text inside the folded box
+    (the ancestor that clips it) and whether the cells' strip is loaded and fully in it."""
+    more = browser.find_elements(By.XPATH, "//*[normalize-space(text())='Show more']")
+    assert more, "no Show more"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'end'})", more[0])
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script(
+            "const i = Array.from(document.images).find(i => i.src.includes('final_thumb.png'));"
+            "return i && i.complete && i.naturalWidth > 0"
+        )
+    )
+    return browser.execute_script(
+        """
+        const img = Array.from(document.images).find(i => i.src.includes('final_thumb.png'));
+        let box = img.parentElement;
+        while (box && getComputedStyle(box).overflow !== 'hidden') box = box.parentElement;
+        const b = box.getBoundingClientRect(), r = img.getBoundingClientRect();
+        const range = document.createRange();
+        const seen = [];
+        const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+        while (walk.nextNode()) {
+          range.selectNodeContents(walk.currentNode);
+          const t = range.getBoundingClientRect();
+          if (t.height && t.bottom <= b.bottom + 1) seen.push(walk.currentNode.textContent);
+        }
+        return {text: seen.join(' '), box: b.height,
+                strip: r.top >= b.top && r.bottom <= b.bottom + 1 ? 'shown' : 'cut off'};
+        """
+    )
 
 
 def _expand(browser, run_id: str) -> None:

@@ -53,3 +53,24 @@ def test_browse_hint_names_a_store_that_asolab_ui_would_not_find(monkeypatch):
     )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert ui_command("http://127.0.0.1:5000") == "asolab ui"
+
+
+def test_help_loads_no_torch_nor_mlflow():
+    """``asolab --help`` (and a command's help that lists no registries) answers at
+    once: torch, mlflow and pandas load only with the commands that need them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from asolab.cli import main\n"
+        "for argv in (['--help'], ['compare', '--help'], ['ui', '--help'], ['study', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'mlflow', 'pandas') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    assert "usage: asolab" in out.stdout

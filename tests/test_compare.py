@@ -507,6 +507,7 @@ def test_cli_report_csv_and_mlflow_logging(store, tmp_path, capsys):
             str(csv),
             "--log-to-mlflow",
             "--evolution",
+            "--all",
         ]
     )
     out = capsys.readouterr().out
@@ -658,9 +659,10 @@ def test_study_parent_runs_are_not_compared_unless_named(store, scratch_experime
 
 
 def _terminal_rows(out: str) -> list[dict[str, str]]:
-    """The runs table printed by `asolab compare`: the lines after the summary line, up to the
-    blank line."""
-    lines = out.splitlines()[1:]
+    """The runs table printed by `asolab compare`: from its header line (after the summary
+    that leads) up to the blank line."""
+    lines = out.splitlines()
+    lines = lines[next(k for k, line in enumerate(lines) if line.split()[:1] == ["run_name"]) :]
     table = lines[: lines.index("")]
     header = table[0].split()
     return [dict(zip(header, line.split(), strict=True)) for line in table[1:]]
@@ -793,7 +795,7 @@ def test_terminal_compare_warns_of_different_budgets_as_the_report_does(
         client.log_param(run_id, "search.final_epochs", final)
     report = tmp_path / "report"
     argv = ["compare", "--tracking-uri", uri, "--experiment", "cmp-budget"]
-    assert main([*argv, "--report", str(report)]) == 0
+    assert main([*argv, "--report", str(report), "--all"]) == 0
     out = capsys.readouterr().out
     assert "warning: different budgets." in out and "(final_epochs 0, 15)" in out, out
     assert "differences from the best run long (cmp-budget) (by val acc across different" in out
@@ -803,3 +805,48 @@ def test_terminal_compare_warns_of_different_budgets_as_the_report_does(
 
     assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-alpha"]) == 0
     assert "different budgets" not in capsys.readouterr().out  # one budget: no warning
+
+
+def test_runs_on_different_data_sets_are_compared_apart(
+    store, scratch_experiment, capsys, tmp_path
+):
+    """Folder, .npz and digits runs: a table, a best run and a Pareto front per data set,
+    and one line saying so; without --all the output leads with the summary and stays short."""
+    uri, _, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-data")
+    other = _g(
+        BASE.canonical.replace("sep_conv_3x3(0) skip_connect(1)", "skip_connect(0) skip_connect(1)")
+    )
+    runs = (
+        ("d-big", "digits", {}, 0.9, 900, BASE),
+        ("d-small", "digits", {}, 0.8, 300, other),
+        ("d-worse", "digits", {}, 0.7, 600, other),
+        ("f-one", "folder", {"data.data_dir": "/data/shapes"}, 0.5, 500, BASE),
+        ("a-one", "arrays", {"data.path": "/data/my_set.npz"}, 0.95, 400, other),
+    )
+    for name, data, params, acc, size, genotype in runs:
+        metrics = {"final_val_acc": acc, "final_params": size, "test_acc": acc - 0.01}
+        run_id = _genotype_run(
+            client, exp_id, name, genotype, metrics, tags={"asolab.dataset": data}
+        )
+        for key, value in {"data.name": data, **params}.items():
+            client.log_param(run_id, key, value)
+    report = tmp_path / "report"
+    argv = ["compare", "--tracking-uri", uri, "--experiment", "cmp-data"]
+    assert main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    page = html.unescape((report / "index.html").read_text())
+    assert "3 data sets: each has its own panel and front." in page
+    assert "On the runs' front: digits: d-small, d-big; folder-shapes: f-one; my_set: a-one" in page
+    assert "3 data sets (digits 3, folder-shapes 1, my_set 1): each is compared apart" in out
+    digits = out.split("== data set digits: 3 run(s) ==")[1].split("== data set")[0]
+    assert "best run: d-big (cmp-data): val_acc 0.9000, test_acc 0.8900, 900 params" in digits
+    assert "Pareto front (val_acc against params): d-small (0.8000, 300), d-big" in digits
+    assert "d-worse" in digits and "a-one" not in digits  # the .npz run is not digits' best
+    npz = out.split("== data set my_set: 1 run(s) ==")[1]
+    assert "best run: a-one" in npz and "d-big" not in npz.split("(--all")[0]
+    assert "distinct genotypes:" not in out and "operation frequencies" not in out
+    assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-data", "--all"]) == 0
+    every = capsys.readouterr().out
+    assert every.count("operation frequencies") == 3 and every.count("distinct genotypes:") == 3

@@ -127,7 +127,7 @@ def test_the_configs_choices_are_the_registries():
     """Each name lives in its registry; the config accepts exactly those names."""
     from asolab.data import REGISTRY
     from asolab.evolution.growth import POLICIES
-    from asolab.evolution.sampling import SCHEDULES
+    from asolab.evolution.temperature import SCHEDULES
     from asolab.space.ops import OPS, PRIMITIVES
 
     assert config.DATASETS() == tuple(REGISTRY)
@@ -197,3 +197,13 @@ def test_a_run_without_gradient_clipping(tiny_cfg):
     cfg = tiny_cfg.replace(**{"search.grad_clip": float("inf"), "search.cycles": 1})
     result = Runner(cfg, []).run()
     assert 0.0 < result.val_acc <= 1.0 and result.derived_params > 0
+
+
+def test_an_exception_reads_as_its_first_line():
+    from asolab.errors import first_line
+
+    exc = OSError("disk full\nTraceback (most recent call last): ...")
+    assert first_line(exc) == "disk full"
+    assert first_line(exc, named=True) == "OSError: disk full"
+    assert first_line(exc, named=True, limit=7) == "OSError"
+    assert first_line("  \n") == "" and first_line(ValueError(), named=True) == "ValueError: "

@@ -242,6 +242,8 @@ HOST_SIDE = {
     ("space/network.py", "SearchNetwork.__init__", "*"): "built under torch.device(run's)",
     ("space/cells.py", "SearchCell.__init__", "*"): "built under torch.device(run's)",
     ("space/ops.py", "_checked", "*"): "a plugin op's shape probe at registration, on the CPU",
+    ("space/ops.py", "build_op", "zeros"): "a plugin op's probe, under the cell's torch.device",
+    ("tracking/predictor.py", "*", "tensor"): "a loaded model predicts on the CPU",
 }
 
 

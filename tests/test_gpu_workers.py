@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from asolab.config import ConfigError
-from asolab.study.gpus import GPU_ENV, assign_gpus, parse_gpus, visible_gpus, worker_env
+from asolab.study.gpus import (
+    GPU_ENV,
+    assign_gpus,
+    parse_gpus,
+    study_gpus,
+    visible_gpus,
+    worker_env,
+)
 from asolab.study.run import start_worker
 
 
@@ -44,3 +51,33 @@ def test_a_worker_process_sees_its_gpu_before_torch_starts(gpu, monkeypatch):
     seen, one_device = out.split()
     assert seen == (gpu or "0,1,2,3")
     assert one_device == "True"  # with a GPU set, torch in the worker counts at most that one
+
+
+def test_gpu_ids_are_checked_and_gpus_where_none_is_visible_are_refused(
+    tmp_path, monkeypatch, capsys
+):
+    """NZ05, NZ09 (--gpus on a machine without GPUs), NZ08 (a garbage id): one line,
+    exit 2, before the study writes anything; --set device=cpu says the CPU is meant."""
+    import torch
+
+    from asolab.cli import main
+
+    with pytest.raises(ConfigError, match="'x;touch /tmp/y' is not a GPU id"):
+        parse_gpus("0,x;touch /tmp/y")
+    assert parse_gpus("GPU-8a1f-77c2,MIG-GPU-8a1f/1/0,2") == [
+        "GPU-8a1f-77c2",
+        "MIG-GPU-8a1f/1/0",
+        "2",
+    ]
+    monkeypatch.setenv(GPU_ENV, "-1")  # hide every GPU: this machine has none
+    assert torch.cuda.device_count() == 0 or pytest.skip("CUDA was initialised before")
+    store = tmp_path / "mlflow.db"
+    base = ["study", "studies/temperature_mutation.toml", "--n-trials", "1"]
+    base += ["--tracking-uri", f"sqlite:///{store}", "--storage", str(tmp_path / "j.log")]
+    for extra in (["--workers", "2", "--gpus", "0,1"], ["--gpus", "0"], ["--gpus", "x;touch a"]):
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("asolab: error: --gpus") and "\n" not in err, err
+        assert "device=cpu" in err or "not a GPU id" in err, err
+    assert not store.exists()  # refused before the store was touched
+    assert study_gpus("0,1", "cpu", 2) == ["0", "1"]  # the CPU on purpose: as asked, warned

@@ -135,6 +135,49 @@ def test_arrays_load_uint8_and_float_with_or_without_a_test_split(tmp_path):
     assert tuple(d.test.x.shape) == (8, 3, 8, 8) and len(d.mean) == 3
 
 
+def test_channels_last_arrays_are_read_as_such_and_the_reading_is_said(tmp_path):
+    """numpy's and PIL's (N, H, W, C) is the usual layout of an .npz: read as channels
+    last, not as 32 channels of 32x3 images, with a note; data.layout settles a shape
+    that could be either."""
+    rng = np.random.default_rng(0)
+    nchw = rng.integers(0, 255, (30, 3, 6, 5), dtype=np.uint8)
+    y = np.arange(30) % 3
+    np.savez(tmp_path / "nchw.npz", x_train=nchw, y_train=y)
+    np.savez(tmp_path / "nhwc.npz", x_train=nchw.transpose(0, 2, 3, 1), y_train=y)
+    a = load_data(_cfg(name="arrays", path=str(tmp_path / "nchw.npz")), seed=0)
+    b = load_data(_cfg(name="arrays", path=str(tmp_path / "nhwc.npz")), seed=0)
+    assert b.in_channels == 3 and (b.height, b.width) == (6, 5)
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.x, b.test.x)
+    assert not a.notes and "read as (N, H, W, C)" in b.notes["layout"]
+    assert "(30, 6, 5, 3)" in b.summary()["notes"]["layout"]
+    # the same pixels, declared: no guess, and the shape that auto refuses is read
+    cube = rng.integers(0, 255, (30, 4, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "cube.npz", x_train=cube, y_train=y)
+    with pytest.raises(DataError, match="data.layout"):
+        load_data(_cfg(name="arrays", path=str(tmp_path / "cube.npz")), seed=0)
+    c = load_data(_cfg(name="arrays", path=str(tmp_path / "cube.npz"), layout="nhwc"), seed=0)
+    assert c.in_channels == 4 and c.notes["layout"] == "read as NHWC (data.layout)"
+
+
+def test_a_resize_is_one_line_how_many_images_from_which_sizes_to_which(tmp_path):
+    root = write_folder(tmp_path / "imgs", per_class=6, size=(10, 10))
+    write_folder(tmp_path / "other", per_class=2, size=(14, 12))  # width 14, height 12
+    for name in CLASSES:
+        for p in (tmp_path / "other" / "train" / name).iterdir():
+            p.rename(root / "train" / name / f"big_{p.name}")
+    d = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert d.notes["resize"] == (
+        "resized 6 of 24 images from 12x14 (6) to 10x10 (the most common size; "
+        "data.image_size sets another)"
+    )
+    d = load_data(_cfg(name="folder", data_dir=str(root), image_size=8), seed=0)
+    assert d.notes["resize"].startswith("resized 24 of 24 images from 10x10 (18), 12x14 (6) to 8x8")
+    path = write_npz(tmp_path / "a.npz", n=60)
+    assert "resize" not in load_data(_cfg(name="arrays", path=str(path)), seed=0).notes
+    sized = load_data(_cfg(name="arrays", path=str(path), image_size=6), seed=0)
+    assert sized.notes["resize"] == "resized 60 of 60 images from 8x8 (60) to 6x6 (data.image_size)"
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -164,6 +207,9 @@ def _bad_folder(tmp_path: Path, case: str) -> dict:
         rgba = np.full((10, 10, 4), 200, np.uint8)
         rgba[..., 3] = 10  # real transparency, which the other images lack
         Image.fromarray(rgba, "RGBA").save(root / "train" / "cat" / "clear.png")
+    elif case == "empty class folder":
+        write_folder(root)
+        (root / "train" / "hexagon").mkdir()
     elif case == "no folder":
         root = tmp_path / "missing"
     return {"data.name": "folder", "data.data_dir": str(root)}
@@ -194,6 +240,12 @@ def _bad_arrays(tmp_path: Path, case: str) -> dict:
             x_test=np.zeros((6, 3, 8, 8), np.uint8),
             y_test=y[:6],
         )
+    elif case == "ambiguous layout":  # 8 channels of 8x8, or 8x8 images of 8 channels?
+        np.savez(path, x_train=np.zeros((60, 8, 8, 8), np.uint8), y_train=y)
+    elif case == "zero-pixel images":  # NA22
+        np.savez(path, x_train=np.zeros((60, 4, 0, 0), np.uint8), y_train=y)
+    elif case == "one label of a million":  # NA14
+        np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=np.where(y == 2, 10**6, y))
     elif case == "not an npz":
         path.write_text("x_train,y_train\n1,2\n")
     elif case == "no path":
@@ -208,12 +260,16 @@ BAD = {
     "corrupt image": (_bad_folder, ["cut.png", "corrupt"]),
     "transparency mixed": (_bad_folder, ["cannot be reconciled", "clear.png", "transparency"]),
     "no folder": (_bad_folder, ["missing", "not a folder"]),
+    "empty class folder": (_bad_folder, ["class folder", "hexagon holds no images"]),
+    "ambiguous layout": (_bad_arrays, ["(60, 8, 8, 8)", 'data.layout = "nchw" or "nhwc"']),
     "missing keys": (_bad_arrays, ["missing key(s) x_train", "it has: images, y_train"]),
     "mismatched lengths": (_bad_arrays, ["60 images", "50 labels"]),
     "labels out of range": (_bad_arrays, ["y_train[0] = -1", "out of range"]),
     "test labels out of range": (_bad_arrays, ["y_test[0] = 7", "0..2"]),
     "channels differ": (_bad_arrays, ["3 channel(s)", "cannot be reconciled"]),
     "not an npz": (_bad_arrays, ["not a readable .npz"]),
+    "zero-pixel images": (_bad_arrays, ["0x0 pixels", "at least 1x1"]),
+    "one label of a million": (_bad_arrays, ["up to 1000000", "only 3", "0..K-1"]),
     "no path": (_bad_arrays, ["needs data.path"]),
 }
 
@@ -253,6 +309,20 @@ def test_a_set_too_large_for_memory_is_refused_before_loading_with_the_estimate(
 # ------------------------------------------------------------------ runs
 
 
+def test_runs_on_other_data_than_the_files_own_are_named_after_that_data(tmp_path):
+    assert config.load("digits", {"search.cycles": 2}).name == "digits"
+    own = {"data.name": "folder", "data.data_dir": str(tmp_path / "shapes") + "/"}
+    assert config.load("digits", own).name == "folder-shapes"
+    npz = {"data.name": "arrays", "data.path": "sets/my_set.npz"}
+    assert config.load("digits", npz).name == "my_set"
+    assert config.load("digits", {**npz, "name": "mine"}).name == "mine"  # a name given wins
+    assert config.load("digits", {"data.name": "fashion_mnist"}).name == "fashion_mnist"
+    # a file whose own data it is keeps the file's name
+    exp = tmp_path / "shapes_run.toml"
+    exp.write_text(f'[data]\nname = "folder"\ndata_dir = "{tmp_path / "shapes"}"\n')
+    assert config.load(exp, {"seed": 3}).name == "shapes_run"
+
+
 def test_a_folder_run_records_the_data_set_source_sizes_and_normalisation(tmp_path, capsys):
     """Through ``asolab run``: the run's dataset input in MLflow names the folder and
     holds the split sizes and the training split's mean and std."""
@@ -265,6 +335,10 @@ def test_a_folder_run_records_the_data_set_source_sizes_and_normalisation(tmp_pa
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.params["data.name"] == "folder"
     assert run.data.params["data.data_dir"] == str(root)
+    # filed under its data, not under the experiment file's name (digits)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "folder-imgs" and run.data.params["name"] == "folder-imgs"
+    assert "**folder-imgs**" in experiment.tags["mlflow.note.content"]
     (inp,) = run.inputs.dataset_inputs
     ds = inp.dataset
     assert ds.name == "folder" and ds.source_type == "local"
@@ -284,11 +358,20 @@ def test_own_data_through_the_python_api_rgb_folder_and_arrays(tmp_path):
     assert result.run_id is None and 0.0 <= result.val_acc <= 1.0 and result.params > 0
     assert result.config.data.name == "folder"
     path = write_npz(tmp_path / "a.npz", n=60, channels=3)
+    with np.load(path) as npz:  # channels last, as numpy and PIL write images
+        np.savez(path, x_train=npz["x_train"].transpose(0, 2, 3, 1), y_train=npz["y_train"])
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = asolab.run("digits", {**TINY, "data.name": "arrays", "data.path": str(path)}, store)
+    overrides = {**TINY, "data.name": "arrays", "data.path": str(path), "data.image_size": 6}
+    result = asolab.run("digits", overrides, store, progress=False)
     run = MlflowClient(store).get_run(result.run_id)
     profile = json.loads(run.inputs.dataset_inputs[0].dataset.profile)
     assert profile["in_channels"] == 3 and len(profile["mean"]) == 3
+    # what was done to the images, recorded with the run
+    tags = run.data.tags
+    assert "read as (N, H, W, C)" in tags["asolab.data_note.layout"]
+    assert tags["asolab.data_note.resize"] == (
+        "resized 60 of 60 images from 8x8 (60) to 6x6 (data.image_size)"
+    )
     assert run.data.metrics["test_acc"] == pytest.approx(result.test_acc)
 
 

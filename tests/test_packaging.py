@@ -56,6 +56,32 @@ def test_pyproject_lists_every_package_and_ships_the_configs():
     assert setuptools["package-dir"]["asolab.studies"] == "studies"
 
 
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {"PIL": "pillow", "sklearn": "scikit-learn"}
+
+
+def test_pyproject_declares_every_third_party_import():
+    """Every package the code imports that is neither the standard library nor asolab is
+    a declared dependency: a clean install must not rely on another package's extras."""
+    import ast
+    import re
+
+    declared = {
+        re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower()
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    imported = set()
+    for path in (ROOT / "platform" / "asolab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"asolab", "__future__"}
+    missing = {DISTRIBUTIONS.get(m, m).lower() for m in third_party} - declared
+    assert missing == set(), f"declare {sorted(missing)} in pyproject.toml's dependencies"
+
+
 def test_bare_names_look_in_the_working_directory_first(tmp_path, monkeypatch):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "digits.toml").write_text("seed = 7\n[space]\ninit_channels = 4\n")
@@ -242,3 +268,25 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     ).stdout.split()
     assert study[0].startswith(str(env_dir)) and study[0].endswith("temperature_mutation.toml")
     assert study[1] == "digits"
+
+
+def test_the_browser_tests_skip_names_the_missing_piece():
+    from chromium import missing
+
+    assert missing("/usr/bin/chromium", None) == (
+        "chromedriver (apt install chromium-driver) is not installed"
+    )
+    assert missing(None, "/usr/bin/chromedriver").startswith("headless Chromium (apt install")
+    assert " and chromedriver " in missing(None, None) and missing(None, None).endswith(
+        "are not installed"
+    )
+    assert missing("/usr/bin/chromium", "/usr/bin/chromedriver") == ""
+
+
+def test_the_readmes_first_block_says_how_to_skip_cuda_before_the_install():
+    """A newcomer copies the first block: the CPU build's command stands before the
+    install command, in the block, not in a bullet below it."""
+    readme = (config.PROJECT_ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    cpu = block.find("--index-url https://download.pytorch.org/whl/cpu")
+    assert 0 <= cpu < block.find("pip install -e . && asolab run"), block

@@ -73,6 +73,7 @@ blobs = asolab_blobs:load_blobs
 [asolab.ops]
 conv_1x1 = asolab_blobs:conv_1x1
 wide_1x1 = asolab_blobs:wide_1x1
+broken_op = asolab_blobs:no_such_op
 """
 OPS_WITH_PLUGIN = ["skip_connect", "sep_conv_3x3", "conv_1x1"]
 
@@ -224,6 +225,38 @@ def test_a_plugin_op_of_the_wrong_shape_is_refused_at_start_with_its_name(plugin
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("asolab: error: op 'wide_1x1'") and "\n" not in err
     assert "(2, 4, 8, 8)" in err  # what it must return
+
+
+def test_an_op_that_fails_at_the_runs_width_is_one_line_naming_it_and_the_width(capsys):
+    """NP05: the registration probe builds at 4 channels; the run builds at 8 and 16."""
+
+    def picky(c, stride, affine):
+        if c > 4:
+            raise ValueError(f"picky: {c} channels is too many")
+        return nn.Identity() if stride == 1 else nn.AvgPool2d(1, stride=stride)
+
+    asolab.register_op("picky", picky)
+    try:
+        prims = ["skip_connect", "picky"]
+        with pytest.raises(PluginError, match=r"op 'picky' .*factory\(8, stride=.*too many"):
+            asolab.run("digits", {**TINY, "space.primitives": prims}, track=False)
+        rc = main(["run", "--quiet", "--no-track", *_sets({**TINY, "space.primitives": prims})])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.startswith("asolab: error: op 'picky'") and "\n" not in err
+    finally:
+        OPS.unregister("picky")
+
+
+def test_a_study_with_an_op_that_fails_to_import_is_refused_up_front(plugin_path, tmp_path, capsys):
+    """NP20: as run refuses it, before a trial runs or the store is touched."""
+    store = tmp_path / "mlflow.db"
+    args = ["study", "studies/temperature_mutation.toml", "--n-trials", "1"]
+    args += ["--tracking-uri", f"sqlite:///{store}", "--storage", str(tmp_path / "j.log")]
+    args += ["--set", 'space.primitives=["skip_connect", "broken_op"]']
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asolab: error: op plugin 'broken_op'") and "\n" not in err, err
+    assert "failed to load" in err and not store.exists()
 
 
 def test_code_registration_adds_a_data_set_and_an_op_and_checks_the_op():

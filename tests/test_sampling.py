@@ -7,7 +7,7 @@ import torch
 
 from asolab.config import TemperatureConfig
 from asolab.evolution.mutation import mutate, num_edits
-from asolab.evolution.sampling import SCHEDULES, temperature
+from asolab.evolution.temperature import SCHEDULES, temperature
 from asolab.space import PRIMITIVES, Genotype
 from asolab.space.sampling import FairPaths, gumbel_softmax_st
 

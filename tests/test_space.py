@@ -397,3 +397,18 @@ def test_stem_stride_round_trips_and_older_specs_read_as_stride_one():
     assert ArchSpec.from_dict(spec.to_dict()) == spec
     older = {k: v for k, v in spec.to_dict().items() if k != "stem_stride"}
     assert ArchSpec.from_dict(older).stem_stride == 1
+
+
+def test_a_genotype_is_built_from_its_cells_by_name():
+    """Genotype.from_cells: nodes per cell name (own cells as cellN), one concat or one per cell."""
+    from asolab.space.genotype import Genotype
+
+    nodes = ((("skip_connect", 0), ("sep_conv_3x3", 1)),)
+    g = Genotype.from_cells({"normal": nodes, "reduce": nodes, "cell2": nodes}, range(2, 3))
+    assert g == Genotype.parse(str(g)) and g.own_cells == ((2, nodes, (2,)),)
+    per_cell = Genotype.from_cells(
+        {"normal": nodes, "reduce": nodes}, {"normal": [2], "reduce": [2]}
+    )
+    assert per_cell.normal_concat == per_cell.reduce_concat == (2,)
+    with pytest.raises(ValueError, match="reduce"):
+        Genotype.from_cells({"normal": nodes}, [2])

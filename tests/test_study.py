@@ -824,7 +824,14 @@ def test_objective_averaged_over_seeds(tmp_path: Path) -> None:
     for key in ("temperature.initial_temperature", "mutation.strength"):
         assert float(trial_run.data.params[key]) == pytest.approx(trial.params[key])
     assert "seed" not in trial_run.data.params
-    assert "**Trial 0**" in trial_run.data.tags[layout.TAG_NOTE]
+    note = trial_run.data.tags[layout.TAG_NOTE]
+    assert "**Trial 0**" in note
+    # the per-seed table reads apart in the UI (no padless Markdown table), and the trial's
+    # row shows a whole parameter count, the seeds' mean rounded
+    assert "```\nseed  val acc  test acc  parameters\n" in note and "|---" not in note
+    sizes = [by_seed[s].data.metrics["final_params"] for s in ("0", "1")]
+    assert trial_run.data.metrics["final_params"] == round(sum(sizes) / 2)
+    assert trial_run.data.tags[layout.TAG_DATASET] == "digits"  # the data-set column
     assert undeclared(c, trial_run.info.run_id, load_study(file).base.flat()) == []
     # compare sees the seed runs (with genotypes), never the trial's grouping run
     from asolab.compare.select import load_selection

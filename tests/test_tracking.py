@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import mlflow.pytorch
+import mlflow.pyfunc
 import optuna
 import pytest
 import torch
@@ -262,13 +262,14 @@ def test_run_records_everything(tracked, store, tmp_path):
     # network computes
     mlflow.set_tracking_uri(store)
     try:
-        model = mlflow.pytorch.load_model(f"runs:/{tracker.run_id}/{L.MODEL_NAME}")
+        model = mlflow.pyfunc.load_model(f"runs:/{tracker.run_id}/{L.MODEL_NAME}")
     finally:
         mlflow.set_tracking_uri(None)
     x = tracked["runner"].data.test.x[:8].cpu()
     with torch.no_grad():
         expected = extract(tracked["runner"].net, end.genotype)(x)
-        assert torch.allclose(model(x), expected, atol=1e-5)
+        network = model.get_raw_model().network  # no pickle: built from the spec
+        assert torch.allclose(network(x), expected, atol=1e-5)
     assert tags[L.TAG_MODEL_URI].startswith("models:/")
     # the logged model carries the run's final figures (the UI's Models tab shows them)
     logged = client.get_logged_model(tags[L.TAG_MODEL_URI].removeprefix("models:/"))
@@ -979,13 +980,14 @@ def test_sigkill_while_the_final_model_is_logged_then_resume_leaves_one_ready_mo
     assert _steps(client, run_id) == _steps(client, tracked["tracker"].run_id)
     mlflow.set_tracking_uri(store)
     try:
-        loaded = mlflow.pytorch.load_model(run.data.tags[L.TAG_MODEL_URI])
+        loaded = mlflow.pyfunc.load_model(run.data.tags[L.TAG_MODEL_URI])
     finally:
         mlflow.set_tracking_uri(None)
     x = tracked["runner"].data.test.x[:4].cpu()
     with torch.no_grad():
         expected = extract(tracked["runner"].net, tracked["result"].genotype)(x)
-        assert torch.allclose(loaded(x), expected, atol=1e-5)
+        network = loaded.get_raw_model().network
+        assert torch.allclose(network(x), expected, atol=1e-5)
 
 
 def _one_error_line(capsys) -> str:
@@ -1105,3 +1107,49 @@ def test_cell_pictures_without_graphviz_are_noted_in_the_run(
         Path(a.path).name for a in client.list_artifacts(run.info.run_id, "cells")
     ]
     assert caplog.text.count("graphviz's dot is not installed") == 1
+
+
+def test_the_uis_first_screen_holds_what_a_researcher_reads_first(tmp_path):
+    """The run description leads with the genotype, one line of accuracies, parameters,
+    peak memory and wall time, then the cell picture (before the UI's "Show more"), values
+    rounded, no Markdown table; the shared view has data-set, peak-memory and best-trial
+    columns; `asolab ui` keeps the server's access log in a file."""
+    from asolab.tracking.browse import run_description, view_state
+    from asolab.tracking.ui import server_log
+
+    head = {
+        "val acc": 0.448275862,
+        "test acc": 0.4,
+        "params": 24682,
+        "peak memory": "726 MB",
+        "wall time": "36.9 s",
+    }
+    text = run_description("r1", head, "normal: ... ; reduce: ...", {"data set": "digits"})
+    lines = text.splitlines()
+    assert lines[0] == "**Final genotype** `normal: ... ; reduce: ...`"
+    assert lines[2].startswith("[![final cells](get-artifact?path=cells%2Ffinal_thumb.png")
+    assert lines[2].endswith(
+        ") val acc **0.4483** · test acc **0.4000** · params **24,682** · "
+        "peak memory **726 MB** · wall time **36.9 s**"
+    )
+    assert lines[4].startswith("![final cells](get-artifact?path=cells%2Ffinal.png")
+    assert "|---" not in text and "- data set: digits" in text
+    columns = view_state()["selectedColumns"]
+    for shown in ("tags.`asolab.dataset`", "tags.`asolab.best`", "metrics.`final_peak_rss_mb`"):
+        assert shown in columns
+    assert server_log(f"sqlite:///{tmp_path / 'mlflow.db'}") == tmp_path / "ui.log"
+    # the strip: the picture's cells side by side, 40 px tall (the title left out)
+    import io
+
+    from PIL import Image
+
+    from asolab.space.genotype import Genotype
+    from asolab.space.plot import genotype_png, thumbnail_png
+
+    g = Genotype.parse(
+        "normal: sep_conv_3x3(0) skip_connect(1) -> 2 ; "
+        "reduce: max_pool_3x3(0) skip_connect(1) -> 2"
+    )
+    full = Image.open(io.BytesIO(genotype_png(g, "final genotype")))
+    strip = Image.open(io.BytesIO(thumbnail_png(genotype_png(g, "final genotype"))))
+    assert strip.height == 40 and strip.width > 40 * full.width / full.height

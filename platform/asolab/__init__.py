@@ -6,7 +6,7 @@ The Python API (docs/python-api.md)::
     result = asolab.run("digits", {"search.cycles": 1})   # -> asolab.RunResult
     cfg = asolab.load_config("digits", {"data.name": "folder"})
     table = asolab.runs(experiment="digits")              # -> pandas.DataFrame
-    model = asolab.load_model(result.run_id)              # -> torch.nn.Module
+    model = asolab.load_model(result.run_id)              # .predict(images), .network
     asolab.register_dataset("mine", loader)               # data.name = "mine"
     asolab.register_op("conv_7x7", factory)               # space.primitives = [...]
 
@@ -16,17 +16,14 @@ The names load their modules on first use, so ``import asolab`` stays light
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("asolab")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0"
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .api import RunResult, load_config, load_model, register_dataset, register_op, run, runs
     from .data import Arrays
+    from .interrupt import RunStopped
 
 _API = {
     "RunResult": "api",
@@ -37,10 +34,12 @@ _API = {
     "register_dataset": "api",
     "register_op": "api",
     "Arrays": "data",
+    "RunStopped": "interrupt",
 }
 __all__ = [
     "Arrays",
     "RunResult",
+    "RunStopped",
     "load_config",
     "load_model",
     "register_dataset",

@@ -7,25 +7,30 @@ docs/python-api.md for a walk-through.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shlex
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import ConfigError, ExperimentConfig, apply_overrides, load, parse_override
-from .interrupt import sigterm_as_interrupt
+from .config import (
+    DEFAULT_EXPERIMENT,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    load,
+    parse_overrides,
+)
+from .errors import text_arg as _text_arg
+from .errors import wrong as _wrong
 
 if TYPE_CHECKING:
     import pandas as pd
-    import torch
 
     from .runner.events import Observer
     from .space.genotype import Genotype
+    from .tracking.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +53,43 @@ class RunResult:
     experiment_id: str | None = None  # the MLflow experiment (None when not tracked)
 
 
-def load_config(experiment: Experiment = "digits", overrides: Overrides = None) -> ExperimentConfig:
+def load_config(
+    experiment: Experiment = DEFAULT_EXPERIMENT,
+    overrides: Overrides = None,
+    *,
+    fn: str = "asolab.load_config",
+) -> ExperimentConfig:
     """An experiment config, validated: a shipped name (``"digits"``), a TOML path, or a
-    config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``)."""
+    config, with ``overrides`` (``{"search.cycles": 1}`` or ``["search.cycles=1"]``).
+    (``fn``: the function an error names.)"""
     if isinstance(experiment, ExperimentConfig):
-        return apply_overrides(experiment, _pairs(overrides)) if overrides else experiment
-    return load(experiment, _pairs(overrides) if overrides else ())
+        return apply_overrides(experiment, _pairs(overrides, fn)) if overrides else experiment
+    if not isinstance(experiment, (str, os.PathLike)) or not str(experiment).strip():
+        raise _wrong(fn, "experiment", experiment, _EXPERIMENT_TAKES)
+    return load(experiment, _pairs(overrides, fn) if overrides else ())
 
 
-def _pairs(overrides: Overrides) -> dict[str, Any]:
-    if not overrides:
+_URI = "a tracking URI ('sqlite:///mlruns/mlflow.db', 'http://host:5000')"
+_EXPERIMENT_TAKES = "a shipped experiment name ('digits'), a TOML path or an ExperimentConfig"
+_OVERRIDES_TAKES = (
+    "a mapping or a list of 'key=value' strings ({'search.cycles': 1} or ['search.cycles=1'])"
+)
+
+
+def _pairs(overrides: Overrides, fn: str = "asolab.run") -> dict[str, Any]:
+    if overrides is None or (isinstance(overrides, (Mapping, list, tuple)) and not overrides):
         return {}
     if isinstance(overrides, Mapping):
+        if not all(isinstance(k, str) for k in overrides):
+            raise _wrong(fn, "overrides", overrides, _OVERRIDES_TAKES + " (keys as text)")
         return dict(overrides)
-    if isinstance(overrides, str):
-        raise ConfigError(
-            f"overrides must be a mapping or a list of 'key=value' strings, got {overrides!r}"
-        )
-    return dict(parse_override(o) for o in overrides)
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise _wrong(fn, "overrides", overrides, _OVERRIDES_TAKES)
+    return parse_overrides(overrides)
 
 
 def run(
-    experiment: Experiment = "digits",
+    experiment: Experiment = DEFAULT_EXPERIMENT,
     overrides: Overrides = None,
     tracking_uri: str | None = None,
     *,
@@ -79,6 +99,7 @@ def run(
     observers: Sequence[Observer] = (),
     force: bool = False,
     hint_file: str | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Run one experiment (as ``asolab run`` does) and return its result.
 
@@ -90,16 +111,23 @@ def run(
     that run (id, id prefix or name) from its last checkpoint with its own config;
     ``observers``: extra run observers (progress bars, recorders); ``force``: resume
     even though the run's lease names a process on another machine (it is gone);
-    ``hint_file``: the experiment file the recorded resume command names (the CLI's).
+    ``hint_file``: the experiment file the recorded resume command names (the CLI's);
+    ``progress``: progress bars (tqdm.auto's in a notebook), the data notes and the
+    summary on stderr (default: where a terminal or a notebook is attached; False:
+    silent).
+
+    A tracked run stopped by Ctrl-C, SIGTERM or SIGHUP raises ``RunStopped`` (a
+    ``KeyboardInterrupt``), one out of memory in a phase ``RunOutOfMemory``; both carry
+    ``run_id``, ``tracking_uri`` and ``command``, the command that continues the run
+    (tracking/lifecycle.py).
     """
-    pairs = _pairs(overrides)
-    if tracking_uri is not None:
-        pairs["tracking.tracking_uri"] = tracking_uri
-    if resume is not None and not str(resume).strip():
-        raise ConfigError("resume needs the id of the MLflow run to continue (it was empty)")
+    shown = _progress(progress)
+    observers = [*observers, *shown]
+    pairs = _run_pairs(overrides, tracking_uri, resume)
     # On resume the config and overrides only say where the run is (tracking.*) and how
     # many threads it takes; the run continues with the config stored in its checkpoint.
-    cfg = load_config(experiment, {k: v for k, v in pairs.items() if not resume or _kept(k)})
+    kept = {k: v for k, v in pairs.items() if not resume or _kept(k)}
+    cfg = load_config(experiment, kept, fn="asolab.run")
     if resume:
         _warn_ignored_overrides(pairs)
     if not (cfg.tracking.enabled and track):
@@ -111,11 +139,45 @@ def run(
 
         result = Runner(cfg, list(observers)).run()
         return _result(result, None, None, cfg)
-    if hint_file is None and isinstance(experiment, (str, Path)) and str(experiment) != "digits":
-        hint_file = str(experiment)
-    return _run_tracked(
-        cfg, pairs, list(observers), mlflow_experiment, resume, force=force, hint_file=hint_file
+    if hint_file is None and isinstance(experiment, (str, Path)):
+        hint_file = str(experiment) if str(experiment) != DEFAULT_EXPERIMENT else None
+    threads = forced_threads(pairs) if resume else 0
+    out = _tracked(cfg, observers, mlflow_experiment, resume, threads, force, hint_file)
+    for bars in shown:
+        bars.say(f"MLflow run {out.run_id} in {out.tracking_uri}")
+    return out
+
+
+def _run_pairs(overrides: Overrides, tracking_uri: str | None, resume: object) -> dict[str, Any]:
+    """``asolab.run``'s overrides with its tracking URI, its arguments checked."""
+    pairs = _pairs(overrides)
+    if tracking_uri is not None:
+        pairs["tracking.tracking_uri"] = _text_arg("asolab.run", "tracking_uri", tracking_uri, _URI)
+    if resume is not None and not isinstance(resume, str):
+        raise _wrong("asolab.run", "resume", resume, "a run's id, id prefix or name")
+    if resume is not None and not str(resume).strip():
+        raise ConfigError("resume needs the id of the MLflow run to continue (it was empty)")
+    return pairs
+
+
+def _tracked(cfg, observers, mlflow_experiment, resume, threads, force, hint_file) -> RunResult:
+    """A run recorded in MLflow (tracking/lifecycle.py), as the API's result."""
+    from .tracking.lifecycle import run_tracked
+
+    t = run_tracked(
+        cfg, observers, mlflow_experiment, resume, threads=threads, force=force, hint_file=hint_file
     )
+    return _result(t.result, t.run_id, t.tracking_uri, t.config, t.experiment_id)
+
+
+def _progress(progress: bool | None) -> list[Any]:
+    """The observer that shows a run from Python: bars, data notes, the summary."""
+    from .progress import ProgressObserver, attached
+
+    where = attached()
+    if not (progress if progress is not None else bool(where)):
+        return []
+    return [ProgressObserver(notebook=where == "notebook", summary=True)]
 
 
 def _kept(key: str) -> bool:
@@ -143,165 +205,23 @@ def _result(
     )
 
 
-def _run_tracked(
-    cfg: ExperimentConfig,
-    pairs: dict[str, Any],
-    observers: list,
-    mlflow_experiment: str | None,
-    resume: str | None,
-    *,
-    force: bool = False,
-    hint_file: str | None = None,
-) -> RunResult:
-    """A run recorded in MLflow, checkpointed as it goes (so it can be resumed)."""
-    from .runner import Runner
-    from .runner.checkpoint import local_folder
-    from .runner.memory import MemoryLimitError
-    from .tracking import MlflowTracker, check_reachable, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    check_reachable(uri)  # before any training: a wrong URI costs seconds, not a run
-    tracker = MlflowTracker(
-        tracking_uri=uri, experiment=mlflow_experiment, log_models=cfg.tracking.log_models
-    )
-    with local_folder() as workdir:  # removed however the run ends
-        try:
-            if resume:
-                tracker.resume_run_id = resume = _hold(uri, resume, force)
-                threads = forced_threads(
-                    [f"threads={pairs['threads']}"] if "threads" in pairs else []
-                )
-                runner = resumed_runner(uri, resume, [*observers, tracker], workdir, threads)
-            else:
-                runner = Runner(cfg, [*observers, tracker], checkpoint_dir=workdir)
-            with sigterm_as_interrupt():
-                result = runner.run()
-        except (KeyboardInterrupt, MemoryLimitError) as exc:
-            # Ctrl-C, or out of memory in a phase: the checkpoints are kept. The CLI
-            # prints the resume command from these; code gets them on the error.
-            exc.asolab_run_id = tracker.run_id  # type: ignore[attr-defined]
-            exc.asolab_tracking_uri = uri  # type: ignore[attr-defined]
-            if tracker.run_id:
-                _record_stop(tracker, resume_command(hint_file, tracker.run_id, uri))
-            raise
-        except Exception as exc:  # a full, read-only or corrupt store: one line, no traceback
-            raise _one_line_failure(exc, uri, tracker, hint_file) from None
-    return _result(result, tracker.run_id, uri, runner.cfg, tracker.experiment_id)
-
-
-def _hold(uri: str, resume: str, force: bool) -> str:
-    """The full id of the run to resume, held by this process from here on (another
-    process cannot run it at the same time); refused while another one runs it."""
-    from .tracking import lease
-    from .tracking.store import client, resumable_run
-
-    # An id prefix or a run name names the run too; everything below uses the full id.
-    run = resumable_run(client(uri), uri, resume)
-    lease.take(uri, run.info.run_id, run, force=force)
-    return run.info.run_id
-
-
-def _record_stop(tracker: Any, command: str) -> None:
-    """A stopped run keeps the command that continues it (its ``asolab.resume_command``
-    tag and its description): a terminal or a pipe that is gone loses the printed one."""
-    from .tracking import layout as L
-
-    note = f"Stopped before its end; continue it with:\n\n    {command}\n"
-    try:
-        tracker.client.set_tag(tracker.run_id, L.TAG_RESUME_COMMAND, command)
-        tracker.client.set_tag(tracker.run_id, L.TAG_NOTE, note)
-    except Exception as exc:  # the store may be what stopped the run; the hint still prints
-        log.debug("could not record the resume command in run %s: %s", tracker.run_id, exc)
-
-
-def _one_line_failure(exc: Exception, uri: str, tracker: Any, file: str | None) -> Exception:
-    """What a failed run ends with: for a full, read-only or corrupt store, or a full temp
-    folder, one line with the fix and the command that continues the run; else ``exc``."""
-    from .runner.checkpoint import CheckpointWriteError
-    from .tracking.health import store_failure
-
-    failure = exc if isinstance(exc, CheckpointWriteError) else store_failure(exc, uri)
-    if failure is None:
-        return exc
-    if tracker.run_id:
-        failure.args = (
-            f"{failure}; run {tracker.run_id} stopped, continue it then with: "
-            f"{resume_command(file, tracker.run_id, uri)}",
-        )
-    return failure
-
-
-def resumed_runner(uri: str, run_id: str, observers: list, workdir: Path, threads: int = 0):
-    """The runner that continues ``run_id``: from its checkpoint, or, for a run stopped
-    before its first checkpoint, from the start with the config it recorded (the
-    same MLflow run; steps it already logged are not written twice).
-
-    A run that can never continue (its checkpoint is unreadable, or it stopped
-    before it recorded even its config) is ended FAILED with the reason, instead
-    of staying RUNNING for good, and the reason is the one-line error. ``threads``
-    forces a thread count (0 = the run's own).
-    """
-    from .config import from_dict
-    from .runner import Runner
-    from .runner.checkpoint import CheckpointError
-    from .tracking import layout as L
-    from .tracking.store import client, download_checkpoint, mark_failed, recorded_config
-
-    path = download_checkpoint(uri, run_id, workdir / "resume")
-    recorded_hash = client(uri).get_run(run_id).data.tags.get(L.TAG_CONFIG_HASH, "")
-    try:
-        if path is None:
-            data = recorded_config(uri, run_id, workdir / "resume")
-            if data is None:
-                raise CheckpointError(
-                    f"run {run_id} in {uri} stopped before it recorded its config or a checkpoint; "
-                    "there is nothing to continue: start a new run"
-                )
-            log.warning("run %s has no checkpoint yet: it starts again from epoch 0", run_id)
-            cfg = from_dict(data, source=f"the config recorded by run {run_id}")
-            return Runner(
-                cfg.replace(threads=threads) if threads else cfg, observers, checkpoint_dir=workdir
-            )
-        label = f"the checkpoint of run {run_id} in {uri}"
-        return Runner.resume(
-            path,
-            observers,
-            checkpoint_dir=workdir,
-            label=label,
-            threads=threads,
-            owner=(run_id, recorded_hash),
-        )
-    except CheckpointError as exc:  # not a ConfigError: a device missing here may exist elsewhere
-        mark_failed(uri, run_id, str(exc))
-        raise
-
-
 def resume_command(file: str | None, run_id: str, uri: str) -> str:
-    """The command that continues ``run_id``: the same experiment file, and the
-    store spelled out unless it is the default, so that it is found again
-    whatever the environment (MLFLOW_TRACKING_URI) of the next shell."""
-    from .tracking import default_tracking_uri
+    """The command that continues ``run_id`` (tracking/lifecycle.py ``resume_command``;
+    imported on use, so that the CLI's parser loads no torch)."""
+    from .tracking.lifecycle import resume_command as _command
 
-    parts = ["asolab", "run", *([file] if file else []), "--resume", run_id]
-    if uri != default_tracking_uri():
-        parts += ["--set", f"tracking.tracking_uri={uri}"]
-    return shlex.join(parts)
+    return _command(file, run_id, uri)
 
 
-def forced_threads(overrides: Sequence[str]) -> int:
+def forced_threads(overrides: Overrides) -> int:
     """``--set threads=N`` on ``--resume``: the one setting besides tracking.* that a
     resume takes (0 = keep the run's own count)."""
-    values = [
-        o.split("=", 1)[1]
-        for o in overrides
-        if o.split("=", 1)[0].strip() == "threads" and "=" in o
-    ]
-    if not values:
+    pairs = _pairs(overrides)
+    if "threads" not in pairs:
         return 0
-    try:
-        threads = int(values[-1])
-    except ValueError:
-        raise ConfigError(f"--set threads={values[-1]}: threads must be a whole number") from None
+    threads = pairs["threads"]
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise ConfigError(f"--set threads={threads}: threads must be a whole number")
     if not 0 <= threads <= 1024:
         raise ConfigError(f"--set threads={threads}: threads must be between 0 and 1024")
     return threads
@@ -340,54 +260,33 @@ def runs(
     return selection.table()
 
 
-def load_model(run_id: str, tracking_uri: str | None = None) -> torch.nn.Module:
-    """The final network of a run (its id, an id prefix or its name), on the CPU, in eval
-    mode. It takes inputs normalised as the run's data were (docs/python-api.md)."""
-    import mlflow.artifacts
-    import mlflow.pytorch
+def load_model(run_id: str, tracking_uri: str | None = None) -> Predictor:
+    """The final network of a run (its id, an id prefix or its name) with its
+    preprocessing, on the CPU: ``load_model(run).predict(images)`` takes raw images
+    (PIL images, uint8 arrays, image files, a folder) and returns class names and
+    probabilities; ``.network`` is the ``torch.nn.Module``, ``.params`` its parameter
+    count. Built from asolab's own code and the run's spec, genotype and weights
+    (tensors only): nothing stored in the run is executed (docs/python-api.md)."""
+    from .compare.select import existing_store
+    from .tracking.predictor import from_run
+    from .tracking.store import RunNotFound, find_run, resolve_tracking_uri, sqlite_path
 
-    from .tracking import layout
-    from .tracking.store import RunNotFound, client, find_run, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri or "")
-    c = client(uri)
+    fn = "asolab.load_model"
+    run_id = _text_arg(fn, "run_id", run_id, "a run's id, id prefix or name")
+    uri = resolve_tracking_uri(_text_arg(fn, "tracking_uri", tracking_uri, _URI, optional=True))
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # the MLflow client would make a new store there
+        raise _wrong(fn, "tracking_uri", uri, f"an existing MLflow store; there is none at {db}")
+    c = existing_store(uri)
     try:
         run = find_run(c, run_id)
     except RunNotFound as exc:
         raise ConfigError(str(exc)) from None
-    model_uri = run.data.tags.get(layout.TAG_MODEL_URI)
-    if not model_uri:
-        raise ConfigError(
-            f"run {run.info.run_id} has no model (it did not finish, or ran with "
-            "tracking.log_models = false)"
-        )
-    logged = c.get_logged_model(model_uri.removeprefix("models:/"))
-    with tempfile.TemporaryDirectory(prefix="asolab-model-") as tmp, _no_progress_bars():
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=logged.artifact_location, dst_path=tmp, tracking_uri=uri
-        )
-        model = mlflow.pytorch.load_model(local, map_location="cpu")
-    return model.eval()
-
-
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """MLflow's per-file download bars, off while a model loads (a notebook cell would
-    fill with them), and back as they were."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+    return from_run(uri, run)
 
 
 def register_dataset(name: str, loader: Any, **declared: Any) -> None:
-    """Make ``name`` a valid ``data.name`` in this process (docs/plugins.md):
+    """Make ``name`` a valid ``data.name`` in this process (docs/python-api.md#plugins):
     ``loader(cfg) -> asolab.data.Arrays``; ``num_classes``, ``mean``, ``std``,
     ``augmentation`` may be declared."""
     from .data import register_dataset as _register

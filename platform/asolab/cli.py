@@ -24,11 +24,9 @@ from .api import forced_threads, resume_command
 from .baseline.cli import add_baseline as _add_baseline
 from .baseline.cli import add_rank as _add_rank
 from .compare.cli import add_parser as _add_compare
-from .config import ConfigError
-from .data import DataError
-from .interrupt import Terminated
+from .config import DEFAULT_EXPERIMENT, ConfigError
+from .interrupt import RunStopped, Terminated
 from .plugins import PluginError
-from .runner.checkpoint import CheckpointError
 from .study.cli import add_parser as _add_study
 from .tracking.store import TrackingError
 
@@ -37,12 +35,27 @@ log = logging.getLogger("asolab")
 # FloatingPointError: the runner's "loss became nan" (lower a learning rate), not a bug.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError,
-    DataError,
-    CheckpointError,
     TrackingError,
     FloatingPointError,
     PluginError,
 )
+# ... and these, named by module: their modules import torch, which the CLI loads only
+# for the commands that need it (``asolab --help`` stays fast); an error of one can only
+# come from a module that is loaded.
+LAZY_USER_ERRORS = (
+    ("asolab.data.core", "DataError"),
+    ("asolab.runner.checkpoint", "CheckpointError"),
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The errors that are the user's to fix: one line and exit status 2."""
+    loaded = (sys.modules.get(module) for module, _ in LAZY_USER_ERRORS)
+    return USER_ERRORS + tuple(
+        getattr(m, name) for m, (_, name) in zip(loaded, LAZY_USER_ERRORS) if m is not None
+    )
+
+
 _forced_threads = forced_threads  # the name tests and scripts know
 
 __all__ = ["main", "resume_command"]
@@ -118,14 +131,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import api
     from .progress import ProgressObserver, summary_table
     from .runner.events import Recorder
-    from .runner.memory import MemoryLimitError
 
     if args.resume is not None and not args.resume.strip():
         raise ConfigError("--resume needs the id of the MLflow run to continue (it was empty)")
     recorder = Recorder()
     try:
         result = api.run(
-            args.file or "digits",
+            args.file or DEFAULT_EXPERIMENT,
             args.overrides,
             track=not args.no_track,
             mlflow_experiment=args.experiment,
@@ -133,19 +145,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             observers=[ProgressObserver(enabled=not args.quiet), recorder],
             force=args.force,
             hint_file=args.file,
+            progress=False,  # its own bars above, and its summary below, with the links
         )
-    except KeyboardInterrupt as exc:
-        run_id = getattr(exc, "asolab_run_id", None)
-        if run_id:
-            command = resume_command(args.file, run_id, exc.asolab_tracking_uri)
-            say(f"asolab: run {run_id} stopped; continue it with: {command}")
+    except RunStopped as exc:  # main says it was interrupted and exits with exc.status
+        say(f"asolab: {exc}")
         raise
-    except MemoryLimitError as exc:  # out of memory in a phase: the run is kept, resumable
-        run_id = getattr(exc, "asolab_run_id", None)
-        if not run_id:
-            raise
-        command = resume_command(args.file, run_id, exc.asolab_tracking_uri)
-        raise MemoryLimitError(f"{exc}; then continue it with: {command}") from None
     end = recorder.of("run_end")[-1]
     if result.run_id is None:
         print(summary_table(end))
@@ -260,15 +264,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from .tracking.environment import quiet_mlflow
     from .tracking.health import quiet_db_errors
 
     quiet_db_errors(args.verbose)
     try:
-        return args.func(args)
-    except USER_ERRORS as exc:
-        say(f"asolab: error: {exc}")
-        return 2
+        with quiet_mlflow():  # MLflow's download bars would bury the command's own output
+            return args.func(args)
     except Exception as exc:  # a store that is full, read-only or corrupt, wherever it shows
+        if isinstance(exc, user_errors()):
+            say(f"asolab: error: {exc}")
+            return 2
         failure = _store_failure(exc, args)
         if failure is None:
             raise
@@ -276,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         say("asolab: interrupted; everything recorded so far is kept")
-        return exc.status if isinstance(exc, Terminated) else 130
+        return exc.status if isinstance(exc, (Terminated, RunStopped)) else 130
 
 
 if __name__ == "__main__":

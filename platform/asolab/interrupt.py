@@ -27,6 +27,20 @@ class Terminated(KeyboardInterrupt):
         self.status = 128 + int(signum)
 
 
+class RunStopped(KeyboardInterrupt):
+    """A tracked run (tracking/lifecycle.py) stopped before its end by Ctrl-C, SIGTERM or
+    SIGHUP. Its checkpoints are in the store; ``command`` continues it. Still a
+    ``KeyboardInterrupt`` (what stopped it), so ``except Exception`` does not swallow it.
+    ``status`` is the shell's exit status: 130 for Ctrl-C, 128 + the signal's number."""
+
+    def __init__(self, run_id: str, tracking_uri: str, command: str, status: int = 130) -> None:
+        super().__init__(f"run {run_id} stopped; continue it with: {command}")
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.command = command
+        self.status = status
+
+
 # SIGHUP exists on POSIX only
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 

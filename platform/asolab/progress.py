@@ -11,17 +11,54 @@ from typing import TextIO
 from tqdm import tqdm
 
 from .runner import events as ev
-from .runner.phases import ALPHA, FINAL, PHASE_TITLES, RETRAIN, W_TRAIN
+from .runner.pace import Pace
+from .runner.phases import FINAL, PHASE_TITLES, PHASES
+
+
+def attached() -> str:
+    """Who would see progress: "notebook" (a Jupyter kernel), "terminal" (stderr is
+    one), or "" (a script whose output goes to a file or a pipe)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is not None:
+        try:
+            shell = ipython.get_ipython()
+        except Exception:  # an IPython too old or half imported: not a notebook
+            shell = None
+        if type(shell).__name__ == "ZMQInteractiveShell":
+            return "notebook"
+    try:
+        return "terminal" if sys.stderr.isatty() else ""
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return ""
 
 
 class ProgressObserver(ev.Observer):
-    """One tqdm bar per phase (epochs as units), a line per mutation and cycle."""
+    """One tqdm bar per phase (epochs as units), a line per mutation and cycle.
 
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+    ``notebook``: tqdm.auto's bars (widgets in Jupyter); ``summary``: the summary
+    table at the run's end (the CLI prints its own, with where the run is recorded).
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        *,
+        notebook: bool = False,
+        summary: bool = False,
+    ) -> None:
         # sys.stderr as it is now, not as it was at import: a redirected or replaced stream
         # (pytest's capture, a notebook) may have been closed since.
         self.stream = _Guarded(stream if stream is not None else sys.stderr)
         self.enabled = enabled
+        self.summary = summary
+        self.pace = Pace()  # an epoch far slower than the run's others is said
+        self.end: ev.RunEnd | None = None
+        self._bars = tqdm
+        if notebook:
+            from tqdm.auto import tqdm as auto
+
+            self._bars = auto
         self.bar: tqdm | None = None
         self.key: tuple[int, str] | None = None
         self.epochs: dict[str, int] = {}
@@ -34,19 +71,17 @@ class ProgressObserver(ev.Observer):
 
     def on_run_start(self, event: ev.RunStart) -> None:
         s = event.config.search
-        self.epochs = {
-            W_TRAIN: s.w_epochs,
-            ALPHA: s.alpha_epochs,
-            RETRAIN: s.retrain_epochs,
-            FINAL: event.final_epochs or s.final_epochs,
-        }
-        self.warmup = s.warmup_epochs
+        self.epochs = {p.name: p.epochs(s) for p in PHASES}
+        self.epochs[FINAL] = event.final_epochs or s.final_epochs
+        self.first = {p.name: p.epochs(s, cycle=0) for p in PHASES}  # the warm-up's share
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
         self._write(
             f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / "
             f"{d['test']} test), device {event.device}, {s.cycles} cycles{where}"
         )
+        for note in d.get("notes", {}).values():  # a layout told from the shape, a resize
+            self._write(f"  data: {note}")
 
     @staticmethod
     def _resumed(position: dict) -> str:
@@ -62,12 +97,14 @@ class ProgressObserver(ev.Observer):
             label = PHASE_TITLES[event.phase] + (
                 "" if event.phase == FINAL else f" {event.cycle + 1}"
             )
-            total = self.epochs[event.phase] + (self.warmup if key == (0, W_TRAIN) else 0)
+            total = (self.first if event.cycle == 0 else self.epochs).get(
+                event.phase, self.epochs[event.phase]
+            )
             # A run resumed inside the final stage starts its bar at the epoch it resumed at.
             # The bar appears after the phase's first epoch, so tqdm's own clock would miss
             # that epoch (and show a rate of many epochs per second): the time and what is
             # left come from the epochs' own seconds instead.
-            self.bar = tqdm(
+            self.bar = self._bars(
                 total=total,
                 initial=event.epoch,
                 desc=label,
@@ -79,6 +116,9 @@ class ProgressObserver(ev.Observer):
             )
             self.phase_seconds = []
         assert self.bar is not None
+        slow = self.pace.check(event)
+        if slow:
+            self._write(slow)
         self.phase_seconds.append(event.seconds)
         self.postfix = {
             "val_acc": f"{event.val_acc:.3f}",
@@ -134,6 +174,13 @@ class ProgressObserver(ev.Observer):
 
     def on_run_end(self, event: ev.RunEnd) -> None:
         self._close()
+        self.end = event
+        if self.summary:
+            self._write(summary_table(event))
+
+    def say(self, text: str) -> None:
+        """A line beside the bars (nothing when disabled)."""
+        self._write(text)
 
     def on_run_interrupted(self, event: ev.RunInterrupted) -> None:
         shown = self.bar is not None and self.enabled

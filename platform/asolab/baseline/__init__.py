@@ -6,6 +6,20 @@ as ordinary tracked runs; ``ranking`` measures how well the supernet ranks
 architectures; ``cli`` is ``asolab baseline`` and ``asolab rank``.
 """
 
-from .arms import ARMS, DEFAULT_ARMS, FixedGenotypeRunner, matched_random, random_genotype
+from __future__ import annotations
+
+from typing import Any
+
+from .names import ARMS, DEFAULT_ARMS
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FixedGenotypeRunner", "matched_random", "random_genotype"]
+
+
+def __getattr__(name: str) -> Any:
+    """The runners load on first use (they pull in torch): ``asolab --help`` imports
+    this package for the arms' names only."""
+    if name in ("FixedGenotypeRunner", "matched_random", "random_genotype"):
+        from . import arms
+
+        return getattr(arms, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

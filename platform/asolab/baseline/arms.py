@@ -39,22 +39,25 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..runner import Runner
-from ..runner.phases import W_TRAIN
+from ..runner.phases import BY_NAME, W_TRAIN
 from ..runner.state import Position, epochs_done
 from ..space.genotype import CELL_TYPES, Genotype
 from ..space.ops import NONE, PARAMETER_FREE
+from .names import ARMS, DEFAULT_ARMS, FINAL_ONLY, GENOTYPES  # noqa: F401 (their old home)
 
-GENOTYPES = ("scratch", "random", "initial")  # which fixed genotype an arm trains
-FINAL_ONLY = "-final"  # the suffix of an arm that trains the final stage's epochs only
-ARMS = (*GENOTYPES, *(g + FINAL_ONLY for g in GENOTYPES))  # the registry of control arms
-DEFAULT_ARMS = GENOTYPES
 PARAM_TOLERANCE = 0.10  # the random arm's parameter count: within 10% of the ASO-SE network's
 
 
 class FixedGenotypeRunner(Runner):
     """A runner whose genotype never changes: W-training trains the genotype's
     path instead of sampled ones, alpha-training and mutation do nothing. The
-    epoch layout, LR schedule, BN recalibration and evaluation are the runner's."""
+    epoch layout, LR schedule, BN recalibration and evaluation are the runner's.
+
+    A subclass, because the phase table looks a phase's method up on the runner:
+    overriding it is how a runner runs a phase differently. The arms add no state of
+    their own (``reads`` only, checked like the Runner's parts)."""
+
+    reads = frozenset({"cfg", "data", "net", "state"})
 
     def __init__(
         self,
@@ -74,8 +77,7 @@ class FixedGenotypeRunner(Runner):
         self.state.final_epochs = final_epochs
 
     def w_train(self) -> None:
-        s = self.cfg.search
-        epochs = s.w_epochs + (s.warmup_epochs if self.state.position.cycle == 0 else 0)
+        epochs = BY_NAME[W_TRAIN].epochs(self.cfg.search, self.state.position.cycle)
         self.retrain(W_TRAIN, epochs, self.data.train)
 
     def alpha_train(self) -> None:
@@ -103,6 +105,8 @@ class FinalOnlyRunner(FixedGenotypeRunner):
     """A fixed-genotype runner that trains the final stage only: the warm-up,
     W-training and W-retraining epochs pass untrained (counted, so the final
     epochs keep their places and learning rates in the schedule)."""
+
+    reads = frozenset({"state"})
 
     def retrain(self, phase: str, epochs: int, split) -> None:
         self.state.position.global_epoch += epochs
@@ -139,10 +143,7 @@ def _uniform_genotype(rng: random.Random, ops: list[str], steps: int) -> Genotyp
         )
         for kind in CELL_TYPES
     }
-    concat = tuple(range(2, steps + 2))
-    return Genotype(
-        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
-    )
+    return Genotype.from_cells(cells, range(2, steps + 2))
 
 
 def matched_random(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 
@@ -12,7 +11,7 @@ from ..config import ConfigError
 from ..interrupt import sigterm_as_interrupt
 from ..options import add_quiet, add_threads, add_tracking_uri
 from ..tracking import layout as L
-from .arms import ARMS, DEFAULT_ARMS
+from .names import ARMS, DEFAULT_ARMS
 
 BASELINE_HELP = "train the control arms of recorded ASO-SE runs as tracked runs"
 BASELINE_TEXT = (
@@ -87,7 +86,6 @@ def add_baseline(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..progress import ProgressObserver
     from ..tracking import check_reachable, resolve_tracking_uri
     from .run import run_set
@@ -173,7 +171,6 @@ def add_rank(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from ..tracking import check_reachable, resolve_tracking_uri
     from .ranking import rank_run
 

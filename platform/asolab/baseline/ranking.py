@@ -104,10 +104,7 @@ def sample_genotype(
                 node.append((prims[op], j))
             nodes.append(tuple(node))
         cells[kind] = tuple(nodes)
-    concat = tuple(range(2, net.spec.steps + 2))
-    return Genotype(
-        normal=cells["normal"], normal_concat=concat, reduce=cells["reduce"], reduce_concat=concat
-    )
+    return Genotype.from_cells(cells, range(2, net.spec.steps + 2))
 
 
 def _distinct(draw: Callable[[], Genotype], k: int, tries: int = 50) -> list[Genotype]:

@@ -31,7 +31,8 @@ from ..runner.events import Observer
 from ..space.genotype import Genotype
 from ..tracking import layout as L
 from ..tracking.runs import final_genotype, read_artifact
-from .arms import ARMS, DEFAULT_ARMS, arm_class, arm_runner
+from .arms import arm_class, arm_runner
+from .names import ARMS, DEFAULT_ARMS
 
 log = logging.getLogger(__name__)
 

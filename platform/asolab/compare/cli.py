@@ -11,17 +11,18 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..errors import first_line
 from ..options import add_tracking_uri
+from ..runner.phases import EPOCH_FIELDS
 from ..tracking import layout as L
 
 if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
     import pandas as pd
 
     from .analysis import Comparison
-    from .select import RunRecord
+    from .select import RunRecord, Selection
 
 # The terminal shows the report's columns (compare.select.COLUMNS) but these wide ones;
 # the CSV and the report keep them.
-_WIDE = ("anneal_fraction", "warmup_epochs", "w_epochs", "alpha_epochs", "retrain_epochs")
+_WIDE = ("anneal_fraction", "warmup_epochs", *EPOCH_FIELDS)
 _WIDE += ("final_epochs",)
 _WIDE += ("genotype", "status", "experiment_id")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
@@ -33,6 +34,7 @@ _SHORT = {
     "mutation_strength": "strength",
     "peak_rss_mb": "peak_mb",
 }
+SHOWN_ROWS = 10  # rows of the terminal table without --all: the best by validation accuracy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -118,6 +120,14 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print each run's genotype per cycle and the distance between cycles",
     )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help=(
+            f"print every run's row (else the {SHOWN_ROWS} best by validation accuracy), the "
+            "distinct genotypes, the differences from the best run and the op frequencies"
+        ),
+    )
     p.add_argument("--csv", metavar="PATH", help="write the runs table as CSV")
     p.add_argument("--report", metavar="DIR", help="write an HTML report, DIR/index.html")
     p.add_argument(
@@ -138,8 +148,6 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .select import CompareError, load_selection
 
     out = out or sys.stdout
-    # Artifacts are small JSON files; MLflow's per-download progress bars would bury the table.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _check_outputs(args)
     selection = load_selection(
         args.tracking_uri or None,
@@ -166,8 +174,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         f"{selection.tracking_uri}",
         file=out,
     )
-    if selection.records:
-        _print_table(comparison, out)
+    _print_data_sets(comparison, args.all, out)
     if diff_pair:
         _print_diff(*diff_pair, out)
     if args.evolution:
@@ -200,18 +207,100 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CompareError("--comparison-experiment must not be empty (default asolab-comparisons)")
 
 
-def _print_table(comparison: Comparison, out: TextIO) -> None:
-    """The runs, the distinct genotypes, the diffs from the best run, op frequencies."""
+def _print_data_sets(comparison: Comparison, every: bool, out: TextIO) -> None:
+    """The summary and table of each data set's runs, apart (runs on different data share
+    no best run and no Pareto front), with one line saying so."""
+    from .analysis import analyse
+
+    groups = comparison.selection.by_data_set()
+    if len(groups) > 1:
+        print(data_sets_line(groups), file=out)
+    for name, group in groups.items():
+        part = comparison if len(groups) == 1 else analyse(group, with_evolution=False)
+        if len(groups) > 1:
+            print(f"\n== data set {name}: {len(group.records)} run(s) ==", file=out)
+        _print_table(part, out, every=every)
+    if groups and not every:
+        print(
+            "\n(--all: every row, the distinct genotypes, the differences from the best run "
+            "and the op frequencies)",
+            file=out,
+        )
+
+
+def data_sets_line(groups: dict[str, Selection]) -> str:
+    """The line that says the runs are on several data sets, and that each is apart."""
+    counts = ", ".join(f"{name} {len(g.records)}" for name, g in groups.items())
+    return (
+        f"{len(groups)} data sets ({counts}): each is compared apart, with its own table, "
+        "best run and Pareto front; runs on different data do not rank against each other"
+    )
+
+
+def summary_lines(comparison: Comparison) -> list[str]:
+    """What a comparison comes to: its best run, its Pareto front, how many genotypes."""
+    from ..baseline.pareto import pareto_front
+
+    t = comparison.table
+    out = []
+    if t["val_acc"].notna().any():
+        best = t.loc[t["val_acc"].idxmax()]
+        params = "" if pd_isna(best["params"]) else f", {int(best['params']):,} params"
+        test = "" if pd_isna(best["test_acc"]) else f", test_acc {best['test_acc']:.4f}"
+        out.append(
+            f"best run: {best['run_name']} ({best['experiment']}): val_acc "
+            f"{best['val_acc']:.4f}{test}{params}"
+        )
+        points = [
+            (float("nan") if pd_isna(p) else float(p), float(a))
+            for p, a in zip(t["params"], t["val_acc"])
+        ]
+        front = [t.iloc[k] for k in pareto_front(points)]
+        if front:
+            out.append(
+                "Pareto front (val_acc against params): "
+                + ", ".join(
+                    f"{r['run_name']} ({r['val_acc']:.4f}, {int(r['params']):,})" for r in front
+                )
+            )
+    out.append(f"{len(comparison.clusters)} distinct genotype(s) among {len(t)} run(s)")
+    return out
+
+
+def pd_isna(value: object) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
+
+
+def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> None:
+    """The summary, the runs (the best few unless ``every``), the warnings; with ``every``
+    the distinct genotypes, the diffs from the best run and the op frequencies too."""
     from .opsets import op_set_warning
     from .report import budget_warning
 
-    print(terminal_table(comparison.table, comparison.clusters), file=out)
+    for line in summary_lines(comparison):
+        print(line, file=out)
+    print("", file=out)
+    table = comparison.table
+    if not every and len(table) > SHOWN_ROWS:
+        table = table.sort_values("val_acc", ascending=False, na_position="last")
+        table = table.head(SHOWN_ROWS)
+    print(terminal_table(table, comparison.clusters), file=out)
+    if len(table) < len(comparison.table):
+        print(f"... and {len(comparison.table) - len(table)} more run(s) (--all)", file=out)
     budgets = budget_warning(comparison.table)
     if budgets:  # as the HTML report warns: "best" may only have trained longer
         print(f"\nwarning: different budgets. {budgets}", file=out)
     op_sets = op_set_warning(comparison.records)
     if op_sets:  # genotypes found among different ops differ by what they could choose
         print(f"\nwarning: different op sets. {op_sets}", file=out)
+    if every:
+        _print_details(comparison, bool(budgets), out)
+
+
+def _print_details(comparison: Comparison, budgets: bool, out: TextIO) -> None:
+    """The distinct genotypes, the diffs from the best run, the op frequencies."""
     print(f"\n{len(comparison.clusters)} distinct genotypes:", file=out)
     for _, c in comparison.clusters.iterrows():
         print(

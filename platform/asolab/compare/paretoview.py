@@ -37,9 +37,22 @@ def run_points(comparison: Comparison) -> list[Point]:
     return points
 
 
+def data_set_points(comparison: Comparison) -> dict[str, list[Point]]:
+    """The runs' points by data set (runs on different data share no front)."""
+    out: dict[str, list[Point]] = {}
+    for r, point in zip(comparison.records, run_points(comparison)):
+        out.setdefault(r.data_set, []).append(point)
+    return dict(sorted(out.items()))
+
+
 def panels(comparison: Comparison) -> list[tuple[str, list[Point]]]:
-    """The runs' panel, then one of the ranked genotypes when any run has them."""
-    out = [("runs: final networks", run_points(comparison))]
+    """The runs' panel (one per data set), then one of the ranked genotypes when any
+    run has them."""
+    by_data = data_set_points(comparison)
+    if len(by_data) > 1:
+        out = [(f"runs on {name}: final networks", pts) for name, pts in by_data.items()]
+    else:
+        out = [("runs: final networks", run_points(comparison))]
     ranked = [p for pairs in comparison.ranking_pairs.values() for p in ranking_points(pairs)]
     if any(not math.isnan(p.params) for p in ranked):
         out.append(("ranked genotypes: short stand-alone training", ranked))
@@ -57,8 +70,13 @@ def pareto_html(comparison: Comparison, img) -> list[str]:
     png = pareto_png(panels(comparison))
     if png is None:
         return []
-    front = front_labels(run_points(comparison))
     import html
+
+    by_data = data_set_points(comparison)
+    fronts = [
+        (f"{name}: " if len(by_data) > 1 else "") + (", ".join(front_labels(pts)) or "–")
+        for name, pts in by_data.items()
+    ]
 
     return [
         "<h2>Accuracy against size (Pareto view)</h2>",
@@ -69,5 +87,10 @@ def pareto_html(comparison: Comparison, img) -> list[str]:
         "Ranked genotypes trained only briefly, so they have a panel and a front of their own."
         "</p>",
         img(png, "accuracy against parameters, Pareto front"),
-        "<p>On the runs' front: " + html.escape(", ".join(front) or "–") + "</p>",
+        *(
+            [f"<p>{len(by_data)} data sets: each has its own panel and front.</p>"]
+            if len(by_data) > 1
+            else []
+        ),
+        "<p>On the runs' front: " + html.escape("; ".join(fronts) or "–") + "</p>",
     ]

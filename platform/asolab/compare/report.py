@@ -24,6 +24,7 @@ import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..baseline.pareto import pareto_png  # noqa: E402
+from ..runner.phases import EPOCH_FIELDS  # noqa: E402
 from ..space.genotype import Genotype  # noqa: E402
 from ..space.plot import genotype_png  # noqa: E402
 from ..tracking import layout as L  # noqa: E402
@@ -159,9 +160,7 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
                 link = f'<a class="run" href="{html.escape(url)}">{name}</a>' if url else name
                 cells.append(f"<td>{link}</td>")
             elif col == "epochs":
-                epochs = "/".join(
-                    _fmt(r[c]) for c in ("w_epochs", "alpha_epochs", "retrain_epochs")
-                )
+                epochs = "/".join(_fmt(r[c]) for c in EPOCH_FIELDS)
                 cells.append(f'<td class="num">{epochs}</td>')
             elif col == "cluster":
                 c = cluster_of.get(r["genotype"])

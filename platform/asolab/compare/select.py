@@ -24,8 +24,9 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ..config import ConfigError
+from ..config import ConfigError, data_set_name
 from ..errors import first_line
+from ..runner.phases import EPOCH_FIELDS
 from ..space.genotype import Genotype
 from ..tracking import layout
 from ..tracking.runs import final_genotype
@@ -38,14 +39,7 @@ COMPARISON_EXPERIMENT = "asolab-comparisons"
 VAL_ACC_METRICS = (layout.FINAL_VAL_ACC, layout.CYCLE_VAL_ACC, layout.VAL_ACC)
 
 # The training budget: runs that differ here are not compared like for like.
-BUDGET_COLUMNS = (
-    "cycles",
-    "warmup_epochs",
-    "w_epochs",
-    "alpha_epochs",
-    "retrain_epochs",
-    "final_epochs",
-)
+BUDGET_COLUMNS = ("cycles", "warmup_epochs", *EPOCH_FIELDS, "final_epochs")
 # Table columns, in order: (column, where it comes from).
 COLUMNS = (
     "run_name",
@@ -122,12 +116,21 @@ class RunRecord:
                 return float(self.metrics[name])
         return math.nan
 
+    @property
+    def data_set(self) -> str:
+        """The data the run searched on: its data set's name, and for a researcher's own
+        images or arrays, the folder's name or the file's stem (``folder-shapes``)."""
+        name = self.tags.get(layout.TAG_DATASET) or self.param("data.name") or ""
+        return data_set_name(
+            name, self.param("data.data_dir", default=""), self.param("data.path", default="")
+        )
+
     def row(self) -> dict[str, Any]:
         return {
             "run_name": self.run_name,
             "run_id": self.run_id,
             "experiment": self.experiment,
-            "dataset": self.tags.get(layout.TAG_DATASET) or self.param("data.name"),
+            "dataset": self.data_set,
             "seed": self.param("seed", int),
             "schedule": self.param("temperature.schedule"),
             "initial_temperature": self.param("temperature.initial_temperature", float, math.nan),
@@ -137,9 +140,7 @@ class RunRecord:
             "cycles": self.param("search.cycles", int),
             # Runs from before search.warmup_epochs existed had no warm-up.
             "warmup_epochs": self.param("search.warmup_epochs", int, 0),
-            "w_epochs": self.param("search.w_epochs", int),
-            "alpha_epochs": self.param("search.alpha_epochs", int),
-            "retrain_epochs": self.param("search.retrain_epochs", int),
+            **{f: self.param(f"search.{f}", int) for f in EPOCH_FIELDS},
             "final_epochs": layout.final_epochs_trained(self.params),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),
@@ -174,6 +175,19 @@ class Selection:
     records: list[RunRecord] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     description: str = ""
+
+    def by_data_set(self) -> dict[str, Selection]:
+        """The selection split by data set (one entry when all runs share one): runs on
+        different data have no best run or Pareto front in common."""
+        groups: dict[str, list[RunRecord]] = {}
+        for r in self.records:
+            groups.setdefault(r.data_set, []).append(r)
+        if len(groups) <= 1:
+            return {r.data_set: self for r in self.records[:1]}
+        return {
+            name: Selection(self.tracking_uri, runs, [], f"{self.description}, data set {name}")
+            for name, runs in sorted(groups.items())
+        }
 
     def table(self) -> pd.DataFrame:
         """One row per run, in :data:`COLUMNS` order (``params`` and ``cycles`` as integers)."""

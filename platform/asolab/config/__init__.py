@@ -60,7 +60,7 @@ from .schema import (
     TemperatureConfig,
     TrackingConfig,
 )
-from .validate import apply_overrides, from_dict, parse_override
+from .validate import apply_overrides, data_set_name, from_dict, parse_override, parse_overrides
 
 __all__ = [
     "DATASETS",
@@ -92,6 +92,7 @@ __all__ = [
     "describe_allowed",
     "apply_overrides",
     "build",
+    "data_set_name",
     "choices_of",
     "config_json",
     "field",
@@ -99,6 +100,7 @@ __all__ = [
     "from_dict",
     "load",
     "parse_override",
+    "parse_overrides",
     "read_toml",
     "resolve_experiment_path",
     "resolve_named_file",

@@ -12,16 +12,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased as one line for the user."""
+from ..errors import ConfigError as ConfigError
 
 
 class Registered:
     """The names of a registry, read when a config is checked, not when this module loads.
 
     Each registry lives in the module that implements its entries (data sets in
-    ``data.py``, schedules in ``evolution/sampling.py``, growth policies in
+    ``data.py``, schedules in ``evolution/temperature.py``, growth policies in
     ``evolution/growth.py``, operations in ``space/ops.py``), so adding one touches
     that module only. Those modules import torch; reading them lazily keeps
     ``import asolab.config`` torch-free and free of import cycles.

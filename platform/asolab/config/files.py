@@ -13,7 +13,7 @@ import tomllib
 
 from .fields import ConfigError
 from .schema import ExperimentConfig
-from .validate import apply_overrides, from_dict, parse_override
+from .validate import apply_overrides, from_dict, parse_overrides
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,7 +29,8 @@ def shipped_dir(name: str) -> Path:
 
 
 EXPERIMENTS_DIR = shipped_dir("experiments")
-DEFAULT_EXPERIMENT = EXPERIMENTS_DIR / "digits.toml"
+# The experiment a command runs when none is named (experiments/digits.toml).
+DEFAULT_EXPERIMENT = "digits"
 
 
 def resolve_named_file(path: str | Path | None, default: Path, folder: Path, kind: str) -> Path:
@@ -78,7 +79,8 @@ def read_toml(file: Path, kind: str) -> dict[str, Any]:
 
 def resolve_experiment_path(path: str | Path | None) -> Path:
     """A file path, or a bare name looked up in ./experiments/, then in the shipped ones."""
-    return resolve_named_file(path, DEFAULT_EXPERIMENT, EXPERIMENTS_DIR, "experiment")
+    default = EXPERIMENTS_DIR / f"{DEFAULT_EXPERIMENT}.toml"
+    return resolve_named_file(path, default, EXPERIMENTS_DIR, "experiment")
 
 
 def load(
@@ -90,12 +92,7 @@ def load(
     data.setdefault("name", file.stem)
     cfg = from_dict(data, str(file))
     if overrides:
-        pairs = (
-            dict(overrides)
-            if isinstance(overrides, Mapping)
-            else dict(parse_override(o) for o in overrides)
-        )
-        cfg = apply_overrides(cfg, pairs, f"{file} (--set)")
+        cfg = apply_overrides(cfg, parse_overrides(overrides), f"{file} (--set)")
     return cfg
 
 

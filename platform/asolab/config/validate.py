@@ -3,7 +3,8 @@ validation on top of each field's own check."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import tomllib
@@ -73,6 +74,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    """Overrides as ``{key: value}``: a mapping as it is, ``key=value`` strings (``--set``)
+    parsed by :func:`parse_override`. The one parser of every override a user gives."""
+    if not overrides:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides must be a mapping or a list of 'key=value' strings, got {overrides!r}"
+        )
+    return dict(parse_override(o) for o in overrides)
+
+
 def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in overrides.items():
@@ -97,5 +112,29 @@ def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 def apply_overrides(
     cfg: ExperimentConfig, overrides: Mapping[str, Any], source: str = "--set"
 ) -> ExperimentConfig:
-    merged = merge(to_dict(cfg), nest(overrides))
-    return from_dict(merged, source)
+    merged = from_dict(merge(to_dict(cfg), nest(overrides)), source)
+    if "name" not in overrides and _data_of(merged) != _data_of(cfg):
+        # Runs on other data than the file's own are filed under that data (experiment,
+        # param "name", description), not under the file's name ("digits").
+        merged = merged.replace(name=data_label(merged))
+    return merged
+
+
+def _data_of(cfg: ExperimentConfig) -> tuple[str, str, str]:
+    return (cfg.data.name, cfg.data.data_dir, cfg.data.path)
+
+
+def data_label(cfg: ExperimentConfig) -> str:
+    """A name for the data a config reads: ``folder-<folder's name>``, the ``.npz``
+    file's stem, else the data set's name."""
+    return data_set_name(cfg.data.name, cfg.data.data_dir, cfg.data.path)
+
+
+def data_set_name(name: str, data_dir: str = "", path: str = "") -> str:
+    """:func:`data_label` from the recorded params (``data.name``, ``data.data_dir``,
+    ``data.path``): compare groups runs by it."""
+    if name == "folder" and data_dir:
+        return f"folder-{Path(data_dir).expanduser().resolve().name}"
+    if name == "arrays" and path:
+        return Path(path).stem
+    return name

@@ -17,6 +17,7 @@ from .core import (
     DatasetSpec,
     Split,
     _translate,
+    preprocessing,
 )
 from .load import load_data
 from .registry import REGISTRY, register_dataset
@@ -28,6 +29,7 @@ __all__ = [
     "Augmentation",
     "Batches",
     "DataBundle",
+    "preprocessing",
     "DataError",
     "DatasetSpec",
     "Split",

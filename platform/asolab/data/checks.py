@@ -8,22 +8,58 @@ the fix) when its arrays do not make a classification data set.
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .core import Arrays, DataError, DatasetSpec
+from .core import NOTE_LAYOUT, NOTE_RESIZE, Arrays, DataError, DatasetSpec
+
+# the channel counts that tell an image array's layout: grey, grey + alpha, RGB, RGBA
+_CHANNELS = (1, 2, 3, 4)
 
 
-def _images(x: object, what: str, where: str) -> np.ndarray:
+def layout_of(shape: tuple[int, ...], layout: str, what: str, where: str) -> str:
+    """``nchw`` or ``nhwc`` for a 4-dim image array: as ``data.layout`` says, or (auto)
+    where the axis of 1 to 4 channels is, else which reading makes the images square; a
+    shape that could be either is refused, with the key that settles it (read the wrong
+    way, images train, badly, in silence)."""
+    if layout != "auto":
+        return layout
+    second, last = shape[1] in _CHANNELS, shape[3] in _CHANNELS
+    if second != last:
+        return "nchw" if second else "nhwc"
+    square_nchw, square_nhwc = shape[2] == shape[3], shape[1] == shape[2]
+    if square_nchw != square_nhwc:
+        return "nchw" if square_nchw else "nhwc"
+    raise DataError(
+        f"{where}: {what} has shape {tuple(shape)}, which could be (N, C, H, W) or (N, H, W, C); "
+        'set data.layout = "nchw" or "nhwc"'
+    )
+
+
+def _images(x: object, what: str, where: str, layout: str = "auto") -> tuple[np.ndarray, str]:
+    """``x`` as float ``(N, C, H, W)``, and the layout it was read in ("" for 3 dims)."""
     if not isinstance(x, np.ndarray):
         raise DataError(f"{where}: {what} must be a numpy array, got {type(x).__name__}")
+    read = ""
     if x.ndim == 3:
         x = x[:, None]
+    elif x.ndim == 4:
+        read = layout_of(x.shape, layout, what, where)
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if read == "nhwc" else x
     if x.ndim != 4:
         raise DataError(
-            f"{where}: {what} has shape {x.shape}; images must be (N, H, W) or (N, C, H, W)"
+            f"{where}: {what} has shape {x.shape}; images must be (N, H, W), (N, C, H, W) or "
+            "(N, H, W, C)"
         )
+    _check_not_empty(x, what, where)
+    return _scaled(x, what, where), read
+
+
+def _scaled(x: np.ndarray, what: str, where: str) -> np.ndarray:
     if x.dtype == np.uint8:
         return x.astype(np.float32) / 255.0
     if not np.issubdtype(x.dtype, np.floating):
@@ -34,6 +70,30 @@ def _images(x: object, what: str, where: str) -> np.ndarray:
     if not np.isfinite(x).all():
         raise DataError(f"{where}: {what} holds NaN or infinite values")
     return x
+
+
+def _check_not_empty(x: np.ndarray, what: str, where: str) -> None:
+    """Images need pixels and a channel: a 0x0 image would reach the network and fail
+    there with a traceback."""
+    if min(x.shape[1:]) == 0:
+        raise DataError(
+            f"{where}: {what} has shape {x.shape}: images of {x.shape[2]}x{x.shape[3]} pixels "
+            f"with {x.shape[1]} channel(s); every image needs at least 1x1 pixels and a channel"
+        )
+
+
+def _check_class_numbers(y: np.ndarray, k: int, where: str) -> None:
+    """Labels whose class count is inferred (their maximum + 1) must number the classes:
+    most numbers below the maximum in use. One stray label of 10^6 would otherwise make
+    a million-way classifier, and the error would blame the validation split."""
+    present = len(np.unique(y))
+    if k - present > present:
+        raise DataError(
+            f"{where}: y_train's labels run up to {k - 1}, so the data set would have {k} "
+            f"classes, but only {present} of those numbers occur; labels must be class numbers "
+            "0..K-1 (renumber them, e.g. np.unique(y, return_inverse=True)), or declare "
+            "num_classes"
+        )
 
 
 def _labels(y: object, n: int, what: str, where: str, images: str) -> np.ndarray:
@@ -63,18 +123,31 @@ def _check_range(y: np.ndarray, k: int, what: str, where: str) -> None:
         )
 
 
-def standardise(spec: DatasetSpec, raw: Arrays | tuple, where: str, image_size: int = 0) -> Arrays:
-    """``raw`` checked and converted (resized to ``image_size`` when not 0) and
-    ``num_classes`` filled in; ``mean``/``std`` are the declared ones or None."""
+def standardise(
+    spec: DatasetSpec,
+    raw: Arrays | tuple,
+    where: str,
+    image_size: int = 0,
+    layout: str = "auto",
+) -> Arrays:
+    """``raw`` checked and converted (read in ``layout``, resized to ``image_size`` when
+    not 0) and ``num_classes`` filled in; ``mean``/``std`` are the declared ones or None.
+    What was done to the images that the data did not say (a layout told from the shape,
+    a resize) is in the result's ``notes``."""
     a = raw if isinstance(raw, Arrays) else Arrays(*raw)
     if (a.x_test is None) != (a.y_test is None):
         raise DataError(f"{where}: give both x_test and y_test, or neither")
-    xtr = _images(a.x_train, "x_train", where)
+    notes = dict(a.notes)
+    xtr, read = _images(a.x_train, "x_train", where, layout)
+    if read and (read == "nhwc" or layout != "auto"):
+        notes[NOTE_LAYOUT] = _layout_note(a.x_train.shape, read, layout)
+    sizes = collections.Counter({tuple(xtr.shape[2:]): len(xtr)})
     xtr = resize(xtr, image_size) if image_size else xtr
     ytr = _labels(a.y_train, len(xtr), "y_train", where, "x_train")
     xte = yte = None
     if a.x_test is not None:
-        xte = _images(a.x_test, "x_test", where)
+        xte, _ = _images(a.x_test, "x_test", where, read or layout)
+        sizes[tuple(xte.shape[2:])] += len(xte)
         xte = resize(xte, image_size) if image_size else xte
         yte = _labels(a.y_test, len(xte), "y_test", where, "x_test")
         if xte.shape[1:] != xtr.shape[1:]:
@@ -89,11 +162,12 @@ def standardise(spec: DatasetSpec, raw: Arrays | tuple, where: str, image_size: 
     if len(ytr) == 0:
         raise DataError(f"{where}: the training split holds no images")
     k = spec.num_classes or a.num_classes or int(ytr.max()) + 1
+    if not (spec.num_classes or a.num_classes) and ytr.min() >= 0:
+        _check_class_numbers(ytr, k, where)
     _check_range(ytr, k, "y_train", where)
     if yte is not None:
         _check_range(yte, k, "y_test", where)
-    present = len(np.unique(ytr))
-    if present < 2:
+    if len(np.unique(ytr)) < 2:
         raise DataError(
             f"{where}: the training split holds one class only; classification needs two or more"
         )
@@ -104,7 +178,30 @@ def standardise(spec: DatasetSpec, raw: Arrays | tuple, where: str, image_size: 
                 f"{where}: {what} has {len(stat)} values for {xtr.shape[1]}-channel images; give "
                 "one per channel"
             )
-    return Arrays(xtr, ytr, xte, yte, k, mean, std, a.source, a.classes)
+    to = (image_size, image_size)
+    if image_size and any(hw != to for hw in sizes):
+        notes[NOTE_RESIZE] = resize_note(sizes, to, "data.image_size")
+    return Arrays(xtr, ytr, xte, yte, k, mean, std, a.source, a.classes, notes)
+
+
+def _layout_note(shape: tuple[int, ...], read: str, layout: str) -> str:
+    if layout != "auto":
+        return f"read as {read.upper()} (data.layout)"
+    return (
+        f"x_train {tuple(shape)} read as (N, H, W, C): channels last; "
+        'set data.layout = "nchw" if that is wrong'
+    )
+
+
+def resize_note(sizes: Mapping[tuple[int, int], int], to: tuple[int, int], why: str) -> str:
+    """The one line a resize gets: how many images, from which sizes (height x width,
+    with how many of each), to which, and why that size."""
+    moved = {hw: n for hw, n in sorted(sizes.items()) if hw != to}
+    froms = ", ".join(f"{h}x{w} ({n})" for (h, w), n in moved.items())
+    total = sum(sizes.values())
+    return (
+        f"resized {sum(moved.values())} of {total} images from {froms} to {to[0]}x{to[1]} ({why})"
+    )
 
 
 def _shape(x: np.ndarray) -> str:

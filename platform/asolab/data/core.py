@@ -8,7 +8,7 @@ flips as tensor ops), so no time goes to per-sample PIL transforms.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from ..config import DataConfig
+
+# the keys of Arrays.notes (and of the "notes" in a bundle's summary): what was done to
+# the images that the data did not say; tracking/layout.py maps each to a run tag
+NOTE_LAYOUT = "layout"
+NOTE_RESIZE = "resize"
 
 
 class DataError(RuntimeError):
@@ -70,7 +75,8 @@ class Arrays:
     test split, one is carved out with ``data.split_seed``. ``num_classes``, ``mean``
     and ``std`` default to the data set's declared ones, else to the labels' maximum
     + 1 and the training split's per-channel statistics. ``source`` (a path, a URL)
-    is recorded with the run.
+    is recorded with the run. ``notes``: what was done to the images that the data did
+    not say (``NOTE_LAYOUT``, ``NOTE_RESIZE``), one line each, printed and recorded.
     """
 
     x_train: np.ndarray
@@ -82,6 +88,7 @@ class Arrays:
     std: tuple[float, ...] | None = None
     source: str = ""
     classes: tuple[str, ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 Loader = Callable[[DataConfig], "Arrays | tuple"]
@@ -138,6 +145,7 @@ class DataBundle:
     height: int = 0  # 0: image_size (square); images need not be square
     width: int = 0
     classes: tuple[str, ...] = ()  # class names by label, where the data set has them
+    notes: Mapping[str, str] = field(default_factory=dict)  # Arrays.notes: layout, resize
 
     def summary(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -161,7 +169,24 @@ class DataBundle:
             out["origin"] = self.origin
         if self.classes:
             out["classes"] = list(self.classes)
+        if self.notes:
+            out["notes"] = dict(self.notes)
         return out
+
+
+def preprocessing(bundle: DataBundle) -> dict[str, object]:
+    """How raw images become the network's input, exactly (unrounded): what a saved
+    model needs to take raw images as the run's data were taken. Pixel values 0..255
+    are scaled to [0, 1], then normalised by ``mean`` and ``std`` per channel."""
+    return {
+        "data": bundle.name,
+        "in_channels": bundle.in_channels,
+        "height": bundle.height or bundle.image_size,
+        "width": bundle.width or bundle.image_size,
+        "mean": [float(m) for m in bundle.mean],
+        "std": [float(s) for s in bundle.std],
+        "classes": list(bundle.classes) or [str(i) for i in range(bundle.num_classes)],
+    }
 
 
 class Batches:

@@ -20,7 +20,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ..config import DataConfig
-from .core import Arrays, DataError
+from .checks import resize_note
+from .core import NOTE_RESIZE, Arrays, DataError
 from .memory import check_fits, set_bytes
 
 # torchvision's IMG_EXTENSIONS (datasets.folder), read without importing torchvision
@@ -53,6 +54,7 @@ def _scan(root: Path, classes: list[str], split: str) -> list[_Header]:
         folder = root / name
         if not folder.is_dir():
             continue
+        found = len(out)
         for path in sorted(folder.rglob("*")):
             if path.suffix.lower() not in EXTENSIONS or not path.is_file():
                 continue
@@ -64,6 +66,13 @@ def _scan(root: Path, classes: list[str], split: str) -> list[_Header]:
                     f"data set 'folder': {path} is unreadable, corrupt or not an image ({exc}); "
                     "remove or replace it"
                 ) from None
+        if len(out) == found and split == "train":
+            # torchvision's ImageFolder refuses this too: an empty class would be a class
+            # the network is built for and never sees
+            raise DataError(
+                f"data set 'folder': class folder {folder} holds no images (looked for "
+                f"{', '.join(EXTENSIONS)}); add images or remove the folder"
+            )
     if not out:
         raise DataError(
             f"data set 'folder': no images in {root}/<class>/ for the {split} split "
@@ -140,10 +149,16 @@ def load_folder(cfg: DataConfig) -> Arrays:
             )
         test = _scan(test_root, classes, "test")
     everything = train + test
+    counts = collections.Counter(h.size for h in everything)
     if cfg.image_size:
-        size = (cfg.image_size, cfg.image_size)
+        size, why = (cfg.image_size, cfg.image_size), "data.image_size"
     else:
-        size = collections.Counter(h.size for h in everything).most_common(1)[0][0]
+        size = counts.most_common(1)[0][0]
+        why = "the most common size; data.image_size sets another"
+    notes = {}
+    if any(s != size for s in counts):
+        hw = {(h, w): n for (w, h), n in counts.items()}  # PIL sizes are (width, height)
+        notes[NOTE_RESIZE] = resize_note(hw, (size[1], size[0]), why)
     colour = any(h.colour for h in everything)
     channels = 3 if colour else 1
     check_fits(f"data set 'folder' ({root})", set_bytes(len(everything), channels, *size))
@@ -158,4 +173,5 @@ def load_folder(cfg: DataConfig) -> Arrays:
         num_classes=len(classes),
         source=str(root.resolve()),
         classes=tuple(classes),
+        notes=notes,
     )

@@ -87,7 +87,7 @@ def _load(spec: DatasetSpec, cfg: DataConfig) -> Arrays:
             raise
         log.debug("loader of %s failed", cfg.name, exc_info=True)
         raise DataError(f"{where}: its loader failed: {type(exc).__name__}: {exc}") from None
-    return standardise(spec, raw, where, cfg.image_size)
+    return standardise(spec, raw, where, cfg.image_size, cfg.layout)
 
 
 def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -143,6 +143,9 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         height=height,
         width=width,
         classes=a.classes,
+        notes=dict(a.notes),
     )
     log.info("data set %s: %s", cfg.name, bundle.summary())
+    for note in bundle.notes.values():
+        log.info("data set %s: %s", cfg.name, note)
     return bundle

@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
+from ..config import ExperimentConfig
 from ..data import Batches, Split
 from ..space.cells import edge_index
-from ..space.genotype import CELL_TYPES, Genotype
+from ..space.genotype import Genotype
 from ..space.network import SearchNetwork
 from ..space.ops import PARAMETER_FREE
 
@@ -180,16 +181,7 @@ def select(
         if param_free_cap >= 0:
             _cap(nodes, drops, param_free_cap, net.spec.primitives)
         cells[key] = tuple(tuple((op, j) for op, j in node) for node in nodes)
-    concat = tuple(range(2, net.spec.steps + 2))
-    keys = [net.spec.alpha_key(i) for i in range(len(net.spec.cells))]
-    own = tuple((i, cells[key], concat) for i, key in enumerate(keys) if key not in CELL_TYPES)
-    genotype = Genotype(
-        normal=cells["normal"],
-        normal_concat=concat,
-        reduce=cells["reduce"],
-        reduce_concat=concat,
-        own_cells=own,
-    )
+    genotype = Genotype.from_cells(cells, range(2, net.spec.steps + 2))
     marked = [
         EdgeDrops(**{**asdict(d), "kept": (d.cell, d.node, d.input) in kept}) for d in measured
     ]
@@ -209,24 +201,25 @@ def selection_record(
     }
 
 
-def select_genotype(runner: Any, param_free_cap: int) -> tuple[Genotype, dict[str, Any] | None]:
-    """The mutation phase's genotype before its edits, by ``search.selection``, and the
-    per-cycle record (None for "alpha"). ``runner`` is the cycle runner: its supernet,
-    validation split, config and cycle."""
-    s = runner.cfg.search
+def select_genotype(
+    net: SearchNetwork, val: Split, cfg: ExperimentConfig, cycle: int
+) -> tuple[Genotype, dict[str, Any] | None]:
+    """The mutation phase's genotype before its edits, read off the supernet ``net`` by
+    ``cfg.search.selection`` (``val``: the validation split; ``cycle``: the cycle, for the
+    record), and the per-cycle record (None for "alpha")."""
+    s = cfg.search
     if s.selection == "alpha":
-        return runner.net.derive(param_free_cap), None
+        return net.derive(s.param_free_cap), None
     settings = {
-        "images": min(s.selection_images, len(runner.data.val)),
+        "images": min(s.selection_images, len(val)),
         "paths": s.selection_paths,
-        "seed": runner.cfg.seed,
+        "seed": cfg.seed,
     }
     genotype, drops = select(
-        runner.net,
-        runner.data.val,
-        batch_size=runner.cfg.data.eval_batch_size,
-        param_free_cap=param_free_cap,
+        net,
+        val,
+        batch_size=cfg.data.eval_batch_size,
+        param_free_cap=s.param_free_cap,
         **settings,
     )
-    cycle = runner.state.position.cycle
     return genotype, selection_record(cycle, genotype, drops, settings)

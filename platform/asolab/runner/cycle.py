@@ -45,7 +45,8 @@ from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
 from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
 from .mutating import Mutating
-from .phases import PHASES, RETRAIN
+from .parts import shared_names
+from .phases import BY_NAME, PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
 from .speed import Speed, build_network
@@ -61,8 +62,12 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
     Its parts live beside this module, one job each: ``schedule`` (epochs,
     temperature, learning rate), ``training`` (steps, epochs, the training
     phases), ``mutating`` (mutation and growth), ``final`` (the final stage),
-    ``resume`` (checkpoints); ``state`` holds what a checkpoint saves.
+    ``resume`` (checkpoints); ``state`` holds what a checkpoint saves. What the parts
+    share is declared once, in ``parts.Shared``; each part names the attributes it
+    reads and writes. The Runner builds them all.
     """
+
+    writes = shared_names()
 
     def __init__(
         self,
@@ -132,7 +137,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         )
 
     def retrain_cycle(self) -> None:
-        self.retrain(RETRAIN, self.cfg.search.retrain_epochs, self.data.train)
+        self.retrain(RETRAIN, BY_NAME[RETRAIN].epochs(self.cfg.search), self.data.train)
         self._end_cycle()
 
     def run(self) -> RunResult:

@@ -143,6 +143,9 @@ class RunEnd:
     # The trained supernet (a live reference, not a copy), so that observers can
     # export the final network with asolab.space.network.extract(supernet, genotype).
     supernet: Any = field(default=None, repr=False, compare=False)
+    # how raw images become the network's input (asolab.data.preprocessing): a saved
+    # model carries it, so that it predicts raw images
+    preprocessing: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,23 @@ from __future__ import annotations
 import logging
 import time
 
+from ..data import preprocessing
 from ..space.genotype import Genotype
 from .events import FinalPlan, RunEnd
 from .memory import memory_stats
+from .parts import Part
 from .phases import FINAL, FINAL_DONE
 from .state import RunResult
 
 log = logging.getLogger(__name__)
 
 
-class FinalStage:
+class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
+
+    reads = frozenset(
+        {"_elapsed", "_started", "cfg", "data", "device", "net", "state", "weight_opt"}
+    )
 
     def choose_final_genotype(self) -> Genotype:
         """The network the final epochs train and the run reports (search.final_genotype)."""
@@ -49,7 +55,6 @@ class FinalStage:
         run, so it also checkpoints between epochs, whenever the last checkpoint is
         ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch.
         With ``search.budget_minutes``, the first epoch's time fits the stage's length."""
-        self.speed.autotune(final_stage=True)
         step = self._genotype_step()
         while (e := self.state.position.stage_epoch) < self.final_epochs:
             start = time.perf_counter()
@@ -117,6 +122,7 @@ class FinalStage:
             memory=memory_stats(self.device),
             global_epoch=self.state.position.global_epoch,
             supernet=self.net,
+            preprocessing=preprocessing(self.data),
         )
         self.emit("on_run_end", end)
         return RunResult(

@@ -107,74 +107,48 @@ def _op_elements(name: str, channels: int, stride: int, height: int) -> int:
     return elements * channels // _PROBE_CHANNELS
 
 
-@functools.lru_cache(maxsize=256)
-def _mixed_params(channels: int, stride: int, primitives: tuple[str, ...]) -> int:
-    """Parameters of one supernet edge, built on the meta device (nothing allocated)."""
-    from ..space.cells import MixedOp
+@functools.lru_cache(maxsize=64)  # a study's trials and a run's retries share their spec
+def _supernet_params(spec: ArchSpec) -> int:
+    """The supernet's parameter count (alphas included), from the network itself built on
+    the meta device: nothing allocated, and no second account of its modules."""
+    from ..space.network import SearchNetwork
 
     with torch.device("meta"):
-        return sum(p.numel() for p in MixedOp(channels, stride, primitives).parameters())
+        return sum(p.numel() for p in SearchNetwork(spec).parameters())
 
 
-def _op_params(name: str, channels: int, stride: int) -> int:
-    from ..space.ops import OPS
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in OPS[name](channels, stride, False).parameters())
-
-
-def _preprocess(c_in: int, c: int, height: int, reduce: bool) -> tuple[int, int]:
-    """(parameters, leaf output elements per image) of a cell's input preprocessing:
-    ReLU-Conv1x1-BN, or FactorizedReduce (ReLU, two strided 1x1 convs of c/2, BN)."""
-    from ..space.ops import FactorizedReduce, ReLUConvBN
-
-    with torch.device("meta"):
-        m = (
-            FactorizedReduce(c_in, c, affine=False)
-            if reduce
-            else ReLUConvBN(c_in, c, 1, 1, 0, affine=False)
-        )
-        params = sum(p.numel() for p in m.parameters())
+def _preprocess_elements(c_in: int, c: int, height: int, reduce: bool) -> int:
+    """Leaf output elements per image of a cell's input preprocessing: ReLU-Conv1x1-BN,
+    or FactorizedReduce (ReLU, two strided 1x1 convs of c/2, BN)."""
     h = halved(height) if reduce else height
-    return params, c_in * height**2 + 2 * c * h**2
+    return c_in * height**2 + 2 * c * h**2
 
 
 def estimate_supernet(spec: ArchSpec, batch_size: int, image_size: int) -> MemoryEstimate:
-    """Memory to train the supernet of ``spec`` at ``batch_size``, without building it.
+    """Memory to train the supernet of ``spec`` at ``batch_size``, without allocating it.
 
-    Parameters are counted module by module (each distinct edge built once on the
-    meta device); activations assume the heaviest operation on every edge, since
-    a W-training step runs one sampled operation per edge.
+    Parameters are the network's own, built on the meta device; activations follow
+    the stack's geometry (``spec.inputs``) and assume the heaviest operation on every
+    edge, since a W-training step runs one sampled operation per edge.
     """
     prims = [p for p in spec.primitives if p != NONE]
     stem = spec.stem_channels
-    params = spec.in_channels * stem * 9 + 2 * stem
+    params = _supernet_params(spec)
     elements = 2 * stem * spec.stem_size(image_size) ** 2
-    inputs = spec.inputs(image_size)
-    for cs, into in zip(spec.cells, inputs, strict=False):
+    for cs, into in zip(spec.cells, spec.inputs(image_size), strict=False):
         c, h_p = cs.channels, into.h_prev
         h_out = halved(h_p) if cs.reduction else h_p
-        for c_in, h, reduce in (
-            (into.c_prev_prev, into.h_prev_prev, into.reduction_prev),
-            (into.c_prev, h_p, False),
-        ):
-            p, e = _preprocess(c_in, c, h, reduce)
-            params, elements = params + p, elements + e
+        elements += _preprocess_elements(into.c_prev_prev, c, into.h_prev_prev, into.reduction_prev)
+        elements += _preprocess_elements(into.c_prev, c, h_p, False)
         for k in range(spec.steps):
             for j in range(k + 2):
                 stride = edge_stride(cs.reduction, j)
                 h_in = h_p if stride == 2 else h_out
-                params += _mixed_params(c, stride, tuple(spec.primitives))
                 elements += max(_op_elements(p, c, stride, h_in) for p in prims)
         for _k, j, op in cs.branches:
             stride = edge_stride(cs.reduction, j)
-            params += _op_params(op, c, stride) + 1  # and its gate
             elements += _op_elements(op, c, stride, h_p if stride == 2 else h_out)
         elements += 2 * spec.steps * c * h_out**2  # node sums and the concatenated output
-        params += 1 if cs.residual else 0  # its gate
-    c_p = inputs[-1].c_prev
-    params += c_p * spec.num_classes + spec.num_classes
-    params += len(spec.alpha_keys) * spec.num_edges * len(spec.primitives)
     return MemoryEstimate(
         params=params,
         weight_bytes=WEIGHT_COPIES * FLOAT_BYTES * params,

@@ -11,18 +11,24 @@ from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.selection import select_genotype
 from .events import GrowthEvent, MutationEvent
+from .parts import Part
 from .speed import with_layout
 
 log = logging.getLogger(__name__)
 
 
-class Mutating:
+class Mutating(Part):
     """Mutation and growth adoption (a Runner part)."""
+
+    reads = frozenset({"_layout", "cfg", "data", "state"})
+    writes = frozenset({"alpha_opt", "net", "spec", "weight_opt"})
 
     def mutate_phase(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
-        self.state.derived, selection = select_genotype(self, cap)
+        self.state.derived, selection = select_genotype(
+            self.net, self.data.val, self.cfg, self.state.position.cycle
+        )
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
             self.state.derived, alphas, self.spec.primitives, self.cfg.mutation.strength, tau, cap

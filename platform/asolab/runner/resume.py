@@ -14,6 +14,7 @@ from ..data import DataBundle
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
 from .events import CheckpointSaved, Observer
+from .parts import Part
 from .phases import EVALUATION, FINAL, FINAL_DONE, PHASES
 from .state import Position, RunState, epochs_done
 
@@ -25,8 +26,23 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-class Checkpointing:
+class Checkpointing(Part):
     """Checkpoint, resume and restore (a Runner part)."""
+
+    reads = frozenset(
+        {
+            "alpha_opt",
+            "cfg",
+            "checkpoint_dir",
+            "net",
+            "observers",
+            "shuffle",
+            "spec",
+            "speed",
+            "weight_opt",
+        }
+    )
+    writes = frozenset({"_elapsed", "_last_checkpoint", "_resumed_from", "state", "threads_source"})
 
     def _checkpoint_due(self) -> bool:
         """Whether the last due checkpoint is ``search.checkpoint_minutes`` old."""

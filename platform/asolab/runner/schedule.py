@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import math
 
-from ..evolution.sampling import temperature as temperature_at
+from ..evolution.temperature import temperature as temperature_at
+from .parts import Part
+from .phases import search_epochs
 
 
-class Schedule:
+class Schedule(Part):
     """Epoch counts and the schedules read at the runner's position (a Runner part)."""
+
+    reads = frozenset({"cfg", "state"})
 
     @property
     def search_epochs(self) -> int:
-        s = self.cfg.search
-        return s.warmup_epochs + s.cycles * (s.w_epochs + s.alpha_epochs + s.retrain_epochs)
+        return search_epochs(self.cfg.search)
 
     @property
     def total_epochs(self) -> int:
@@ -24,8 +27,7 @@ class Schedule:
     def weight_epochs(self) -> int:
         """Weight epochs the learning-rate schedule is laid out on (search.final_epochs
         for the final stage, whatever a budget fits)."""
-        s = self.cfg.search
-        return s.warmup_epochs + s.cycles * (s.w_epochs + s.retrain_epochs) + s.final_epochs
+        return search_epochs(self.cfg.search, weights_only=True) + self.cfg.search.final_epochs
 
     @property
     def final_epochs(self) -> int:

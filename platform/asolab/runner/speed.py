@@ -13,11 +13,12 @@ AVX-512 BF16/AMX, so only worth it on those). ``fp16`` needs CUDA: elsewhere it
 falls back to fp32 with a warning.
 
 cuDNN autotuning (``speed.cudnn_benchmark``) picks the fastest convolution
-algorithm per input shape on first sight. On an H100 the first step after a
-widen took 1.356 s against 6.5 ms for a steady step: growth and sampled paths
-keep bringing new shapes during the search, so autotuning is on only in the
-final stage, where one fixed network trains for many epochs
-(``bench/gpu_check.py`` measures both).
+algorithm per input shape on first sight, so the first step after a growth step
+pays for timing the new shapes. Measured on an H100 at the DARTS-like size
+(``bench/gpu_steps.py``, growth section): the first step after a widen cost 2.5
+steady steps with autotuning and 1.0 without, after a deepen 2.75 and 1.1; but
+the steady step after the deepen took 48 ms with it and 68 ms without. So it
+stays on in every phase: a growth costs under 3 steady steps and is paid once.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
@@ -91,15 +92,9 @@ class Speed:
         self.dtype = dtype
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
-        self.cudnn_benchmark = cfg.cudnn_benchmark
         self.compile_mode = COMPILE_MODES[cfg.compile]
-        self.autotune(False)  # the search phases: see the module doc
-
-    def autotune(self, final_stage: bool) -> None:
-        """cuDNN autotuning for what comes next: in the final stage as configured, never
-        in the search phases."""
-        if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = final_stage and self.cudnn_benchmark
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
 
     def compiled(self, net: nn.Module) -> nn.Module:
         """``net`` compiled as ``speed.compile`` says (the same parameters, so optimizers

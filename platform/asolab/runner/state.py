@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from ..space.genotype import Genotype
 from .events import GrowthEvent
-from .phases import FINAL_DONE, PHASES
+from .phases import FINAL_DONE, PHASES, cycle_epochs, search_epochs
 
 
 @dataclass
@@ -30,21 +30,23 @@ def epochs_done(position: Position, search: Any) -> tuple[int, int] | None:
     when it is at ``position``; None if it never is there (a phase or cycle out of
     range, a final-stage epoch outside the final stage)."""
     s, p = search, position
-    cycle_epochs = (s.w_epochs + s.alpha_epochs + s.retrain_epochs, s.w_epochs + s.retrain_epochs)
     if not 0 <= p.cycle <= s.cycles:
         return None
     if p.cycle < s.cycles:
         if not 0 <= p.phase < len(PHASES) or p.stage_epoch != 0:
             return None
-        # (epochs, trains weights) of the phases before p.phase; the warm-up is part
-        # of cycle 0's w_train
-        before = [(s.w_epochs, 1), (s.alpha_epochs, 0), (0, 1)][: p.phase]
+        # the epochs of the cycle's phases before p.phase (the warm-up is part of cycle
+        # 0's first phase, so it is done at every position but the run's start)
+        before = PHASES[: p.phase]
         warmup = s.warmup_epochs if (p.cycle, p.phase) != (0, 0) else 0
-        done = warmup + p.cycle * cycle_epochs[0] + sum(e for e, _ in before)
-        weights = warmup + p.cycle * cycle_epochs[1] + sum(e * w for e, w in before)
+        done = warmup + p.cycle * cycle_epochs(s) + sum(ph.epochs(s) for ph in before)
+        weights = (
+            warmup
+            + p.cycle * cycle_epochs(s, weights_only=True)
+            + sum(ph.epochs(s) for ph in before if ph.trains_weights)
+        )
         return done, weights
-    search_done = s.warmup_epochs + s.cycles * cycle_epochs[0]
-    weights_done = s.warmup_epochs + s.cycles * cycle_epochs[1]
+    search_done, weights_done = search_epochs(s), search_epochs(s, weights_only=True)
     if p.phase == FINAL_DONE and p.stage_epoch == 0:
         return search_done + s.final_epochs, weights_done + s.final_epochs
     if p.phase == 0 and 0 <= p.stage_epoch < max(1, s.final_epochs):

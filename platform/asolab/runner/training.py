@@ -18,11 +18,16 @@ from ..space.network import Plans
 from ..space.sampling import FairPaths
 from . import steps
 from .events import EpochEnd
-from .phases import ALPHA, W_TRAIN
+from .parts import Part
+from .phases import ALPHA, BY_NAME, W_TRAIN
 
 
-class Training:
+class Training(Part):
     """Steps, epochs and the training phases (a Runner part)."""
+
+    reads = frozenset(
+        {"alpha_opt", "cfg", "data", "device", "net", "shuffle", "speed", "state", "weight_opt"}
+    )
 
     def weight_step(
         self, x: torch.Tensor, y: torch.Tensor, plans: Plans | None, net: nn.Module | None = None
@@ -133,9 +138,7 @@ class Training:
                 return self.weight_step(x, y, self.net.fair_plans(fair))
             return self.weight_step(x, y, self.net.sample_path(logits, tau))
 
-        epochs = self.cfg.search.w_epochs + (
-            self.cfg.search.warmup_epochs if self.state.position.cycle == 0 else 0
-        )
+        epochs = BY_NAME[W_TRAIN].epochs(self.cfg.search, self.state.position.cycle)
         for e in range(epochs):
             self._epoch(W_TRAIN, e, self.data.train, step, self._derive_calibrated)
 
@@ -144,7 +147,7 @@ class Training:
         for p in weights:
             p.requires_grad_(False)
         try:
-            for e in range(self.cfg.search.alpha_epochs):
+            for e in range(BY_NAME[ALPHA].epochs(self.cfg.search)):
                 self._epoch(
                     ALPHA,
                     e,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from .ops import OPS, FactorizedReduce, ReLUConvBN
+from .ops import OPS, FactorizedReduce, ReLUConvBN, build_op
 from .spec import edge_stride
 
 Choice = tuple[int, torch.Tensor | None]
@@ -35,7 +35,7 @@ class MixedOp(nn.Module):
     def __init__(self, channels: int, stride: int, primitives: Sequence[str]) -> None:
         super().__init__()
         # affine=False in the supernet, as in DARTS: the scale is carried by the alphas.
-        self.ops = nn.ModuleList(OPS[p](channels, stride, False) for p in primitives)
+        self.ops = nn.ModuleList(build_op(p, channels, stride) for p in primitives)
 
     def forward(self, x: torch.Tensor, choices: Sequence[Choice]) -> torch.Tensor:
         out = None
@@ -83,7 +83,7 @@ class SearchCell(nn.Module):
                     f"branch ({k}, {j}, {op!r}) does not fit a cell with {steps} nodes"
                 )
         self.branches = nn.ModuleList(
-            OPS[op](channels, edge_stride(reduction, j), False) for _, j, op in self.branch_specs
+            build_op(op, channels, edge_stride(reduction, j)) for _, j, op in self.branch_specs
         )
         self.branch_gates = nn.ParameterList(
             nn.Parameter(torch.zeros(1)) for _ in self.branch_specs

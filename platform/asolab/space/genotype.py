@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +216,32 @@ class Genotype:
         return cls(**fields)
 
     @classmethod
+    def from_cells(
+        cls, cells: Mapping[str, Any], concat: Sequence[int] | Mapping[str, Sequence[int]]
+    ) -> Genotype:
+        """A genotype from its nodes per cell name (``normal``, ``reduce``, and ``cellN``
+        for each own cell), and ``concat``: the nodes every cell concatenates, or those of
+        each cell by name."""
+        if missing := [k for k in CELL_TYPES if k not in cells]:
+            raise ValueError(f"a genotype needs the cells {', '.join(missing)}")
+
+        def joined(name: str) -> tuple[int, ...]:
+            return tuple(concat[name] if isinstance(concat, Mapping) else concat)
+
+        own = tuple(
+            (own_cell_index(name), nodes, joined(name))
+            for name, nodes in cells.items()
+            if name not in CELL_TYPES
+        )
+        return cls(
+            normal=cells["normal"],
+            normal_concat=joined("normal"),
+            reduce=cells["reduce"],
+            reduce_concat=joined("reduce"),
+            own_cells=own,
+        )
+
+    @classmethod
     def from_json(cls, text: str) -> Genotype:
         return cls.from_dict(json.loads(text))
 
@@ -250,17 +276,9 @@ class Genotype:
             cells[kind] = (nodes, [int(c) for c in concat.split(",")])
         if not set(CELL_TYPES) <= set(cells):
             raise ValueError("a genotype string needs a 'normal:' and a 'reduce:' part")
-        own = tuple(
-            (own_cell_index(k), nodes, concat)
-            for k, (nodes, concat) in cells.items()
-            if k not in CELL_TYPES
-        )
-        return cls(
-            normal=cells["normal"][0],
-            normal_concat=cells["normal"][1],
-            reduce=cells["reduce"][0],
-            reduce_concat=cells["reduce"][1],
-            own_cells=own,
+        return cls.from_cells(
+            {k: nodes for k, (nodes, _) in cells.items()},
+            {k: concat for k, (_, concat) in cells.items()},
         )
 
 

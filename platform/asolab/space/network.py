@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from .cells import Plan, SearchCell, edge_index
-from .genotype import CELL_TYPES, Genotype, Node
+from .genotype import Genotype, Node
 from .ops import NONE, PARAMETER_FREE
 from .sampling import FairPaths, gumbel_softmax_st
 from .spec import ArchSpec
@@ -244,19 +244,7 @@ class SearchNetwork(nn.Module):
             if param_free_cap >= 0 and weighted:
                 _cap_param_free(nodes, w, prims, weighted, param_free_cap)
             cells[kind] = tuple(tuple((op, j) for op, j in node) for node in nodes)
-        concat = tuple(range(2, self.spec.steps + 2))
-        own = tuple(
-            (i, cells[key], concat)
-            for i, key in enumerate(self._plan_keys)
-            if key not in CELL_TYPES
-        )
-        return Genotype(
-            normal=cells["normal"],
-            normal_concat=concat,
-            reduce=cells["reduce"],
-            reduce_concat=concat,
-            own_cells=own,
-        )
+        return Genotype.from_cells(cells, range(2, self.spec.steps + 2))
 
     def derived_modules(self, genotype: Genotype) -> list[nn.Module]:
         """The modules the derived network runs: stem, preprocessing, kept ops,
@@ -366,6 +354,34 @@ def extract(supernet: SearchNetwork, genotype: Genotype) -> DerivedNetwork:
     memo: dict[int, Any] = {id(ops[i]): nn.Identity() for ops, i in _unused_ops(supernet, genotype)}
     clone = copy.deepcopy(supernet, memo).cpu()
     return DerivedNetwork(clone, genotype).eval()
+
+
+ALPHAS_PREFIX = "supernet.alphas."  # state-dict keys of the alphas, which no export keeps
+
+
+def derived_state(supernet: SearchNetwork, genotype: Genotype) -> dict[str, torch.Tensor]:
+    """The derived network's tensors, on the CPU, without the alphas: what
+    :func:`standalone` loads. Plain tensors only, so that they save in a format that
+    holds no code (safetensors, or a ``torch.save`` that ``weights_only`` loads)."""
+    with exported(supernet, genotype) as net:
+        return {
+            k: v.detach().to("cpu", copy=True).contiguous()
+            for k, v in net.state_dict().items()
+            if not k.startswith(ALPHAS_PREFIX)
+        }
+
+
+def standalone(spec: ArchSpec, genotype: Genotype) -> DerivedNetwork:
+    """A new derived network built from asolab's own modules, the spec and the genotype:
+    the supernet's modules, every op the genotype does not run an empty placeholder,
+    no alphas (so ``parameters()`` counts what ``count_derived`` counts). Its weights are
+    random until :func:`derived_state`'s tensors are loaded into it (``strict=True``)."""
+    net = SearchNetwork(spec)
+    derived = DerivedNetwork(net, genotype)  # the plans need the alphas' keys, once
+    for ops, i in _unused_ops(net, genotype):
+        ops[i] = nn.Identity()
+    net.alphas = nn.ParameterDict()
+    return derived.eval()
 
 
 def _cap_param_free(

@@ -13,7 +13,7 @@ both strides, and refused by name when its output has the wrong shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -236,6 +236,47 @@ def _checked(name: str, factory: Any) -> OpFactory:
 
 
 OPS: Registry[OpFactory] = Registry("op", GROUP, BUILTIN_OPS, _checked)
+
+
+def build_op(name: str, channels: int, stride: int, affine: bool = False) -> nn.Module:
+    """``OPS[name](channels, stride, affine)``; a plugin's op is also run once on a small
+    input at that width, so that one that builds or runs only at some widths fails
+    here, in one line naming it and the width (the registration probe builds it at 4
+    channels; a run builds it at every width of its cells), not mid-training."""
+    key = (name, id(OPS[name]), channels, stride, affine)
+    if OPS.builtin(name) or key in _PROBED:
+        return OPS[name](channels, stride, affine)
+    where = f"op {name!r} ({OPS.origin(name)})"
+    x = torch.zeros(2, channels, 8, 8)
+    want = (2, channels, 8 // stride, 8 // stride)
+    try:
+        module = OPS[name](channels, stride, affine)
+        training = module.training
+        with torch.no_grad():
+            got = tuple(module.eval()(x).shape)
+        module.train(training)
+    except Exception as exc:  # a plugin's code can fail in any way; name the op and width
+        raise PluginError(
+            f"{where} fails at factory({channels}, stride={stride}, affine={affine}), a width "
+            f"this run's cells use: {type(exc).__name__}: {exc}"
+        ) from None
+    if got != want:
+        raise PluginError(
+            f"{where} returns shape {got} at {channels} channels and stride {stride}; an op "
+            f"must return {want}: (N, C, H/stride, W/stride)"
+        )
+    _PROBED.add(key)
+    return module
+
+
+_PROBED: set[tuple[str, int, int, int, bool]] = set()  # plugin ops run once at these widths
+
+
+def load_ops(names: Iterable[str]) -> None:
+    """Import every op of ``names`` now (a plugin's module loads on first use): one that
+    fails to import is a PluginError naming it, before a study's trials each fail on it."""
+    for name in names:
+        OPS[name]
 
 
 def register_op(name: str, factory: OpFactory) -> None:

@@ -328,3 +328,35 @@ def genotype_png(genotype: Genotype, title: str = "") -> bytes:
         return run_dot(genotype_dot(genotype, title), "png")
     _warn_no_dot()
     return _pillow_png(genotype, title)
+
+
+def thumbnail_png(png: bytes, height: int = 40) -> bytes:
+    """A strip ``height`` pixels tall of a cell picture: its cells (the bands between
+    white rows, the title's band left out) side by side, scaled down. It is what fits in
+    the few lines the MLflow UI shows of a run's description before "Show more"."""
+    import numpy as np
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    ink = (np.asarray(image) < 245).any(axis=(1, 2))  # rows that hold anything but white
+    bands, start = [], None
+    for y, inked in enumerate([*ink, False]):
+        if inked and start is None:
+            start = y
+        elif not inked and start is not None:
+            bands.append((start, y))
+            start = None
+    cells = [b for b in bands if b[1] - b[0] > 40] or bands or [(0, image.height)]
+    parts = []
+    for top, bottom in cells:
+        cols = np.flatnonzero((np.asarray(image)[top:bottom] < 245).any(axis=(0, 2)))
+        parts.append(image.crop((int(cols[0]), top, int(cols[-1]) + 1, bottom)))
+    tall = max(p.height for p in parts)
+    strip = Image.new("RGB", (sum(p.width for p in parts) + 8 * len(parts), tall), "white")
+    x = 0
+    for p in parts:
+        strip.paste(p, (x, (tall - p.height) // 2))
+        x += p.width + 8
+    width = max(1, round(strip.width * height / strip.height))
+    out = io.BytesIO()
+    strip.resize((width, height), Image.Resampling.LANCZOS).save(out, "PNG")
+    return out.getvalue()

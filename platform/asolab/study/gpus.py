@@ -10,12 +10,19 @@ round-robin; no GPU leaves the environment as it is (CPU runs).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 from ..config import ConfigError
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
+log = logging.getLogger(__name__)
+
+
+# What CUDA_VISIBLE_DEVICES takes: an index, or a GPU's or MIG instance's UUID
+_GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -23,6 +30,43 @@ def parse_gpus(text: str) -> list[str]:
     ids = [g.strip() for g in text.split(",")]
     if not all(ids):
         raise ConfigError(f"--gpus {text!r}: give GPU ids separated by commas, e.g. --gpus 0,1")
+    bad = [g for g in ids if not _GPU_ID.fullmatch(g)]
+    if bad:
+        raise ConfigError(
+            f"--gpus {text!r}: {bad[0]!r} is not a GPU id; give indices (--gpus 0,1) or GPU "
+            "UUIDs (GPU-..., as nvidia-smi -L lists them)"
+        )
+    return ids
+
+
+def study_gpus(text: str, device: str, workers: int) -> list[str]:
+    """The GPUs a study's workers share: ``--gpus`` checked (``text``; "" = the visible
+    ones). Naming GPUs where CUDA sees none is refused (the runs would silently train
+    on the CPU while recording the GPU ids), unless the experiment says
+    ``device = "cpu"``: the CPU on purpose, said in a warning. One worker's GPU is
+    made visible in this process (CUDA reads it when torch first touches the GPU,
+    which counting them does)."""
+    if not text:
+        return visible_gpus()
+    ids = parse_gpus(text)
+    before = os.environ.get(GPU_ENV)
+    if workers == 1:
+        os.environ[GPU_ENV] = ids[0]
+    if device == "cpu":
+        log.warning("--gpus %s with device = 'cpu': the runs train on the CPU", text)
+        return ids
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        if before is None:
+            os.environ.pop(GPU_ENV, None)
+        else:
+            os.environ[GPU_ENV] = before
+        raise ConfigError(
+            f"--gpus {text}: no GPU is visible here (CUDA counts none"
+            + (f" with CUDA_VISIBLE_DEVICES={ids[0]}" if workers == 1 else "")
+            + "); drop --gpus, or run on the CPU on purpose with --set device=cpu"
+        )
     return ids
 
 

@@ -213,6 +213,7 @@ def start_trial_run(
         TAG_TRIAL: str(number),
         TAG_RUN_KIND: L.KIND_TRIAL,
         TAG_TRIAL_STATE: TrialState.RUNNING.name,
+        L.TAG_DATASET: exp.data.name,  # the UI's data-set column reads it on the trial's row
     }
     t = exp.temperature.initial_temperature
     run = c.create_run(exp_id, tags=tags, run_name=trial_run_name(number, t, exp.mutation.strength))
@@ -244,12 +245,15 @@ def finish_trial_run(
             L.FINAL_VAL_ACC: sum(e.val_acc for _, e in seeds) / n,
             L.FINAL_VAL_LOSS: sum(e.val_loss for _, e in seeds) / n,
             L.TEST_ACC: sum(e.test_acc for _, e in seeds) / n,
-            L.FINAL_PARAMS: sum(e.derived_params for _, e in seeds) / n,
+            # a whole count: no network has a third of a parameter (the UI's trial row)
+            L.FINAL_PARAMS: round(sum(e.derived_params for _, e in seeds) / n),
             L.RUN_SECONDS: sum(e.seconds for _, e in seeds),  # the trial's cost: all its runs
         }
         c.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])
+        # A fixed-width block, not a Markdown table: the UI draws tables without cell
+        # padding, and the header read "seedval acctest accparameters".
         rows = [
-            f"| {seed} | {e.val_acc:.4f} | {e.test_acc:.4f} | {e.derived_params:,} |"
+            f"{seed:>4}  {e.val_acc:>7.4f}  {e.test_acc:>8.4f}  {e.derived_params:>10,}"
             for seed, e in seeds
         ]
         c.set_tag(
@@ -262,9 +266,10 @@ def finish_trial_run(
                     f"**{values[L.FINAL_VAL_ACC]:.4f}**, test accuracy "
                     f"{values[L.TEST_ACC]:.4f} (reported, never optimised).",
                     "",
-                    "| seed | val acc | test acc | parameters |",
-                    "|---|---|---|---|",
+                    "```",
+                    "seed  val acc  test acc  parameters",
                     *rows,
+                    "```",
                 ]
             ),
         )
@@ -314,7 +319,9 @@ def finish_parent_run(
         )
         tags.append(RunTag(TAG_BEST_TRIAL, str(b.number)))
         for k, v in b.params.items():
-            tags.append(RunTag(f"{BEST_PREFIX}{k}", str(v)))
+            # rounded where asolab writes it for reading (the metric below stays exact)
+            text = f"{v:.4g}" if isinstance(v, float) else str(v)
+            tags.append(RunTag(f"{BEST_PREFIX}{k}", text))
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 metrics.append(Metric(f"{BEST_PREFIX}{k}", float(v), now, step))
     elif best:

@@ -34,11 +34,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ConfigError
 from ..errors import first_line
+from ..space.ops import load_ops
 from ..threads import auto_threads
 from ..tracking.store import mask_password
 from . import report
 from .config import StudyConfig, check_study_name
-from .gpus import GPU_ENV, assign_gpus, parse_gpus, visible_gpus, worker_env
+from .gpus import assign_gpus, study_gpus, worker_env
 from .objective import TrialContext, run_trial
 from .storage import (
     ATTR_ERROR,
@@ -245,7 +246,7 @@ def _tell(
 
 
 def _tell_failure(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> FrozenTrial:
-    one_line = f"{type(exc).__name__}: {first_line(exc)}"
+    one_line = first_line(exc, named=True)
     try:
         trial.set_user_attr(ATTR_ERROR, one_line[:2000])
     except Exception:
@@ -346,6 +347,8 @@ def run_study(
     url = resolve_storage_url(storage_url, cfg.storage.url, uri)
     budget, seconds = resolve_budget(cfg, n_trials, timeout)
     _check_workers(workers, url)
+    gpu_ids = study_gpus(gpus, cfg.base.device, workers)  # before anything is written
+    load_ops(cfg.base.space.primitives)  # a plugin op that fails to import: refused, as run does
     check_reachable(uri)
     study = open_study(cfg, url, name)
     parent = report.ensure_parent_run(uri, cfg, name, url)
@@ -356,10 +359,7 @@ def run_study(
         on_start(used_budget(study))
     failed: list[tuple[int, int]] = []
     try:
-        gpu_ids = parse_gpus(gpus) if gpus else visible_gpus()
         if workers == 1:
-            if gpus:  # in this process: CUDA reads it when torch first touches the GPU
-                os.environ[GPU_ENV] = gpu_ids[0]
             ctx = TrialContext(cfg, name, uri, parent, threads_per_worker(1))
             optimize(cfg, study, ctx, url, budget, seconds, on_trial)
         else:

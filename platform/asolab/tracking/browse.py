@@ -128,6 +128,7 @@ def artifact_url(run_id: str, path: str) -> str:
 
 
 def _fmt(value: Any) -> str:
+    """A value as asolab writes it for reading: 4 decimals, thousands separated."""
     if isinstance(value, float):
         return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, int):
@@ -136,21 +137,29 @@ def _fmt(value: Any) -> str:
 
 
 def run_description(
-    run_id: str, facts: dict[str, Any], genotype: str, params: dict[str, Any]
+    run_id: str, head: dict[str, Any], genotype: str, details: dict[str, Any]
 ) -> str:
-    """A run's Markdown description: the genotype and the accuracy first (what the UI shows
-    before "Show more"), then data set, size, memory, time, budget, and the cell picture."""
-    head = [f"{k} **{_fmt(v)}**" for k, v in facts.items() if "accuracy" in k]
-    lines = [f"**Final genotype** `{genotype}`", "", " · ".join(head), ""]
-    lines += ["| | |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in facts.items() if "accuracy" not in k]
-    lines += [f"| {k} | {v} |" for k, v in params.items()]
-    lines += [
+    """A run's Markdown description. What the UI shows before "Show more" (its first
+    100 px) comes first: the genotype, then a strip of the cells (a link to their
+    picture) and one line of ``head`` (accuracies, parameters, peak memory, wall time);
+    then the full picture and the ``details`` (data set, budget, knobs), one per line.
+
+    No Markdown tables: the UI draws them without cell padding, so that a header runs
+    together ("seedval acc"); lines of "key **value**" read the same everywhere."""
+    picture = artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)
+    thumb = f"[![final cells]({artifact_url(run_id, L.FINAL_CELLS_THUMB_ARTIFACT)})]({picture})"
+    lines = [
+        f"**Final genotype** `{genotype}`",
         "",
-        f"![final cells]({artifact_url(run_id, L.FINAL_CELLS_ARTIFACT)})",
+        # the strip of cells opens the picture: the UI shows ~100 px before "Show more"
+        f"{thumb} " + " · ".join(f"{k} **{_fmt(v)}**" for k, v in head.items()),
         "",
-        "The genotype's canonical form above is what `Genotype.parse` reads back "
-        "(also in `genotypes/final.json`).",
+        f"![final cells]({picture})",
+        "",
+        *(f"- {k}: {_fmt(v)}" for k, v in details.items()),
+        "",
+        "Test accuracy is reported, never selected on. The genotype's canonical form above "
+        "is what `Genotype.parse` reads back (also in `genotypes/final.json`).",
         "",
     ]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import PROJECT_ROOT, ExperimentConfig
 from ..runner.events import RunEnd, RunStart
+from ..runner.phases import PHASES
 from ..space.genotype import Genotype
 from . import layout as L
 from .browse import run_description
@@ -45,16 +46,18 @@ def describe_run(
     fitted_epochs: int,
 ) -> str:
     """The run's Markdown description (MLflow's run note): what a researcher reads first."""
-    facts: dict[str, Any] = {
-        "data set": dataset,
-        "final validation accuracy": event.val_acc,
-        "test accuracy (reported, never selected on)": event.test_acc,
-        "parameters (derived network)": event.derived_params,
+    # What the UI shows before "Show more": accuracies, size, memory, time (then the picture).
+    # Short words: the line shares its 100 px with the genotype and the cells' strip.
+    head: dict[str, Any] = {
+        "val acc": event.val_acc,
+        "test acc": event.test_acc,
+        "params": event.derived_params,
     }
     peak = event.memory.get(L.CUDA_PEAK_MB) or event.memory.get(L.PEAK_RSS_MB)
     if peak:
-        facts["peak memory (MB)"] = float(peak)
-    facts["wall time (s)"] = float(event.seconds)
+        head["peak memory"] = f"{float(peak):,.0f} MB"
+    head["wall time"] = f"{float(event.seconds):,.1f} s"
+    facts: dict[str, Any] = {"data set": dataset}
     params: dict[str, Any] = {}
     if cfg is not None:
         s, t = cfg.search, cfg.temperature
@@ -64,17 +67,15 @@ def describe_run(
                 f"{fitted_epochs} final epochs (of at most {s.final_epochs}, "
                 f"fitted to {s.budget_minutes:g} minutes)"
             )
-        facts["budget"] = (
-            f"{s.cycles} cycles x ({s.w_epochs} W + {s.alpha_epochs} alpha + "
-            f"{s.retrain_epochs} retrain epochs), {final}"
-        )
+        cycle = " + ".join(f"{p.epochs(s)} {p.short}" for p in PHASES if p.epochs_field)
+        facts["budget"] = f"{s.cycles} cycles x ({cycle} epochs), {final}"
         params = {
             "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
             f"anneal {t.anneal_fraction:g})",
             "mutation strength": f"{cfg.mutation.strength:g}",
             "seed": cfg.seed,
         }
-    return run_description(run_id, facts, str(event.genotype), params)
+    return run_description(run_id, head, str(event.genotype), {**facts, **params})
 
 
 def genotype_record(g: Genotype, primitives: tuple[str, ...] = ()) -> str:

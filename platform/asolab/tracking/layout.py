@@ -32,6 +32,10 @@ def short_id(run_id: str) -> str:
 TAG_VERSION = "asolab.version"
 TAG_GIT_COMMIT = "asolab.git_commit"
 TAG_DATASET = "asolab.dataset"
+# what was done to the images that the data did not say, one line each: a prefix + the
+# note's key (data/core.py NOTE_*): asolab.data_note.layout (an array's layout told from
+# its shape, or data.layout), asolab.data_note.resize (how many images, from and to which size)
+TAG_DATA_NOTE = "asolab.data_note."
 TAG_DEVICE = "asolab.device"
 # the GPU a run ran on: asolab.device_info.gpu_name, .gpu_index, .gpu_memory_gib,
 # .cuda_visible_devices (runner/device.py describe_device)
@@ -46,7 +50,7 @@ TAG_STUDY = "asolab.study"  # study name, on a study's parent and trial runs
 TAG_TRIAL = "asolab.trial"  # trial number, on trial runs
 TAG_TRIAL_STATE = "asolab.trial_state"  # COMPLETE | PRUNED | FAIL
 TAG_RESUMED = "asolab.resumed"  # how many times the run was resumed (absent when never)
-# models:/<id> of the final network (load with mlflow.pytorch.load_model)
+# models:/<id> of the final network (load with asolab.load_model or mlflow.pyfunc.load_model)
 TAG_MODEL_URI = "asolab.model_uri"
 TAG_RUN_KIND = "asolab.kind"  # what recorded the run: one of the KIND_* values
 # one line, only where the cell pictures are Pillow's fallback (graphviz's dot missing)
@@ -54,6 +58,9 @@ TAG_CELLS_NOTE = "asolab.cells_note"
 # torch threads the run uses and how they were chosen, e.g. "2 (auto)"; the count is
 # also the param "threads" (the first process's; a resume may force another count)
 TAG_THREADS = "asolab.threads"
+# the run's first epoch that ran under a third of its phase's median images/s, the likely
+# cause and what to set (runner/pace.py); absent when none did
+TAG_SLOW_EPOCH = "asolab.slow_epoch"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
 # which process runs the run now, JSON {host, pid, started, beat}; beat is refreshed with
@@ -160,8 +167,14 @@ GROWTH_DIR = "growth"  # growth/cycle_000.json: list of growth events
 SELECTION_DIR = "selection"  # selection/cycle_000.json: perturbation selection's drops
 CHECKPOINT_DIR = "checkpoints"  # checkpoints/checkpoint.pt: the latest
 CHECKPOINT_ARTIFACT = f"{CHECKPOINT_DIR}/checkpoint.pt"
-MODEL_DIR = "model"  # the final derived network, mlflow.pytorch format
-MODEL_NAME = MODEL_DIR  # mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_NAME}")
+MODEL_DIR = "model"  # the final derived network: an MLflow pyfunc model (tracking/predictor.py)
+MODEL_NAME = MODEL_DIR  # mlflow.pyfunc.load_model(f"runs:/{run_id}/{MODEL_NAME}")
+# inside the model: the network's files, which hold no code (asolab.load_model reads only these)
+MODEL_NETWORK_DIR = "data/network"  # (pyfunc keeps a model's data_path under data/)
+MODEL_NETWORK_FILE = "network.json"  # spec, genotype, preprocessing, the weights file's name
+MODEL_WEIGHTS_SAFETENSORS = "weights.safetensors"  # where the safetensors package is installed
+MODEL_WEIGHTS_TORCH = "weights.pt"  # else: tensors only, read with torch.load(weights_only=True)
+MODEL_LOADER = "asolab.tracking.predictor"  # the pyfunc loader_module: installed asolab code
 
 
 def genotype_artifact(cycle: int) -> str:
@@ -224,11 +237,19 @@ VIEW_KEY = "asolab"
 TAG_VIEW_STATE = f"mlflow.sharedViewState.{VIEW_KEY}"
 TAG_BEST = "asolab.best"  # "true" on a study's best trial run (filter: tags.`asolab.best` = 'true')
 FINAL_CELLS_ARTIFACT = f"{CELLS_DIR}/final.png"  # the final genotype's cells
+# ... as a strip 40 px tall, the cells side by side: the run description's first lines
+FINAL_CELLS_THUMB_ARTIFACT = f"{CELLS_DIR}/final_thumb.png"
 # genotypes/*.json hold {"canonical": <str(genotype)>, "genotype": <Genotype.to_dict()>}
 GENOTYPE_CANONICAL_KEY = "canonical"
 GENOTYPE_OPS_KEY = "primitives"  # ... and the op set searched (space.primitives)
 # the runs table's columns: what a researcher reads first
-VIEW_METRICS = ("test_acc", "final_val_acc", "final_params", "run_seconds")
+VIEW_METRICS = (
+    "test_acc",
+    "final_val_acc",
+    "final_params",
+    FINAL_PREFIX + PEAK_RSS_MB,
+    "run_seconds",
+)
 VIEW_PARAMS = (
     "temperature.initial_temperature",
     "temperature.min_temperature",
@@ -237,7 +258,7 @@ VIEW_PARAMS = (
     "search.cycles",
     "search.final_epochs",
 )
-VIEW_TAGS = (TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
+VIEW_TAGS = (TAG_DATASET, TAG_BEST, TAG_TRIAL_STATE, TAG_FINAL_GENOTYPE)
 # The final stage's epoch count that search.budget_minutes fitted (a param, logged when
 # fitted; search.final_epochs then holds the most it could have been).
 PARAM_FINAL_EPOCHS_FITTED = "fitted.final_epochs"
@@ -380,6 +401,7 @@ _ARTIFACTS = (
     rf"{SELECTION_DIR}/cycle_\d{{3}}\.json",
     re.escape(CHECKPOINT_ARTIFACT),
     re.escape(FINAL_CELLS_ARTIFACT),
+    re.escape(FINAL_CELLS_THUMB_ARTIFACT),
     rf"{MODEL_DIR}/.+",
     rf"{PLOTS_DIR}/[^/]+",
     r"[^/]+\.toml",
@@ -399,7 +421,7 @@ def declared(kind: str, name: str, config_keys: tuple[str, ...] = ()) -> bool:
         prefixes = (TRIALS_PREFIX, BEST_PREFIX, OBJECTIVE_PREFIX)
         return name in fixed or name.startswith(prefixes)
     if kind == "tag":
-        return name in TAGS or name.startswith(BEST_PREFIX)
+        return name in TAGS or name.startswith((BEST_PREFIX, TAG_DATA_NOTE, TAG_DEVICE_INFO))
     if kind == "param":
         fixed = STUDY_PARAMS + COMPARISON_PARAMS + tuple(config_keys)
         return name in fixed or name.startswith((SPACE_PREFIX, TRIAL_PARAM_PREFIX))

@@ -1,7 +1,7 @@
 """Who runs a run now: so that one run is never run or resumed by two processes at once.
 
 Two ``--resume`` of the same run at the same time would both replay its steps
-and write each of them twice. Two guards:
+and write each of them twice. Three guards:
 
 * a lock file per run (``leases/<run id>.lock`` beside a SQLite store, else in
   the temp folder), held with ``flock`` for as long as this process runs the
@@ -13,7 +13,14 @@ and write each of them twice. Two guards:
   same server or database. A RUNNING run whose lease was refreshed less than
   :data:`STALE_SECONDS` ago by another machine, or that names a live process of
   this one, is refused unless the user says the other process is gone
-  (``--force``).
+  (``--force``);
+* for two resumes that start at the same instant through a server or another
+  shared database, where neither has written its tag when the other reads it:
+  each writes the tag with this process's random token, waits longer than the
+  write's round trip plus :data:`SETTLE_MARGIN`, and reads it back; only the
+  process whose token is there goes on (:func:`_contend`). A rival stalled
+  between its read and its write for longer than that wait is the one window
+  left (docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import socket
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,11 @@ log = logging.getLogger(__name__)
 # at least every phase, and every 30 s of epochs).
 STALE_SECONDS = 15 * 60
 FORCE_HINT = "--force"
+# Seconds a resumer waits after writing its lease tag, beyond twice that write's round
+# trip, before it reads the tag back: the time a rival that read the tag just before
+# this write may take to write its own (tracking/lease.py _contend).
+SETTLE_MARGIN = 1.0
+TOKEN = uuid.uuid4().hex  # this process, in its lease tag
 
 _HELD: dict[str, int] = {}  # run id -> the open lock file this process holds
 
@@ -62,10 +75,17 @@ def _started(pid: int) -> float | None:
 
 
 def tag_value() -> str:
-    """The ``asolab.lease`` tag for this process, with a fresh heartbeat."""
+    """The ``asolab.lease`` tag for this process, with a fresh heartbeat and the
+    process's token (which tells two processes apart on any machines)."""
     pid = os.getpid()
     return json.dumps(
-        {"host": socket.gethostname(), "pid": pid, "started": _started(pid), "beat": time.time()}
+        {
+            "host": socket.gethostname(),
+            "pid": pid,
+            "started": _started(pid),
+            "beat": time.time(),
+            "token": TOKEN,
+        }
     )
 
 
@@ -80,11 +100,44 @@ def take(uri: str, run_id: str, run: Any = None, force: bool = False) -> None:
     try:
         if run is not None and not force:
             _check_tag(run, run_id)
+        if run is not None and (fd is None or sqlite_path(uri) is None):
+            _contend(uri, run_id)  # no lock shared with the other machines: the tag decides
     except BaseException:
         _unlock(fd, lock_file(uri, run_id))
         raise
     if fd is not None:
         _HELD[run_id] = fd
+
+
+def _contend(uri: str, run_id: str) -> None:
+    """Decide between processes that resume ``run_id`` at the same moment and share
+    only the tracking server: each writes the lease tag with its own token, waits
+    until any write of a process that read the tag before this one's write landed
+    has landed too (twice the write's round trip, plus :data:`SETTLE_MARGIN`), and
+    reads the tag again. The last write wins, and every contender reads the same
+    last write: one goes on, each other one refuses, naming it. A process that
+    reads the tag after the wait finds the winner's lease and refuses in
+    :func:`_check_tag`."""
+    from .store import client
+
+    c = client(uri)
+    started = time.monotonic()
+    c.set_tag(run_id, L.TAG_LEASE, tag_value())
+    round_trip = time.monotonic() - started
+    time.sleep(2 * round_trip + SETTLE_MARGIN)
+    tag = c.get_run(run_id).data.tags.get(L.TAG_LEASE, "")
+    try:
+        holder = json.loads(tag)
+        won = holder.get("token") == TOKEN
+    except (ValueError, AttributeError):
+        holder, won = {}, False
+    if not won:
+        who = f"process {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        raise TrackingError(
+            f"run {run_id} in {uri} is being resumed by {who}, which took it at the same "
+            f"moment; wait for that process to end (the run is then FINISHED, or resumable again)"
+        )
+    log.debug("lease of run %s won after %.2f s", run_id, time.monotonic() - started)
 
 
 def release(uri: str, run_id: str) -> None:

@@ -36,8 +36,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 
-from .. import __version__
 from ..config import ExperimentConfig, config_json
+from ..errors import first_line
 from ..runner.checkpoint import config_hash
 from ..runner.events import (
     CheckpointSaved,
@@ -51,8 +51,10 @@ from ..runner.events import (
     RunInterrupted,
     RunStart,
 )
+from ..runner.pace import Pace
 from ..space.genotype import Genotype
-from ..space.plot import drawing_note, genotype_png
+from ..space.plot import drawing_note, genotype_png, thumbnail_png
+from ..version import __version__
 from . import layout as L
 from . import lease
 from .describe import describe_run, edit_record, genotype_record, git_commit, threads_text
@@ -68,11 +70,6 @@ LIVE_SECONDS = 30.0  # buffered metrics wait at most this long (plus an epoch) f
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
 _MAX_TAG = 8000
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
-    return text[:_MAX_TAG]
 
 
 class MlflowTracker(ModelLogging, Observer):
@@ -129,6 +126,7 @@ class MlflowTracker(ModelLogging, Observer):
         self._config: ExperimentConfig | None = None  # for the run's description at its end
         self._final_epochs = 0  # fitted to search.budget_minutes (0: not fitted)
         self._dataset = ""
+        self._pace = Pace()  # says a slow epoch (the asolab.slow_epoch tag)
 
     # ------------------------------------------------------------------ helpers
 
@@ -191,6 +189,10 @@ class MlflowTracker(ModelLogging, Observer):
             local = Path(tmp) / name
             local.write_bytes(genotype_png(genotype, title=title))
             self._c.log_artifact(self.run_id, str(local), folder or None)
+            if path == L.FINAL_CELLS_ARTIFACT:  # the strip the run's description leads with
+                thumb = Path(tmp) / L.FINAL_CELLS_THUMB_ARTIFACT.rpartition("/")[2]
+                thumb.write_bytes(thumbnail_png(local.read_bytes()))
+                self._c.log_artifact(self.run_id, str(thumb), folder or None)
 
     def _upload_checkpoint(self, path: str) -> None:
         # Upload a snapshot: the runner replaces checkpoint.pt after the next phase, and
@@ -258,6 +260,7 @@ class MlflowTracker(ModelLogging, Observer):
             L.TAG_GIT_COMMIT: commit,
             L.MLFLOW_GIT_COMMIT: commit,
             L.TAG_DATASET: str(event.data.get("name", cfg.data.name)),
+            **{L.TAG_DATA_NOTE + k: v for k, v in event.data.get("notes", {}).items()},
             L.TAG_DEVICE: event.device,
             **{L.TAG_DEVICE_INFO + k: v for k, v in event.device_info.items()},
             L.TAG_HOST: socket.gethostname(),
@@ -373,6 +376,9 @@ class MlflowTracker(ModelLogging, Observer):
             }
             for k, v in values.items():
                 self._metric(k, v, event.global_epoch)
+            slow = self._pace.check(event)
+            if slow:
+                self._tag(L.TAG_SLOW_EPOCH, slow)
             if time.perf_counter() - self._last_flush >= LIVE_SECONDS:
                 self.flush()
 
@@ -527,7 +533,11 @@ class MlflowTracker(ModelLogging, Observer):
         from .health import store_failure
 
         failure = store_failure(exc, self.tracking_uri or "")
-        return str(failure)[:_MAX_TAG] if failure is not None else _one_line(exc)
+        return (
+            str(failure)[:_MAX_TAG]
+            if failure is not None
+            else first_line(exc, named=True, limit=_MAX_TAG)
+        )
 
     def _terminate(self, status: str) -> None:
         self._closed = True

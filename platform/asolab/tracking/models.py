@@ -1,22 +1,26 @@
 """The final network as an MLflow logged model: created (or found again after a
-kill), saved in the mlflow.pytorch format with the tracker's own client, and
-linked to its run."""
+kill), saved as a pyfunc model whose files hold no code (tracking/predictor.py)
+with the tracker's own client, and linked to its run."""
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
-from contextlib import nullcontext
+import warnings
+from pathlib import Path
+from typing import Any
 
-import mlflow.pytorch  # imported here, not at the run's end: its first import takes a second
+import mlflow.pyfunc  # imported here, not at the run's end: its first import takes a second
+import numpy as np
 import torch
 from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus
-from mlflow.models import Model
+from mlflow.models import Model, ModelSignature
+from mlflow.types import ColSpec, Schema, TensorSpec
 
-from .. import __version__
 from ..runner.events import RunEnd
+from ..version import __version__
 from . import layout as L
+from . import predictor
 
 
 class ModelLogging:
@@ -44,11 +48,14 @@ class ModelLogging:
         )
 
     def _log_model(self, event: RunEnd, logged: LoggedModel, step: int) -> None:
-        """Save the final network in the mlflow.pytorch format into the logged model
-        ``logged`` (created or found by :meth:`_final_model`), with this tracker's client
-        only, and link the run to it.
+        """Save the final network into the logged model ``logged`` (created or found by
+        :meth:`_final_model`), with this tracker's client only, and link the run to it.
 
-        ``mlflow.pytorch.log_model`` would write through the process-wide tracking URI,
+        The model is an MLflow ``python_function`` model whose files hold no code: the
+        network's spec, genotype and preprocessing as JSON and its weights as plain
+        tensors (tracking/predictor.py); ``mlflow.pyfunc`` loads it through the installed
+        asolab (its ``loader_module``), and ``asolab.load_model`` reads only those files.
+        ``mlflow.pyfunc.log_model`` would write through the process-wide tracking URI,
         which a library must not change; what it does for a logged model that already
         exists is: save the model with its metadata, upload the folder, mark it READY.
         """
@@ -57,47 +64,32 @@ class ModelLogging:
             # Logged completely before a kill: only the run's link and tag may be missing.
             self._link_model(model_id, f"models:/{model_id}", step)
             return
-        from ..space.network import exported, extract
-
-        net = event.supernet
-        # On the CPU the supernet itself, its unused ops swapped out while it is saved
-        # (a copy took a third of the tracker's time in a default run); a GPU network
-        # is copied to the CPU, so that the model loads on machines without one.
-        on_cpu = all(p.device.type == "cpu" for p in net.parameters())
-        final = (
-            exported(net, event.genotype) if on_cpu else nullcontext(extract(net, event.genotype))
-        )
         logged = self._c.get_logged_model(model_id)
         meta = Model(artifact_path=logged.artifact_location, model_uuid=model_id, model_id=model_id)
-        quiet = logging.getLogger(
-            "mlflow.pytorch"
-        )  # its pickle-format warning would repeat every run
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
         try:
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+                network = Path(tmp) / Path(L.MODEL_NETWORK_DIR).name
+                predictor.save(network, event.supernet, event.genotype, event.preprocessing)
                 local = os.path.join(tmp, L.MODEL_DIR)
-                with final as model:
-                    mlflow.pytorch.save_model(
-                        model,
-                        local,
-                        mlflow_model=meta,
-                        # The derived network runs data-dependent plans; pickle keeps it exactly
-                        # as trained.
-                        serialization_format="pickle",
-                        # Inferring requirements would load the model in a subprocess: slow,
-                        # and we know them.
-                        pip_requirements=[
-                            f"torch=={torch.__version__.split('+')[0]}",
-                            f"asolab=={__version__}",
-                        ],
-                    )
+                # (its warning that no input example was given: the signature says it all)
+                warnings.filterwarnings("ignore", message="An input example was not provided")
+                mlflow.pyfunc.save_model(
+                    local,
+                    loader_module=L.MODEL_LOADER,
+                    data_path=str(network),
+                    mlflow_model=meta,
+                    signature=_signature(event.preprocessing),
+                    # Inferring requirements would load the model in a subprocess: slow,
+                    # and we know them.
+                    pip_requirements=[
+                        f"torch=={torch.__version__.split('+')[0]}",
+                        f"asolab=={__version__}",
+                    ],
+                )
                 self._c.log_model_artifacts(model_id, local)
         except BaseException:
             self._c.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
             raise
-        finally:
-            quiet.setLevel(level)
         self._c.finalize_logged_model(model_id, LoggedModelStatus.READY)
         self._link_model(model_id, meta.get_model_info(logged).model_uri, step)
 
@@ -109,3 +101,13 @@ class ModelLogging:
         if not linked:
             self._c.log_outputs(self.run_id, models=[LoggedModelOutput(model_id, step=step)])
         self._c.set_tag(self.run_id, L.TAG_MODEL_URI, model_uri)
+
+
+def _signature(pre: dict[str, Any]) -> ModelSignature:
+    """Raw uint8 images ``(N, H, W, C)`` in, ``class`` and ``probability`` out: pyfunc
+    refuses float input (normalised or not) before the model sees it."""
+    shape = (-1, int(pre["height"]), int(pre["width"]), int(pre["in_channels"]))
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.uint8), shape)]),
+        outputs=Schema([ColSpec("string", "class"), ColSpec("double", "probability")]),
+    )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import first_line
+from .environment import quiet_mlflow
 
 if TYPE_CHECKING:  # pragma: no cover
     from mlflow import MlflowClient
@@ -158,18 +159,14 @@ def database_unreachable(url: str, timeout: float = 5.0) -> str:
     except ModuleNotFoundError as exc:
         return f"its database driver is not installed: No module named {exc.name!r}"
     except Exception as exc:  # a malformed URL, an unknown dialect
-        return _first_line(exc)
+        return first_line(exc, named=True, limit=300)
     try:
         with engine.connect():
             return ""
     except Exception as exc:  # OperationalError and friends: refused, unknown host, bad password
-        return _first_line(getattr(exc, "orig", None) or exc)
+        return first_line(getattr(exc, "orig", None) or exc, named=True, limit=300)
     finally:
         engine.dispose()
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"[:300]
 
 
 def mask_password(url: str) -> str:
@@ -460,16 +457,8 @@ def download_checkpoint(uri: str, run_id: str, dst: str | Path) -> Path | None:
 def _download(c: MlflowClient, run_id: str, path: str, dst: str | Path) -> Path:
     """One artifact, without MLflow's progress bar (the terminal shows asolab's own
     output, and an error stays one line)."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
+    with quiet_mlflow():
         return Path(c.download_artifacts(run_id, path, str(dst)))
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def recorded_config(uri: str, run_id: str, dst: str | Path) -> dict[str, Any] | None:

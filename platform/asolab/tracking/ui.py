@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from .browse import refresh_view, runs_url, tag_experiment
@@ -56,7 +57,23 @@ def add_ui(sub: argparse._SubParsersAction) -> None:
             "extra one adds seconds of start-up; MLflow's own default is 4)"
         ),
     )
+    p.add_argument(
+        "--verbose",
+        dest="server_log",
+        action="store_true",
+        help=(
+            "show the MLflow server's own messages and access log here (default: they go to "
+            "ui.log beside the store)"
+        ),
+    )
     p.set_defaults(func=cmd_ui)
+
+
+def server_log(uri: str) -> Path:
+    """Where the MLflow server's messages go, its access log among them (a line per request,
+    hundreds a minute while a page is open): ``ui.log`` beside the store's database."""
+    path = sqlite_path(uri)
+    return (Path(path).parent if path else Path(".")) / "ui.log"
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -157,9 +174,19 @@ def cmd_ui(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     # Its own process group: mlflow server starts uvicorn workers, and stopping must reach them too.
-    proc = subprocess.Popen(
-        server_command(uri, args.host, args.port, args.workers, allowed), start_new_session=True
-    )
+    shown = getattr(args, "server_log", False) or getattr(args, "verbose", False)
+    logfile = server_log(uri)
+    sink = None if shown else open(logfile, "ab")  # noqa: SIM115 (closed when the server ends)
+    try:
+        proc = subprocess.Popen(
+            server_command(uri, args.host, args.port, args.workers, allowed),
+            start_new_session=True,
+            stdout=sink,
+            stderr=sink,
+        )
+    finally:
+        if sink is not None:
+            sink.close()  # the server holds its own copy
 
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
@@ -167,6 +194,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, stop)
     base = f"http://{args.host}:{args.port}"
     print(f"MLflow UI for {uri}: {runs_url(base)}  (Ctrl-C stops it)", flush=True)
+    if not shown:
+        print(f"  the server's messages and access log: {logfile} (--verbose shows them here)")
     for name, exp_id in _experiments(uri):
         print(f"  {name}: {runs_url(base, exp_id)}", flush=True)
     try:
@@ -177,8 +206,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         _stop_group(proc)
     if code != 0:
+        where = "above" if shown else f"in {logfile}"
         raise TrackingError(
-            f"mlflow server stopped with exit status {code} (its messages are above)"
+            f"mlflow server stopped with exit status {code} (its messages are {where})"
         )
     return 0
 

@@ -141,7 +141,12 @@ def test_load_model_neither_runs_nor_needs_a_pickle_planted_in_the_store(finishe
             (folder / name).write_bytes(data)
 
     # a payload in the weights file itself is refused, not run
-    weights = folder / L.MODEL_NETWORK_DIR / L.MODEL_WEIGHTS_TORCH
+    network = folder / L.MODEL_NETWORK_DIR  # safetensors where installed, else torch's file
+    weights = next(
+        network / name
+        for name in (L.MODEL_WEIGHTS_SAFETENSORS, L.MODEL_WEIGHTS_TORCH)
+        if (network / name).exists()
+    )
     saved = weights.read_bytes()
     try:
         weights.write_bytes(payload)

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from ports import free_port
+from servers import start_mlflow_server
 
 import asolab
 from asolab.config import PROJECT_ROOT
@@ -90,35 +88,8 @@ WORKER = textwrap.dedent(
 def server(tmp_path_factory) -> Iterator[str]:
     """``mlflow server`` on a SQLite backend with proxied artifacts; its URL."""
     where = tmp_path_factory.mktemp("race-server")
-    port = free_port()
-    log = open(where / "server.log", "w")  # noqa: SIM115 (closed below)
-    cmd = [
-        *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),
-        *("--backend-store-uri", f"sqlite:///{where / 'mlflow.db'}"),
-        *("--artifacts-destination", str(where / "artifacts"), "--workers", "1"),
-    ]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (where / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start in 120 s"
-            time.sleep(0.3)
+    with start_mlflow_server(f"sqlite:///{where / 'mlflow.db'}", where) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
 
 
 class _StopAt(Observer):

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
-from ports import free_port
+from servers import start_mlflow_server
 from test_study_postgres import Postgres, postgres  # noqa: F401 (the fixture)
 
 import asolab
@@ -78,36 +77,8 @@ def mlflow_server(tmp_path: Path, postgres: Postgres) -> Iterator[str]:  # noqa:
     with engine.connect() as con:
         con.execute(text("CREATE DATABASE mlflow"))
     engine.dispose()
-    port = free_port()
-    log = open(tmp_path / "mlflow-server.log", "w")  # noqa: SIM115 (closed below)
-    cmd = [
-        *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),
-        *("--backend-store-uri", postgres.url.rsplit("/", 1)[0] + "/mlflow"),
-        *("--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"),
-    ]
-    # no background job runners (MLflow's GenAI jobs): four processes fewer on small machines
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start in 120 s"
-            time.sleep(0.5)
+    with start_mlflow_server(postgres.url.rsplit("/", 1)[0] + "/mlflow", tmp_path) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
 
 
 def _wait_for_parent_run(client: MlflowClient, machine: subprocess.Popen) -> None:

@@ -551,7 +551,7 @@ def test_run_states(exc, status, store, tmp_path):
         m.step for m in MlflowClient(store).get_metric_history(tracker.run_id, "train_loss")
     ] == [0]  # logged so far is kept
     if status == "FAILED":
-        assert run.data.tags[L.TAG_ERROR] == "RuntimeError: boom second line"
+        assert run.data.tags[L.TAG_ERROR] == "RuntimeError: boom"  # its first line
     else:
         assert L.TAG_ERROR not in run.data.tags
 

@@ -122,11 +122,6 @@ class PhaseTimes(Recorder):
         self.windows.setdefault(event.phase, []).append((now - event.seconds - 1.0, now))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _gpu_index(device: torch.device) -> str:
     info = describe_device(device)
     return info.get("gpu_index", "0")
@@ -154,7 +149,7 @@ def run_section(device: torch.device, overrides: list[str]) -> dict:
         def infer() -> None:
             with runner.speed.autocast():
                 net(x, plans)
-            _sync(device)
+            gpu_steps.sync(device)
 
         per_batch = interleaved({"final": infer}, repeats=10, warmup=2)["final"]
     return {
@@ -230,7 +225,7 @@ def _first_steps(net, genotype, x: torch.Tensor, device: torch.device) -> dict[s
         start = time.perf_counter()
         loss, _ = speed.forward_loss(net, x, y, plans)
         speed.step(loss, opt)
-        _sync(device)
+        gpu_steps.sync(device)
         seconds.append(time.perf_counter() - start)
     return {"first_step_s": seconds[0], "steady_step_s": statistics.median(seconds[1:])}
 
@@ -313,7 +308,7 @@ def variants_section(device: torch.device, init_channels: int, batch: int, repea
         def step(net=net, speed=speed, opt=opt) -> None:
             loss, _ = speed.forward_loss(net, x, y, net.sample_plans(1.0, differentiable=False))
             speed.step(loss, opt, net.weight_parameters(), 5.0)
-            _sync(device)
+            gpu_steps.sync(device)
 
         steps[name] = step
     seconds = interleaved(steps, repeats=repeats, warmup=3)

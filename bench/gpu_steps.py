@@ -54,7 +54,8 @@ ESTIMATE = {
 }
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device (timings include its work)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -63,13 +64,13 @@ def timed(fn: Callable[[], object], device: torch.device, steps: int, warmup: in
     """Median seconds per call over blocks of ``steps`` calls (device work included)."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     blocks = []
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(steps):
             fn()
-        _sync(device)
+        sync(device)
         blocks.append((time.perf_counter() - start) / steps)
     return statistics.median(blocks)
 
@@ -81,12 +82,12 @@ def profiled(fn: Callable[[], object], device: torch.device, steps: int = 5) -> 
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    _sync(device)
+    sync(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             fn()
-        _sync(device)
+        sync(device)
         wall = time.perf_counter() - start
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.device_time for e in kernels) / 1e6  # µs -> s
@@ -139,7 +140,7 @@ def profile_section(device: torch.device, batch: int, out: str) -> dict:
     prof.enable()
     for _ in range(10):
         fn()
-    _sync(device)
+    sync(device)
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
@@ -149,7 +150,7 @@ def profile_section(device: torch.device, batch: int, out: str) -> dict:
 
         with profile(activities=[ProfilerActivity.CUDA]) as p:
             fn()
-            _sync(device)
+            sync(device)
         for e in p.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 kernels[e.name[:90]] += 1
@@ -189,7 +190,7 @@ def retrain_section(device: torch.device, batch: int, epoch_images: int, modes) 
         start = time.perf_counter()
         for _ in range(3):  # compile (and CUDA-graph recording) happens here
             fn()
-        _sync(device)
+        sync(device)
         first = time.perf_counter() - start
         seconds = timed(fn, device, 20, warmup=2)
         per_epoch = epoch_images // batch
@@ -219,10 +220,10 @@ def growth_section(device: torch.device, batch: int) -> dict:
             clip = cfg.search.grad_clip
             plans = net.sample_plans(1.0, False)
             fn = lambda n=net, o=wopt, p=plans: sc.steps.weight_step(n, speed, o, x, y, p, clip)  # noqa: E731, B023 (used at once)
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             fn()
-            _sync(device)
+            sync(device)
             first = time.perf_counter() - start
             steady = timed(fn, device, 5, warmup=1)
             out[f"{kind}_autotune_{'on' if bench_on else 'off'}"] = {
@@ -240,12 +241,12 @@ def worker(device: torch.device, batch: int, seconds: float) -> None:
     fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731, B023 (used at once)
     for _ in range(10):
         fn()
-    _sync(device)
+    sync(device)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         fn()
         n += 1
-    _sync(device)
+    sync(device)
     print(json.dumps({"images_per_s": n * batch / (time.perf_counter() - start)}), flush=True)
 
 

@@ -42,11 +42,6 @@ def optimizers(
     return weight_opt, alpha_opt
 
 
-def sampled_plans(net: SearchNetwork, tau: float) -> Plans:
-    """W-training's path: one op per edge by hard Gumbel-softmax, no alpha gradient."""
-    return net.sample_plans(tau, differentiable=False)
-
-
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     groups = opt.param_groups
     return groups[0]["params"] if len(groups) == 1 else [p for g in groups for p in g["params"]]

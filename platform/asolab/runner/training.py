@@ -34,7 +34,13 @@ class Training(Part):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A weight step of the supernet along ``plans``, or of ``net`` (a fixed network)."""
         return steps.weight_step(
-            net or self.net, self.speed, self.weight_opt, x, y, plans, self.cfg.search.grad_clip
+            self.net if net is None else net,
+            self.speed,
+            self.weight_opt,
+            x,
+            y,
+            plans,
+            self.cfg.search.grad_clip,
         )
 
     def alpha_step(

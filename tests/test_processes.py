@@ -85,3 +85,12 @@ def test_python_m_runs_the_module_as_main(tmp_path):
     assert done.stderr == ""
     done = processes.run([PY, "-m", "asolab.cli", "nonesuch"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_each_child_has_its_own_lease_token():
+    """The lease token is made when asolab.tracking.lease is imported, once per process:
+    two children of the server that imported it must not share it (two resumers of one
+    run would both win)."""
+    code = "from asolab.tracking import lease; print(lease.TOKEN)"
+    tokens = {processes.run([PY, "-c", code], capture_output=True, text=True).stdout for _ in "ab"}
+    assert len(tokens) == 2 and "" not in tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,14 @@ def project_store_untouched():
     yield
     new = sorted(_entries(PROJECT_MLRUNS) - before)
     assert not new, f"the test wrote {new} into {PROJECT_MLRUNS}; write to a tmp_path store instead"
+
+
+@pytest.fixture(autouse=True)
+def forked_children_ended():
+    """A child started through tests/processes.py does not outlive its test."""
+    yield
+    if "processes" in sys.modules:
+        sys.modules["processes"].kill_leftovers()
 
 
 def cell_layouts(net, forward):

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import processes
 import pytest
 from mlflow import MlflowClient
 
@@ -307,15 +308,26 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def _frozen(tmp_path: Path, argv: list[str], shell: str = "") -> subprocess.Popen:
-    """``asolab`` with ``argv`` in a new process group, frozen at its first alpha epoch;
-    ``shell`` wraps the command (``{cmd}`` in it) in ``bash -c``."""
+# ``asolab ... 2>&1 | cat > /dev/null``: the run's stdout and stderr are a pipe to a
+# ``cat`` in the run's process group, as a shell pipeline makes them.
+PIPED_TO_CAT = """
+import os, subprocess
+_cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+os.dup2(_cat.stdin.fileno(), 1)
+os.dup2(_cat.stdin.fileno(), 2)
+_cat.stdin.close()
+"""
+
+
+def _frozen(tmp_path: Path, argv: list[str], piped_to_cat: bool = False) -> processes.Popen:
+    """``asolab`` with ``argv`` in a new session (its own process group), frozen at its
+    first alpha epoch; ``piped_to_cat``: its output goes through a pipe to ``cat`` (see
+    PIPED_TO_CAT). The process is forked from the preloaded server of tests/processes.py:
+    the test is about how the process dies, not about an interpreter's start-up."""
     marker = tmp_path / "frozen"
-    cmd = [sys.executable, "-c", FREEZE, str(marker), *argv]
-    if shell:
-        cmd = ["bash", "-c", shell.format(cmd=" ".join(map(_quote, cmd)))]
-    proc = subprocess.Popen(
-        cmd,
+    code = PIPED_TO_CAT + FREEZE if piped_to_cat else FREEZE
+    proc = processes.Popen(
+        [sys.executable, "-c", code, str(marker), *argv],
         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -326,12 +338,6 @@ def _frozen(tmp_path: Path, argv: list[str], shell: str = "") -> subprocess.Pope
         time.sleep(0.1)
     assert marker.exists(), "the run never reached its first alpha epoch"
     return proc
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def test_a_run_is_resumed_by_one_process_at_a_time_and_a_dead_ones_folder_is_removed(
@@ -371,10 +377,10 @@ def test_ctrl_c_under_a_pipe_whose_reader_dies_still_closes_the_run(store, tmp_p
     stderr is a broken pipe, and still the run ends KILLED and records how to continue."""
     (tmp_path / "tmp").mkdir()
     argv = [a for a in _args(store) if a != "--quiet"]  # progress bars on the dying pipe
-    proc = _frozen(tmp_path, argv, shell="{cmd} 2>&1 | cat > /dev/null")
+    proc = _frozen(tmp_path, argv, piped_to_cat=True)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
-    deadline = time.time() + 60  # the python process may outlive bash by a moment
+    deadline = time.time() + 60
     while time.time() < deadline and _runs(store)[0].info.status == "RUNNING":
         time.sleep(0.2)
     (run,) = _runs(store)

@@ -21,6 +21,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import processes
 import pytest
 import torch.nn as nn
 from conftest import ONE_CYCLE
@@ -173,9 +174,12 @@ def test_plugin_names_are_config_values_and_show_in_run_help(plugin_path, capsys
 
 @pytest.mark.slow
 def test_asolab_run_searches_a_plugin_data_set_with_a_plugin_op(plugin_dir, tmp_path):
-    """A subprocess, as a researcher runs it: the plugin's data set and op are used and
-    recorded (tag asolab.plugins with the package and version; the op set in the
-    genotype JSON; the data set's declared normalisation)."""
+    """A process of its own, as a researcher runs it (the plugin found through
+    PYTHONPATH): the plugin's data set and op are used and recorded (tag asolab.plugins
+    with the package and version; the op set in the genotype JSON; the data set's
+    declared normalisation). The process is forked from the preloaded server of
+    tests/processes.py, which reads the plugin's entry points from the PYTHONPATH given
+    to it, as a fresh interpreter would."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = {
         **TINY,
@@ -183,7 +187,7 @@ def test_asolab_run_searches_a_plugin_data_set_with_a_plugin_op(plugin_dir, tmp_
         "space.primitives": OPS_WITH_PLUGIN,
         "tracking.tracking_uri": store,
     }
-    proc = subprocess.run(
+    proc = processes.run(
         [sys.executable, "-m", "asolab.cli", "run", "--quiet", *_sets(overrides)],
         env=_env(plugin_dir),
         capture_output=True,

@@ -5,7 +5,9 @@ The two "machines" are two long-lived processes with their own temp folders (so 
 lock file is shared: only the server is), each told to resume the same run at the
 same instant, ten times over. The winner of each race resumes for real, writes one
 new epoch and stops (Ctrl-C), leaving the run resumable for the next race; the last
-winner finishes it. One server, one run, two interpreters.
+winner finishes it. One server, one run, two processes (forked from the preloaded server
+of tests/processes.py: separate processes, pids, temp folders and connections, without
+each re-importing torch, MLflow and Optuna).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import processes
 import pytest
 from mlflow import MlflowClient
 from servers import start_mlflow_server
@@ -101,7 +104,7 @@ class _StopAt(Observer):
             raise KeyboardInterrupt
 
 
-def _machine(tmp_path: Path, name: str) -> subprocess.Popen:
+def _machine(tmp_path: Path, name: str) -> processes.Popen:
     tmp = tmp_path / name
     tmp.mkdir()
     env = {
@@ -110,7 +113,7 @@ def _machine(tmp_path: Path, name: str) -> subprocess.Popen:
         "PYTHONPATH": str(PROJECT_ROOT / "platform"),
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [sys.executable, "-c", WORKER],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -122,7 +125,7 @@ def _machine(tmp_path: Path, name: str) -> subprocess.Popen:
     return proc
 
 
-def _said(proc: subprocess.Popen) -> dict:
+def _said(proc: processes.Popen) -> dict:
     """The machine's next report."""
     while True:
         line = proc.stdout.readline()

@@ -19,6 +19,7 @@ from typing import Any
 import mlflow
 import mlflow.pyfunc
 import optuna
+import processes
 import pytest
 import torch
 from layout_check import undeclared
@@ -903,9 +904,11 @@ def _frozen_run(
     where: str,
     overrides=TINY,
     stderr=subprocess.STDOUT,
-) -> subprocess.Popen:
+) -> processes.Popen:
     """Start `asolab run` in a process and wait until it freezes at ``where`` (see
-    _FREEZE_AT); the caller sends the signal."""
+    _FREEZE_AT); the caller sends the signal. The process is forked from the preloaded
+    server of tests/processes.py: what is tested is how a run dies, not an interpreter's
+    start-up (a fresh one re-imports torch, MLflow and Optuna, ~10 s of CPU)."""
     marker = tmp_path / "frozen"
     args = [
         "run",
@@ -914,7 +917,7 @@ def _frozen_run(
         experiment,
         *_set_args([*overrides, f"tracking.tracking_uri={store}"]),
     ]
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [sys.executable, "-c", _FREEZE_AT, str(marker), where, *args],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
@@ -1087,12 +1090,15 @@ check_reachable(uri)
 
 def test_runs_started_at_the_same_moment_on_a_new_store_both_open_it(tmp_path):
     """MLflow creates a new SQLite store's tables without any lock between processes;
-    two (three) runs starting at once must not fail on each other's migrations."""
+    two (three) runs starting at once must not fail on each other's migrations. The
+    openers are processes forked from the preloaded server of tests/processes.py (separate
+    processes and connections, as the race needs; no interpreter start-up to wait for)."""
     for attempt in range(2):
         uri = f"sqlite:///{tmp_path / f'new{attempt}.db'}"
-        start = time.time() + 8  # after every process has imported mlflow
+        processes.warm()
+        start = time.time() + 2  # after every process has started
         procs = [
-            subprocess.Popen(
+            processes.Popen(
                 [sys.executable, "-c", _OPEN_AT, uri, str(start)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -31,9 +31,8 @@ What it does not emulate (use ``sys.executable`` where the test is about these):
   on ``sys.path``, so a plugin folder works; an already imported ``asolab`` is not
   replaced);
 - interpreter flags (``-u``, ``-X``, ``-W``): ``PYTHONUNBUFFERED`` in ``env`` is honoured;
-- other values an import makes once per process; the one asolab has,
-  ``asolab.tracking.lease.TOKEN`` (two resumers tell each other apart by it), is made
-  again in each child;
+- other values an import makes once per process (asolab's one, the lease token, is made
+  again in every forked child by the product itself: ``tracking/lease.py _forked``);
 - the family tree: the child's parent is the server, not the test process
   (``os.getppid()``, ``psutil.Process().children()`` in the test do not see it);
 - warnings an import prints (MLflow's SQLAlchemy deprecation): the server printed them once;
@@ -197,11 +196,6 @@ def _child(
     import tempfile
 
     tempfile.tempdir = None  # read TMPDIR again, as a fresh process does
-    lease = sys.modules.get("asolab.tracking.lease")
-    if lease is not None:  # a value per process, made at import: one of its own
-        import uuid
-
-        lease.TOKEN = uuid.uuid4().hex
     _reopen_stdio(bool(env.get("PYTHONUNBUFFERED")))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     first = "" if how == "-c" else os.getcwd()

@@ -94,3 +94,29 @@ def test_each_child_has_its_own_lease_token():
     code = "from asolab.tracking import lease; print(lease.TOKEN)"
     tokens = {processes.run([PY, "-c", code], capture_output=True, text=True).stdout for _ in "ab"}
     assert len(tokens) == 2 and "" not in tokens
+
+
+def test_a_forked_child_of_a_process_that_holds_a_lease_has_its_own_token_and_no_lease(
+    tmp_path,
+):
+    """multiprocessing forks on Linux: a researcher's pool of asolab.run calls, forked from
+    one notebook, must not share the lease token (two resumers of one run would both win
+    the contest) nor think they hold their parent's run."""
+    from asolab.tracking import lease
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    lease.take(uri, "run-of-the-parent")
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running the parent's exit code
+            os.write(write, f"{lease.TOKEN} {sorted(lease._HELD)}".encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        token, held = os.read(read, 4096).decode().split(" ", 1)
+        os.close(read)
+        assert token != lease.TOKEN and held == "[]"
+        assert "run-of-the-parent" in lease._HELD  # the parent's lease is still its own
+    finally:
+        lease.release(uri, "run-of-the-parent")

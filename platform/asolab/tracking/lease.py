@@ -53,6 +53,22 @@ TOKEN = uuid.uuid4().hex  # this process, in its lease tag
 _HELD: dict[str, int] = {}  # run id -> the open lock file this process holds
 
 
+def _forked() -> None:
+    """In a forked child (multiprocessing's default start on Linux, a forkserver): a token
+    of its own, and none of its parent's leases. With the parent's token two forked
+    resumers would each read their shared token back and both win the contest."""
+    global TOKEN
+    TOKEN = uuid.uuid4().hex
+    for fd in _HELD.values():
+        # the child's copy only: the parent's descriptor keeps the lock held
+        os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def lock_file(uri: str, run_id: str) -> Path:
     """Where the lock of ``run_id`` lives: beside a SQLite store, else in the temp folder."""
     db = sqlite_path(uri)

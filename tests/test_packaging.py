@@ -39,6 +39,11 @@ TINY_ARGS = [
     "data.train_subset=200",
     "--set",
     "tracking.log_models=false",
+    # the smallest run (tests/conftest.py's ONE_CYCLE): the test is about the install
+    "--set",
+    "space.steps=1",
+    "--set",
+    "search.calibration_batches=0",
 ]
 
 
@@ -223,16 +228,6 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     )
     work = tmp_path / "empty"
     work.mkdir()
-    where = subprocess.run(
-        [str(py), "-c", "import asolab; print(asolab.__file__)"],
-        env=env,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert where.startswith(str(env_dir)), where  # the installed wheel, not a checkout
-
     proc = subprocess.run(
         [str(env_dir / "bin" / "asolab"), "run", *TINY_ARGS],
         env=env,
@@ -250,14 +245,16 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     assert runs[0].data.params["data.name"] == "digits"
     assert sorted(p.name for p in work.iterdir()) == ["mlruns"]  # nothing else lands in the folder
 
-    # The shipped study file and its base experiment resolve from the package as well.
-    study = subprocess.run(
+    # One interpreter (each start imports asolab afresh): the installed wheel is the one
+    # imported, not a checkout, and the shipped study file and its base experiment
+    # resolve from the package as well.
+    where, source, base = subprocess.run(
         [
             str(py),
             "-c",
             (
-                "from asolab.study.config import load_study; c = load_study(); "
-                "print(c.source, c.base.name)"
+                "import asolab; from asolab.study.config import load_study; c = load_study(); "
+                "print(asolab.__file__, c.source, c.base.name)"
             ),
         ],
         env=env,
@@ -266,8 +263,9 @@ def test_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
         text=True,
         check=True,
     ).stdout.split()
-    assert study[0].startswith(str(env_dir)) and study[0].endswith("temperature_mutation.toml")
-    assert study[1] == "digits"
+    assert where.startswith(str(env_dir)), where  # the installed wheel, not a checkout
+    assert source.startswith(str(env_dir)) and source.endswith("temperature_mutation.toml")
+    assert base == "digits"
 
 
 def test_the_browser_tests_skip_names_the_missing_piece():

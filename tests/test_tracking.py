@@ -694,11 +694,18 @@ def test_a_relative_sqlite_store_serves_runs_and_the_ui(tmp_path, monkeypatch):
     """``sqlite:///mlflow.db`` (relative to the working folder) is a valid store: the
     run writes its artifacts beside it and ``asolab ui`` serves it. MLflow keeps
     artifact locations as file:// URIs, which must be absolute."""
-    from asolab.tracking.ui import server_command
+    from asolab.tracking.ui import server_command, server_env
 
     monkeypatch.chdir(tmp_path)
     uri = "sqlite:///rel.db"
-    assert main(["run", "--quiet", *_set_args([*TINY, f"tracking.tracking_uri={uri}"])]) == 0
+    # the smallest whole run (conftest.py's ONE_CYCLE): the test is about where it lands
+    smallest = [
+        *("seed=3", "device=cpu", "threads=1", "space.init_channels=4", "space.steps=1"),
+        *("search.cycles=1", "search.w_epochs=1", "search.alpha_epochs=1"),
+        *("search.retrain_epochs=1", "search.final_epochs=0", "search.calibration_batches=0"),
+        *("data.train_subset=120", "tracking.log_models=false"),
+    ]
+    assert main(["run", "--quiet", *_set_args([*smallest, f"tracking.tracking_uri={uri}"])]) == 0
     run = MlflowClient(uri).search_runs(
         [MlflowClient(uri).get_experiment_by_name("digits").experiment_id]
     )[0]
@@ -708,13 +715,21 @@ def test_a_relative_sqlite_store_serves_runs_and_the_ui(tmp_path, monkeypatch):
     cmd = server_command(uri, "127.0.0.1", 5000)
     assert cmd[cmd.index("--default-artifact-root") + 1] == (tmp_path / "artifacts").as_uri()
     assert cmd[cmd.index("--workers") + 1] == "1"
+    # no MLflow job runners unless the user asks for them
+    jobs = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+    assert server_env({})[jobs] == "false" and server_env({jobs: "true"})[jobs] == "true"
 
 
 def test_ui_serves_the_store(tracked, store):
+    import contextlib
+
+    import psutil
+
     port = free_port()
     # Only 127.0.0.1:PORT is an allowed Host: http://localhost:PORT then stands for a
     # server reached by a name it was not told about (MLflow answers 403 but on /health).
     env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": f"127.0.0.1:{port}"}
+    env.pop("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", None)  # asolab ui's own default
     proc = subprocess.Popen(
         [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store],
         stdout=subprocess.PIPE,
@@ -732,6 +747,12 @@ def test_ui_serves_the_store(tracked, store):
             except OSError:
                 time.sleep(0.5)
         assert ok, f"mlflow server did not come up on {base}"
+        # no MLflow job runner (its huey consumers each import MLflow): asolab runs no jobs
+        served = []
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+                served.append(" ".join(p.cmdline()))
+        assert served and not [c for c in served if "mlflow.server.jobs" in c], served
         exp_id = MlflowClient(store).get_experiment_by_name("tracking-test").experiment_id
         req = urllib.request.Request(
             base + "/api/2.0/mlflow/runs/search",

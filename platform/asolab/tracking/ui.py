@@ -133,6 +133,19 @@ def server_command(
     return cmd
 
 
+def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``environ`` (default ``os.environ``) with MLflow's job
+    execution off unless the user set ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION`` themselves.
+
+    MLflow 3 starts its GenAI job runners (a job runner and seven huey consumers, each
+    importing MLflow) whenever huey is installed; asolab runs no MLflow jobs, and on 2
+    cores those processes took 20-35 s of CPU beside the UI's own ~18 s, most of it
+    before the UI's first answer."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    return env
+
+
 def check_port(host: str, port: int) -> None:
     """One line, before the server starts, for a port out of range or already taken:
     mlflow server would print a traceback from its worker and still exit with status 0."""
@@ -181,6 +194,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         proc = subprocess.Popen(
             server_command(uri, args.host, args.port, args.workers, allowed),
             start_new_session=True,
+            env=server_env(),
             stdout=sink,
             stderr=sink,
         )

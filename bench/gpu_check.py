@@ -36,6 +36,8 @@ The report lands in ``--out`` (default ``bench/results/gpu_check``) as
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -127,8 +129,9 @@ def _gpu_index(device: torch.device) -> str:
     return info.get("gpu_index", "0")
 
 
-def run_section(device: torch.device, overrides: list[str]) -> dict:
-    """One asolab run: images/s per phase and of the final network, utilisation, peak memory."""
+def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -> dict:
+    """One asolab run: images/s per phase and of the final network (``repeats`` timed
+    batches after 2 warm-up ones; none under --smoke), utilisation, peak memory."""
     cfg = config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -151,7 +154,9 @@ def run_section(device: torch.device, overrides: list[str]) -> dict:
                 net(x, plans)
             gpu_steps.sync(device)
 
-        per_batch = interleaved({"final": infer}, repeats=10, warmup=2)["final"]
+        per_batch = interleaved({"final": infer}, repeats=repeats, warmup=2 if repeats > 1 else 0)[
+            "final"
+        ]
     return {
         "seconds": seconds,
         "val_acc": result.val_acc,
@@ -180,14 +185,16 @@ def cifar_npz(workdir: Path, train: int, test: int) -> Path:
     return path
 
 
-def cifar_section(device: torch.device, overrides: list[str], shape: tuple, workdir: Path):
+def cifar_section(
+    device: torch.device, overrides: list[str], shape: tuple, workdir: Path, repeats: int = 10
+):
     """``run_section`` on random CIFAR-shaped arrays: W-training's GPU utilisation at batch
     256 is the figure (issue target: at least 80%)."""
     path = cifar_npz(workdir, *shape)
-    return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides])
+    return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides], repeats)
 
 
-def growth_section(device: torch.device, init_channels: int) -> dict:
+def growth_section(device: torch.device, init_channels: int, steps: int = 4) -> dict:
     """Each growth kind on the device: the function it preserves, as max |delta logits|."""
     cfg = config.load(None, [f"space.init_channels={init_channels}"])
     torch.manual_seed(0)
@@ -207,13 +214,15 @@ def growth_section(device: torch.device, init_channels: int) -> dict:
             "where": morph.where,
             "max_abs_delta_logits": growth.preservation_error(before, after),
             "on_device": all(p.device.type == device.type for p in params),
-            **_first_steps(morph.net.train(), morph.carry(genotype), x, device),
+            **_first_steps(morph.net.train(), morph.carry(genotype), x, device, steps),
         }
         net = morph.net
     return out
 
 
-def _first_steps(net, genotype, x: torch.Tensor, device: torch.device) -> dict[str, float]:
+def _first_steps(
+    net, genotype, x: torch.Tensor, device: torch.device, steps: int
+) -> dict[str, float]:
     """The first training step of a grown network against the steady ones: new
     convolution shapes are timed by cuDNN's autotuning on first sight."""
     speed = Speed(config.SpeedConfig(), device)
@@ -221,7 +230,7 @@ def _first_steps(net, genotype, x: torch.Tensor, device: torch.device) -> dict[s
     y = torch.zeros(len(x), dtype=torch.long, device=device)
     plans = net.genotype_plans(genotype)
     seconds = []
-    for _ in range(4):
+    for _ in range(steps):
         start = time.perf_counter()
         loss, _ = speed.forward_loss(net, x, y, plans)
         speed.step(loss, opt)
@@ -254,22 +263,33 @@ high = 1.0
 """
 
 
-def study_section(device: torch.device, trials: int, subset: int, workdir: Path) -> dict:
-    """``asolab study --workers 2`` with both workers on the one GPU (``--gpus I,I``)."""
+def study_section(
+    device: torch.device, workdir: Path, trials: int, subset: int, log_models: bool = True
+) -> dict:
+    """``asolab study --workers 2`` with both workers on the one GPU (``--gpus I,I``). The
+    workers are processes of their own; the parent that starts them runs in this one (its
+    imports are paid already), its output captured as a subprocess's would be."""
+    from asolab import cli
+
     file = workdir / "gpu_check_study.toml"
-    file.write_text(STUDY.format(trials=trials, device=device, subset=subset))
+    text = STUDY.format(trials=trials, device=device, subset=subset)
+    if not log_models:  # --smoke: the model's MLflow flavour is not what this section checks
+        text = text.replace("[sampler]", "tracking.log_models = false\n[sampler]")
+    file.write_text(text)
     gpu = _gpu_index(device) if device.type == "cuda" else ""
-    cmd = [
-        *(sys.executable, "-m", "asolab.cli", "study", str(file), "--workers", "2"),
+    argv = [
+        *("study", str(file), "--workers", "2"),
         *("--storage", str(workdir / "optuna.log")),
         *("--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}"),
         *(["--gpus", f"{gpu},{gpu}"] if gpu else []),
     ]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        code = cli.main(argv)
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"study exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    if code != 0:
+        raise RuntimeError(f"study exited {code}: {captured.getvalue().strip()[-500:]}")
     from mlflow import MlflowClient
 
     from asolab.tracking import layout as L
@@ -287,7 +307,9 @@ def study_section(device: torch.device, trials: int, subset: int, workdir: Path)
     return {"seconds": seconds, "trial_runs": len(runs), "devices": devices}
 
 
-def variants_section(device: torch.device, init_channels: int, batch: int, repeats: int) -> dict:
+def variants_section(
+    device: torch.device, init_channels: int, batch: int, repeats: int, warmup: int = 3
+) -> dict:
     """W-training steps per second, eager fp32 vs bf16 autocast vs channels-last."""
     variants = {
         "eager": {"channels_last": False, "autocast": "off"},
@@ -311,7 +333,7 @@ def variants_section(device: torch.device, init_channels: int, batch: int, repea
             gpu_steps.sync(device)
 
         steps[name] = step
-    seconds = interleaved(steps, repeats=repeats, warmup=3)
+    seconds = interleaved(steps, repeats=repeats, warmup=warmup)
     return {name: {"images_per_sec": batch / s} for name, s in seconds.items()}
 
 
@@ -359,7 +381,9 @@ def device_tests(device: torch.device, smoke: bool) -> dict:
         "-p",
         "no:cacheprovider",
     ]
-    cmd += [str(ROOT / "tests" / "test_device_placement.py")]
+    # the placement tests use no fixture of tests/conftest.py, whose MLflow store template
+    # is most of a short run's time
+    cmd += ["--noconftest", str(ROOT / "tests" / "test_device_placement.py")]
     if smoke:  # CI: enough to see the switch and the file work
         cmd += ["-k", "gumbel or data_batches"]
     env = {**os.environ, "ASOLAB_TEST_DEVICE": str(device)}
@@ -385,10 +409,11 @@ def sizes(smoke: bool) -> dict:
                 "search.final_epochs=0",  # its final stage trains on all 54000 images
             ],
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
-            "growth_channels": 4,
-            "study": (2, 64),
-            "variants": (4, 16, 2),
-            "workers": ((1,), 2, 1.0),
+            "infer_repeats": 1,  # and no warm-up
+            "growth": (4, 2),  # channels; steps: the first and one steady
+            "study": (2, 64, False),  # no MLflow model logged
+            "variants": (4, 16, 1, 0),  # one interleaved repeat, no warm-up
+            "workers": ((1,), 2, 0.2),
         }
     return {
         "digits": [],  # the shipped default experiment, on the GPU
@@ -406,7 +431,8 @@ def sizes(smoke: bool) -> dict:
             + ["search.warmup_epochs=0", "search.w_epochs=3", "search.final_epochs=1"],
             (12800, 2000),  # 40 W-training batches of 256 per epoch
         ),
-        "growth_channels": 16,
+        "infer_repeats": 10,
+        "growth": (16, 4),
         "study": (4, 300),
         "variants": (16, 256, 20),
         "workers": ((1, 2, 4), 64, 12.0),
@@ -456,17 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     size = sizes(args.smoke)
+    repeats = size["infer_repeats"]
     skip = {s for s in args.skip.split(",") if s}
     fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
     start = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
-        "digits": lambda: run_section(device, size["digits"]),
-        "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir]),
-        "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir),
-        "growth": lambda: growth_section(device, size["growth_channels"]),
-        "study": lambda: study_section(device, *size["study"], workdir),
+        "digits": lambda: run_section(device, size["digits"], repeats),
+        "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
+        "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
+        "growth": lambda: growth_section(device, *size["growth"]),
+        "study": lambda: study_section(device, workdir, *size["study"]),
         "variants": lambda: variants_section(device, *size["variants"]),
         "steps": lambda: steps_section(device, args.smoke),
         "workers": lambda: gpu_steps.workers_section(device, *size["workers"]),
@@ -479,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},
     }
+    gpu_steps.QUICK = args.smoke
     try:
         for name, fn in sections.items():
             if name in skip:
@@ -497,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             report["sections"][name] = section
             print(f"{name}: {section['status']} ({section['seconds_total']:.1f} s)", flush=True)
     finally:
+        gpu_steps.QUICK = False
         shutil.rmtree(workdir, ignore_errors=True)
     report["seconds"] = time.perf_counter() - start
     out = Path(args.out)

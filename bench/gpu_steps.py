@@ -60,8 +60,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# gpu_check --smoke (CI): every timing without warm-up, over blocks of one call, so the
+# same code runs in seconds; the figures then mean nothing
+QUICK = False
+
+
 def timed(fn: Callable[[], object], device: torch.device, steps: int, warmup: int) -> float:
     """Median seconds per call over blocks of ``steps`` calls (device work included)."""
+    if QUICK:
+        steps, warmup = 1, 0
     for _ in range(warmup):
         fn()
     sync(device)
@@ -239,7 +246,7 @@ def worker(device: torch.device, batch: int, seconds: float) -> None:
     cfg, net, wopt, _, speed, x, y = _setup(device, batch)
     clip, sample = cfg.search.grad_clip, _sampler(net)
     fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731, B023 (used at once)
-    for _ in range(10):
+    for _ in range(1 if QUICK else 10):
         fn()
     sync(device)
     n, start = 0, time.perf_counter()
@@ -254,7 +261,7 @@ def workers_section(device: torch.device, counts, batch: int, seconds: float) ->
     out = {}
     for n in counts:
         cmd = [sys.executable, __file__, "--worker", "--device", str(device)]
-        cmd += ["--batch", str(batch), "--seconds", str(seconds)]
+        cmd += ["--batch", str(batch), "--seconds", str(seconds)] + (["--smoke"] if QUICK else [])
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         procs = [
             subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)
@@ -297,12 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    if args.worker:
-        worker(device, args.batch, args.seconds)
-        return 0
     smoke = args.smoke
     if smoke:  # the DARTS-like size stays; only repeats and batches shrink
         sc.DARTS_LIKE = {**sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
+        global QUICK
+        QUICK = True
+    if args.worker:
+        worker(device, args.batch, args.seconds)
+        return 0
     sections: dict[str, Callable[[], dict]] = {
         "w_step": lambda: w_step_section(device, (2,) if smoke else (64, 256), 2 if smoke else 20),
         "alpha_step": lambda: alpha_section(device, 2 if smoke else 64, 2 if smoke else 20),

@@ -37,7 +37,8 @@ SMOKE = {
     "search.alpha_epochs": 1,
     "search.retrain_epochs": 1,
     "search.final_epochs": 0,
-    "data.train_subset": 200,
+    "search.cycles": 2,  # growth in each: widen, then deepen
+    "data.train_subset": 64,  # one W-step an epoch
 }
 
 

@@ -3,7 +3,7 @@ tracker off and on, side by side in one process, against a fresh SQLite store.
 
     python bench/tracking_overhead.py                   # experiments/digits.toml, 6 pairs of runs
     python bench/tracking_overhead.py --compare-modes   # also: store writes on a thread vs inline
-    python bench/tracking_overhead.py --tiny            # a seconds-long smoke run
+    python bench/tracking_overhead.py --tiny            # a seconds-long smoke run (no warm-up)
 
 The headline (last line) is what the issue's target is about: the wall time of
 the tracked run over the untracked one. After one untimed warm-up run, rounds
@@ -83,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="asolab-bench-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         MlflowClient(uri).search_experiments()  # create the store's tables outside the timing
-        timed_run(
-            cfg, None, Path(tmp) / "warm-up"
-        )  # first-run costs (allocator, kernels, caches) hit neither variant
-        # The tracker's one-off costs (lazy imports, MLflow's scan of the installed
-        # packages when it first logs a model) are paid by a tiny tracked run, untimed.
-        warm = MlflowTracker(tracking_uri=uri, experiment="overhead-bench-warm-up")
-        timed_run(load(args.experiment, [*TINY, *args.overrides]), warm, Path(tmp) / "warm-up-2")
+        if not args.tiny:  # a smoke run's figures mean nothing: no warm-up for them
+            timed_run(
+                cfg, None, Path(tmp) / "warm-up"
+            )  # first-run costs (allocator, kernels, caches) hit neither variant
+            # The tracker's one-off costs (lazy imports, MLflow's scan of the installed
+            # packages when it first logs a model) are paid by a tiny tracked run, untimed.
+            warm = MlflowTracker(tracking_uri=uri, experiment="overhead-bench-warm-up")
+            timed_run(
+                load(args.experiment, [*TINY, *args.overrides]), warm, Path(tmp) / "warm-up-2"
+            )
         for i in range(max(1, args.repeats)):
             # Every run writes the same local checkpoints, so a difference is the tracker alone.
             # The order rotates so that a drift in the machine's speed cancels.

@@ -188,15 +188,11 @@ class TrainedRun:
         return Path(shutil.copy(self.checkpoints[cycle, phase], folder / "checkpoint.pt"))
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory) -> TrainedRun:
-    """The run of ``TINY``, trained once per worker: the tests that need a finished run of
-    it, its events or a checkpoint it wrote take them from here instead of training again
-    (each such training is seconds of CPU)."""
+def _trained(folder: Path, overrides: dict) -> TrainedRun:
+    """One run of ``overrides`` in ``folder``, keeping a copy of each checkpoint it wrote."""
     from asolab.runner import Runner
     from asolab.runner.events import Recorder
 
-    folder = tmp_path_factory.mktemp("tiny-run")
     kept: dict[tuple[int, str], Path] = {}
 
     class KeepCheckpoints(Recorder):
@@ -206,7 +202,21 @@ def tiny_run(tmp_path_factory) -> TrainedRun:
                 shutil.copy(folder / "checkpoint.pt", folder / f"{event.cycle}-{event.phase}.pt")
             )
 
-    cfg = config.load(None, TINY)
+    cfg = config.load(None, overrides)
     recorder = KeepCheckpoints()
     result = Runner(cfg, [recorder], checkpoint_dir=folder).run()
     return TrainedRun(cfg, result, recorder, kept)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> TrainedRun:
+    """The run of ``TINY``, trained once per worker: the tests that need a finished run of
+    it, its events or a checkpoint it wrote take them from here instead of training again
+    (each such training is seconds of CPU)."""
+    return _trained(tmp_path_factory.mktemp("tiny-run"), TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_final_run(tmp_path_factory) -> TrainedRun:
+    """``TINY`` with one final epoch, trained once per worker (the final stage's tests)."""
+    return _trained(tmp_path_factory.mktemp("tiny-final-run"), {**TINY, "search.final_epochs": 1})

@@ -154,9 +154,9 @@ CASES = {
             "--set",
             "space.init_channels=1024",
             "--set",
-            "space.layers=64",
+            "space.layers=3",  # the meta-device estimate builds 64 cells in a minute of CPU
             "--set",
-            "space.steps=8",
+            "data.batch_size=65536",
             "--set",
             "tracking.tracking_uri={S}",
         ],
@@ -309,10 +309,12 @@ def test_memory_estimate_follows_the_stem_stride():
 
 
 def test_a_supernet_that_cannot_fit_is_refused_before_it_is_allocated():
-    cfg = load(None, {"space.init_channels": 1024, "space.layers": 64, "space.steps": 8})
+    # terabytes at the widest channels and the largest batch; a shallow stack, since the
+    # estimate builds the supernet on the meta device (64 cells of 8 nodes: a minute of CPU)
+    cfg = load(None, {"space.init_channels": 1024, "space.layers": 3, "space.steps": 2})
     spec = ArchSpec.from_config(cfg.space, 1, 10)
     with pytest.raises(MemoryLimitError, match="data.batch_size"):
-        check_fits(spec, 64, 8, torch.device("cpu"))
+        check_fits(spec, 65536, 8, torch.device("cpu"))
     assert (
         check_fits(ArchSpec.from_config(load().space, 1, 10), 64, 8, torch.device("cpu")).total
         < 2**30
@@ -387,19 +389,21 @@ def test_a_trial_that_cannot_fit_fails_and_the_study_goes_on(tmp_path):
 
     (tmp_path / "tiny.toml").write_text(
         'seed = 0\ndevice = "cpu"\nthreads = 1\n[data]\ntrain_subset = 200\n'
-        "[space]\ninit_channels = 4\n"
+        "[space]\ninit_channels = 4\nlayers = 3\nsteps = 2\n"
         "[search]\ncycles = 1\nw_epochs = 1\nalpha_epochs = 1\nretrain_epochs = 1\n"
         "final_epochs = 0\n"
         "[tracking]\nlog_models = false\n"
     )
+    # Too big by its batch's activations (terabytes at the widest channels), not by a deep
+    # stack: the estimate builds the supernet on the meta device, and 64 cells of 8 nodes
+    # took it a minute of CPU.
     (tmp_path / "big.toml").write_text(
         'experiment = "tiny.toml"\nn_trials = 2\n[sampler]\nname = "random"\n'
         '[pruner]\nname = "none"\n'
         "[params.space.init_channels]\nchoices = [1024, 4]\n"
-        "[params.space.layers]\nchoices = [64, 3]\n"
-        "[params.space.steps]\nchoices = [8, 2]\n"
-        '[[enqueue]]\n"space.init_channels" = 1024\n"space.layers" = 64\n"space.steps" = 8\n'
-        '[[enqueue]]\n"space.init_channels" = 4\n"space.layers" = 3\n"space.steps" = 2\n'
+        "[params.data.batch_size]\nchoices = [65536, 64]\n"
+        '[[enqueue]]\n"space.init_channels" = 1024\n"data.batch_size" = 65536\n'
+        '[[enqueue]]\n"space.init_channels" = 4\n"data.batch_size" = 64\n'
     )
     journal = tmp_path / "optuna-journal.log"
     run_study(

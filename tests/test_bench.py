@@ -245,10 +245,12 @@ def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):
 
 _BENCH_AT = """
 import runpy, sys, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import search_quality  # mlflow, torch and asolab imported before the common start
-start, script, argv = float(sys.argv[2]), sys.argv[3], sys.argv[4:]
-while time.time() < start:
+sync, index, script, argv = Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+(sync / f"ready-{index}").touch()
+while not (sync / "go").exists():
     time.sleep(0.001)
 sys.argv = [script, *argv]
 runpy.run_path(script, run_name="__main__")
@@ -261,15 +263,23 @@ def test_drivers_started_side_by_side_on_a_new_store_all_open_it(tmp_path):
     store's lock one of them failed with "Online migration expected to match one row"."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["--smoke", "--datasets", "digits", "--seeds", "0", "--report", "--tracking-uri", uri]
-    start = time.time() + 10  # after every process has imported its libraries
+    sync = tmp_path / "sync"
+    sync.mkdir()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _BENCH_AT, str(BENCH), str(start), str(BENCH / f"{name}.py")]
-            + argv,
+            [sys.executable, "-c", _BENCH_AT, str(BENCH), str(sync), str(i)]
+            + [str(BENCH / f"{name}.py"), *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for name in ("search_quality", "selection_quality") * 2
+        for i, name in enumerate(("search_quality", "selection_quality") * 2)
     ]
+    # all start at once, as soon as every process has imported its libraries
+    deadline = time.time() + 180
+    while len(list(sync.glob("ready-*"))) < len(procs) and time.time() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break  # one died while importing: its output says why
+        time.sleep(0.01)
+    (sync / "go").touch()
     outs = [(p.wait(timeout=180), p.communicate()[0].decode()) for p in procs]
     assert [rc for rc, _ in outs] == [0, 0, 0, 0], "\n".join(out[-600:] for _, out in outs)

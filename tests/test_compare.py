@@ -67,6 +67,7 @@ def store(tmp_path_factory):
                 None,
                 {
                     **TINY,
+                    "data.train_subset": 64,  # one W-step an epoch: the records are the point
                     "seed": seed,
                     "tracking.enabled": True,
                     "tracking.log_models": False,

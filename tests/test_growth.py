@@ -327,6 +327,7 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
             "search.cycles": 3,
             "search.final_genotype": "last",
             "space.init_channels": 8,  # narrower keeps the plain layout on the CPU
+            "data.train_subset": 64,  # one W-step an epoch: growth is what is checked here
         }
     )
     rec = Recorder()
@@ -613,6 +614,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
             "mutation.strength": 0.5,
             "search.cycles": 2,
             "search.final_genotype": "last",
+            "data.train_subset": 64,  # one W-step an epoch: growth is what is checked here
         }
     )
     rec = Recorder()

@@ -349,12 +349,10 @@ def test_resume_after_mutate_still_reports_the_cycles_mutation_and_growth(tiny_c
     )
 
 
-def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg, tmp_path):
-    cfg = tiny_cfg.replace(**{"search.final_epochs": 1})
-    full = Runner(cfg).run()
+def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_final_run, tmp_path):
+    full = tiny_final_run.result
     # killed during the final epochs: resume from the last cycle's checkpoint trains them again
-    with pytest.raises(_StopAt):
-        Runner(cfg, [_Stopper(1, "retrain")], checkpoint_dir=tmp_path / "a").run()
+    tiny_final_run.checkpoint(1, "retrain", tmp_path / "a")
     rec = Recorder()
     again = Runner.resume(
         tmp_path / "a" / "checkpoint.pt", [rec], checkpoint_dir=tmp_path / "a"
@@ -378,13 +376,13 @@ def test_final_stage_is_checkpointed_and_resumes_without_training_again(tiny_cfg
     assert last.seconds > saved > again.seconds - saved > 0
 
 
-def test_fresh_final_weights_retrain_the_genotype_from_scratch_and_resume(tiny_cfg, tmp_path):
+def test_fresh_final_weights_retrain_the_genotype_from_scratch_and_resume(tiny_final_run, tmp_path):
     """search.final_weights = "fresh": the final network starts from new weights (its
     first epoch learns from chance level, not from what the search trained), alphas and
     genotype unchanged; killed before the final stage, the resume repeats the run."""
-    cfg = tiny_cfg.replace(**{"search.final_epochs": 1})
-    inherit, fresh = Recorder(), Recorder()
-    kept = Runner(cfg, [inherit]).run()
+    cfg = tiny_final_run.cfg
+    inherit, fresh = tiny_final_run.recorder, Recorder()
+    kept = tiny_final_run.result
     fresh_cfg = cfg.replace(**{"search.final_weights": "fresh"})
     runner = Runner(fresh_cfg, [fresh])
     full = runner.run()

@@ -150,7 +150,7 @@ def test_rank_puts_parameter_count_beside_the_supernet_and_draws_a_pareto_view(t
         "search.alpha_epochs": 1,
         "search.retrain_epochs": 1,
         "search.final_epochs": 0,
-        "data.train_subset": 200,
+        "data.train_subset": 64,  # one W-step an epoch
         "tracking.log_models": "false",
         "tracking.tracking_uri": uri,
     }

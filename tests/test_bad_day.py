@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import processes
 import pytest
@@ -308,26 +310,21 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-# ``asolab ... 2>&1 | cat > /dev/null``: the run's stdout and stderr are a pipe to a
-# ``cat`` in the run's process group, as a shell pipeline makes them.
-PIPED_TO_CAT = """
-import os, subprocess
-_cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-os.dup2(_cat.stdin.fileno(), 1)
-os.dup2(_cat.stdin.fileno(), 2)
-_cat.stdin.close()
-"""
-
-
-def _frozen(tmp_path: Path, argv: list[str], piped_to_cat: bool = False) -> processes.Popen:
+def _frozen(tmp_path: Path, argv: list[str], shell: str = "") -> Any:
     """``asolab`` with ``argv`` in a new session (its own process group), frozen at its
-    first alpha epoch; ``piped_to_cat``: its output goes through a pipe to ``cat`` (see
-    PIPED_TO_CAT). The process is forked from the preloaded server of tests/processes.py:
-    the test is about how the process dies, not about an interpreter's start-up."""
+    first alpha epoch. Forked from the preloaded server of tests/processes.py (the test
+    is about how the process dies, not about an interpreter's start-up), except under
+    ``shell`` (``{cmd}`` in it), a real ``bash -c`` pipeline: a forked child's stdio is
+    set up by the launcher, and only the shell's pipe reaches the progress bar's write
+    the way a user's ``| tee`` does (its BrokenPipeError branch)."""
     marker = tmp_path / "frozen"
-    code = PIPED_TO_CAT + FREEZE if piped_to_cat else FREEZE
-    proc = processes.Popen(
-        [sys.executable, "-c", code, str(marker), *argv],
+    cmd = [sys.executable, "-c", FREEZE, str(marker), *argv]
+    popen = processes.Popen
+    if shell:
+        cmd = ["bash", "-c", shell.format(cmd=" ".join(map(shlex.quote, cmd)))]
+        popen = subprocess.Popen
+    proc = popen(
+        cmd,
         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -377,10 +374,10 @@ def test_ctrl_c_under_a_pipe_whose_reader_dies_still_closes_the_run(store, tmp_p
     stderr is a broken pipe, and still the run ends KILLED and records how to continue."""
     (tmp_path / "tmp").mkdir()
     argv = [a for a in _args(store) if a != "--quiet"]  # progress bars on the dying pipe
-    proc = _frozen(tmp_path, argv, piped_to_cat=True)
+    proc = _frozen(tmp_path, argv, shell="{cmd} 2>&1 | cat > /dev/null")
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
-    deadline = time.time() + 60
+    deadline = time.time() + 60  # the python process may outlive bash by a moment
     while time.time() < deadline and _runs(store)[0].info.status == "RUNNING":
         time.sleep(0.2)
     (run,) = _runs(store)

@@ -221,13 +221,20 @@ def test_asolab_run_in_code_uses_the_installed_plugin(plugin_path):
     assert ops <= set(OPS_WITH_PLUGIN)
 
 
-def test_a_plugin_op_of_the_wrong_shape_is_refused_at_start_with_its_name(plugin_path, capsys):
-    prims = ["skip_connect", "wide_1x1"]
-    with pytest.raises(PluginError, match=r"op 'wide_1x1' .*returns shape \(2, 8, 8, 8\)"):
+def _refused_by_api_and_cli(op: str, match: str, capsys) -> str:
+    """A run with ``op`` beside skip_connect: asolab.run raises PluginError matching
+    ``match``, and ``asolab run`` exits 2 with one error line naming the op; that line."""
+    prims = ["skip_connect", op]
+    with pytest.raises(PluginError, match=rf"op '{op}' .*{match}"):
         asolab.run("digits", {**TINY, "space.primitives": prims}, track=False)
     rc = main(["run", "--quiet", "--no-track", *_sets({**TINY, "space.primitives": prims})])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.startswith("asolab: error: op 'wide_1x1'") and "\n" not in err
+    assert rc == 2 and err.startswith(f"asolab: error: op '{op}'") and "\n" not in err
+    return err
+
+
+def test_a_plugin_op_of_the_wrong_shape_is_refused_at_start_with_its_name(plugin_path, capsys):
+    err = _refused_by_api_and_cli("wide_1x1", r"returns shape \(2, 8, 8, 8\)", capsys)
     assert "(2, 4, 8, 8)" in err  # what it must return
 
 
@@ -241,12 +248,7 @@ def test_an_op_that_fails_at_the_runs_width_is_one_line_naming_it_and_the_width(
 
     asolab.register_op("picky", picky)
     try:
-        prims = ["skip_connect", "picky"]
-        with pytest.raises(PluginError, match=r"op 'picky' .*factory\(8, stride=.*too many"):
-            asolab.run("digits", {**TINY, "space.primitives": prims}, track=False)
-        rc = main(["run", "--quiet", "--no-track", *_sets({**TINY, "space.primitives": prims})])
-        err = capsys.readouterr().err.strip()
-        assert rc == 2 and err.startswith("asolab: error: op 'picky'") and "\n" not in err
+        _refused_by_api_and_cli("picky", r"factory\(8, stride=.*too many", capsys)
     finally:
         OPS.unregister("picky")
 

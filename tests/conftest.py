@@ -133,6 +133,14 @@ def project_store_untouched():
     assert not new, f"the test wrote {new} into {PROJECT_MLRUNS}; write to a tmp_path store instead"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """The forked children's server ends with the session and is reaped here, before xdist
+    stops the worker: its CPU and its children's then count in this process's."""
+    if "processes" in sys.modules:
+        sys.modules["processes"].shutdown()
+
+
 @pytest.fixture(autouse=True)
 def forked_children_ended():
     """A child started through tests/processes.py does not outlive its test."""

@@ -43,7 +43,7 @@ TINY = {
     "search.alpha_epochs": 1,
     "search.retrain_epochs": 1,
     "search.final_epochs": 0,
-    "data.train_subset": 300,
+    "data.train_subset": 128,
 }
 
 # The smallest whole run: one cycle of one epoch per phase, one node per cell, no model

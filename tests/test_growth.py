@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -317,6 +319,12 @@ def test_policy_kinds_and_plateau():
 # ---------------------------------------------------------------------------- runner
 
 
+def _subset(digits, cfg):
+    """``digits`` cut to ``cfg``'s data.train_subset: a bundle handed to the Runner is used
+    as it is, so the subset the config names must be applied here."""
+    return dataclasses.replace(digits, train=digits.train.head(cfg.data.train_subset))
+
+
 def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
     # final_genotype = "last": the finished runner then holds exactly the state of its
     # last checkpoint ("best" may pick and recalibrate an earlier cycle's genotype).
@@ -331,7 +339,7 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
         }
     )
     rec = Recorder()
-    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)
+    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=_subset(digits, cfg))
     start = runner.net.num_weights()
     runner.run()
     events = rec.of("growth")
@@ -618,7 +626,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
         }
     )
     rec = Recorder()
-    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=digits)
+    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=_subset(digits, cfg))
     runner.run()
     events = rec.of("growth")
     assert [e.kind for e in events] == ["deepen"] * 4

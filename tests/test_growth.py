@@ -363,7 +363,7 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
 def test_max_params_caps_growth(tiny_cfg, digits):
     cfg = tiny_cfg.replace(**{"growth.policy": "widen", "search.cycles": 1, "growth.max_params": 1})
     rec = Recorder()
-    runner = Runner(cfg, [rec], data=digits)
+    runner = Runner(cfg, [rec], data=_subset(digits, cfg))
     start = runner.net.num_weights()
     runner.run()
     assert rec.of("growth") == [] and runner.net.num_weights() == start

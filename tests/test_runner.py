@@ -656,10 +656,10 @@ def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
         check_cuda_index("cuda:x", 2)
 
 
-def test_skipped_growth_is_a_warning(tiny_cfg, digits, caplog):
+def test_skipped_growth_is_a_warning(tiny_cfg, caplog):
     cfg = tiny_cfg.replace(**{"growth.policy": "widen", "search.cycles": 1, "growth.max_params": 1})
     with caplog.at_level(logging.WARNING, logger="asolab"):
-        Runner(cfg, data=digits).run()
+        Runner(cfg).run()  # TINY's subset, loaded by the run (a bundle handed in is used whole)
     (record,) = [r for r in caplog.records if "growth" in r.getMessage()]
     assert record.levelno == logging.WARNING and "growth.max_params" in record.getMessage()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import sqlite3
@@ -14,6 +15,13 @@ import pytest
 from filelock import FileLock
 
 from asolab import threads
+
+# The suite starts dozens of fresh Pythons that import asolab. Where PYTHONDONTWRITEBYTECODE
+# is set, none of them writes the bytecode it compiled, so each compiled the package's ~100
+# modules again (about 0.5 CPU-s a child): compile them once here (atomic writes, so the
+# xdist workers may both do it).
+if sys.dont_write_bytecode:
+    compileall.compile_dir(Path(threads.__file__).parent, quiet=1)
 
 # As the CLI does: before torch loads OpenMP, let its waiting threads sleep, not spin.
 threads.prepare_environment()
@@ -35,7 +43,7 @@ TINY = {
     "search.alpha_epochs": 1,
     "search.retrain_epochs": 1,
     "search.final_epochs": 0,
-    "data.train_subset": 300,
+    "data.train_subset": 128,
 }
 
 # The smallest whole run: one cycle of one epoch per phase, one node per cell, no model
@@ -131,6 +139,14 @@ def project_store_untouched():
     yield
     new = sorted(_entries(PROJECT_MLRUNS) - before)
     assert not new, f"the test wrote {new} into {PROJECT_MLRUNS}; write to a tmp_path store instead"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """The forked children's server ends with the session and is reaped here, before xdist
+    stops the worker: its CPU and its children's then count in this process's."""
+    if "processes" in sys.modules:
+        sys.modules["processes"].shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -3,10 +3,10 @@ its table with the headline last. No timing is asserted (speed lives in bench/).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
+import processes
 import pytest
 from bench_scripts import BENCH, bench_module
 
@@ -283,17 +283,19 @@ runpy.run_path(script, run_name="__main__")
 def test_drivers_started_side_by_side_on_a_new_store_all_open_it(tmp_path):
     """The documented way to use both cores is two drivers at once on one new store; MLflow
     builds a new SQLite store's tables with no lock between processes, so without the
-    store's lock one of them failed with "Online migration expected to match one row"."""
+    store's lock one of them failed with "Online migration expected to match one row".
+    The drivers are forked from the preloaded server of tests/processes.py: four processes
+    racing on one SQLite file, without four interpreters importing torch and MLflow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["--smoke", "--datasets", "digits", "--seeds", "0", "--report", "--tracking-uri", uri]
     sync = tmp_path / "sync"
     sync.mkdir()
     procs = [
-        subprocess.Popen(
+        processes.Popen(
             [sys.executable, "-c", _BENCH_AT, str(BENCH), str(sync), str(i)]
             + [str(BENCH / f"{name}.py"), *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=processes.PIPE,
+            stderr=processes.STDOUT,
         )
         for i, name in enumerate(("search_quality", "selection_quality") * 2)
     ]

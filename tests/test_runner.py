@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import shutil
 import sys
 import time
 
@@ -259,16 +260,14 @@ def test_checkpoint_resume_continues_identically(tiny_run, tmp_path):
 
 def test_fair_w_sampling_changes_the_run_and_resumes_identically(tiny_cfg, tiny_run, tmp_path):
     cfg = tiny_cfg.replace(**{"search.w_sampling": "fair"})
-    rec = Recorder()
-    full = Runner(cfg, [rec]).run()
+    # killed after cycle 0's W-training: rounds restart with each W-training phase, so
+    # cycle 1's repeats the uninterrupted run's (a round carried over would not)
+    rec = _Keeper(tmp_path / "run", 0, "w_train", tmp_path / "killed")
+    full = Runner(cfg, [rec], checkpoint_dir=tmp_path / "run").run()
     gumbel = tiny_run.recorder
     w_losses = [e.train_loss for e in rec.of("epoch_end") if e.phase == "w_train"]
     assert w_losses != [e.train_loss for e in gumbel.of("epoch_end") if e.phase == "w_train"]
-    # killed after cycle 0's W-training: rounds restart with each W-training phase, so
-    # cycle 1's repeats the uninterrupted run's (a round carried over would not)
-    with pytest.raises(_StopAt):
-        Runner(cfg, [_Stopper(0, "w_train")], checkpoint_dir=tmp_path).run()
-    resumed = Runner.resume(tmp_path / "checkpoint.pt").run()
+    resumed = Runner.resume(rec.checkpoint).run()
     assert resumed.genotype == full.genotype and resumed.test_acc == full.test_acc
     assert resumed.val_acc == full.val_acc
 
@@ -299,19 +298,26 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
         Runner.resume(bad)
 
 
-class _StopAt(Exception):
-    """Raised by _Stopper: the run 'dies' right after a given checkpoint."""
+class _Keeper(Recorder):
+    """Keeps a copy of the checkpoint the run wrote in ``folder`` at (cycle, phase) (and
+    final-stage epoch ``stage_epoch``) as ``into/checkpoint.pt``: the file a run killed
+    right after it would leave behind, without training a second run up to there (the
+    run is the same either way: the checkpoint is written before observers hear of it)."""
 
-
-class _Stopper(Recorder):
-    def __init__(self, cycle: int, phase: str) -> None:
+    def __init__(self, folder, cycle: int, phase: str, into, stage_epoch: int | None = None):
         super().__init__()
-        self.at = (cycle, phase)
+        self.folder, self.at, self.into = folder, (cycle, phase), into
+        self.stage_epoch = stage_epoch
 
     def on_checkpoint(self, event):
         super().on_checkpoint(event)
-        if (event.cycle, event.phase) == self.at:
-            raise _StopAt
+        if (event.cycle, event.phase) == self.at and self.stage_epoch in (None, event.stage_epoch):
+            self.into.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.folder / "checkpoint.pt", self.into / "checkpoint.pt")
+
+    @property
+    def checkpoint(self):
+        return self.into / "checkpoint.pt"
 
 
 def _growth_summary(events):
@@ -330,12 +336,10 @@ def test_checkpoints_name_the_cycle_their_phase_belonged_to(tiny_run):
 def test_resume_after_mutate_still_reports_the_cycles_mutation_and_growth(tiny_cfg, tmp_path):
     """Killed during retraining: the cycle's end still carries its edits and growth."""
     cfg = tiny_cfg.replace(**{"growth.policy": "widen"})
-    full = Recorder()
-    Runner(cfg, [full]).run()
-    with pytest.raises(_StopAt):
-        Runner(cfg, [_Stopper(1, "mutate")], checkpoint_dir=tmp_path).run()
+    full = _Keeper(tmp_path / "run", 1, "mutate", tmp_path / "killed")
+    Runner(cfg, [full], checkpoint_dir=tmp_path / "run").run()
     rec = Recorder()
-    Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
+    Runner.resume(full.checkpoint, [rec]).run()
     assert rec.of("run_start")[0].resumed_from["next"] == "retrain"
     assert (
         rec.of("mutation") == [] and rec.of("growth") == []
@@ -381,10 +385,11 @@ def test_fresh_final_weights_retrain_the_genotype_from_scratch_and_resume(tiny_f
     first epoch learns from chance level, not from what the search trained), alphas and
     genotype unchanged; killed before the final stage, the resume repeats the run."""
     cfg = tiny_final_run.cfg
-    inherit, fresh = tiny_final_run.recorder, Recorder()
+    inherit = tiny_final_run.recorder
     kept = tiny_final_run.result
     fresh_cfg = cfg.replace(**{"search.final_weights": "fresh"})
-    runner = Runner(fresh_cfg, [fresh])
+    fresh = _Keeper(tmp_path / "run", 1, "retrain", tmp_path / "killed")  # before the final stage
+    runner = Runner(fresh_cfg, [fresh], checkpoint_dir=tmp_path / "run")
     full = runner.run()
     assert full.genotype == kept.genotype and full.test_acc != kept.test_acc
     (first_inherited,) = [e for e in inherit.of("epoch_end") if e.phase == "final"]
@@ -398,9 +403,7 @@ def test_fresh_final_weights_retrain_the_genotype_from_scratch_and_resume(tiny_f
         for p in m.parameters(recurse=False)
     }
     assert all(id(p) in reset for p in runner.net.weight_parameters())
-    with pytest.raises(_StopAt):
-        Runner(fresh_cfg, [_Stopper(1, "retrain")], checkpoint_dir=tmp_path).run()
-    again = Runner.resume(tmp_path / "checkpoint.pt").run()
+    again = Runner.resume(fresh.checkpoint).run()
     assert (again.genotype, again.test_acc, again.val_acc) == (
         full.genotype,
         full.test_acc,
@@ -412,21 +415,13 @@ def test_final_stage_checkpoints_between_epochs_and_resumes_inside_it(tiny_cfg, 
     """A long final stage is checkpointed between its epochs (search.checkpoint_minutes):
     killed after its second epoch, the run resumes at the third and ends as if never stopped."""
     cfg = tiny_cfg.replace(**{"search.final_epochs": 4, "search.checkpoint_minutes": 0.0})
-    full = Runner(cfg).run()
-
-    class StopAtSecondFinalEpoch(Recorder):
-        def on_checkpoint(self, event):
-            super().on_checkpoint(event)
-            if event.phase == "final" and event.stage_epoch == 2:
-                raise _StopAt
-
-    killed = StopAtSecondFinalEpoch()
-    with pytest.raises(_StopAt):
-        Runner(cfg, [killed], checkpoint_dir=tmp_path).run()
-    assert [c.stage_epoch for c in killed.of("checkpoint") if c.phase == "final"] == [1, 2]
+    killed = tmp_path / "killed"  # after the final stage's second epoch
+    kept = _Keeper(tmp_path / "run", 2, "final", killed, stage_epoch=2)
+    full = Runner(cfg, [kept], checkpoint_dir=tmp_path / "run").run()
+    assert [c.stage_epoch for c in kept.of("checkpoint") if c.phase == "final"] == [1, 2, 3, 0]
     rec, screen = Recorder(), io.StringIO()
     resumed = Runner.resume(
-        tmp_path / "checkpoint.pt", [rec, ProgressObserver(screen)], checkpoint_dir=tmp_path
+        kept.checkpoint, [rec, ProgressObserver(screen)], checkpoint_dir=killed
     ).run()
     assert "(resumed in the final stage at epoch 3)" in screen.getvalue()
     bar = (
@@ -502,17 +497,15 @@ def test_a_run_over_its_budget_trains_one_final_epoch_records_it_and_resumes(tin
     announced (event, progress line), returned, and checkpointed: a run killed during its
     evaluation resumes there, its position checked against the fitted count."""
     cfg = tiny_cfg.replace(**{"search.final_epochs": 3, "search.budget_minutes": 0.0001})
-    rec, screen = Recorder(), io.StringIO()
-    full = Runner(cfg, [rec, ProgressObserver(screen)]).run()
+    rec, screen = _Keeper(tmp_path / "run", 2, "final", tmp_path / "killed"), io.StringIO()
+    full = Runner(cfg, [rec, ProgressObserver(screen)], checkpoint_dir=tmp_path / "run").run()
     assert [e.phase for e in rec.of("epoch_end")].count("final") == 1
     assert full.final_epochs == 1
     assert [(p.epochs, p.most) for p in rec.of("final_plan")] == [(1, 3)]
     assert "final stage: 1 of at most 3 epochs fit the 0.0001-minute budget" in screen.getvalue()
 
-    with pytest.raises(_StopAt):
-        Runner(cfg, [_Stopper(2, "final")], checkpoint_dir=tmp_path).run()
-    rec = Recorder()
-    last = Runner.resume(tmp_path / "checkpoint.pt", [rec]).run()
+    killed, rec = rec.checkpoint, Recorder()
+    last = Runner.resume(killed, [rec]).run()
     assert rec.of("run_start")[0].resumed_from["next"] == "evaluation"
     assert rec.of("run_start")[0].final_epochs == 1
     assert (last.genotype, last.test_acc, last.final_epochs) == (full.genotype, full.test_acc, 1)

@@ -7,13 +7,17 @@ on it with proxied artifacts (``--artifacts-destination`` a local folder). Two
 through ``MLFLOW_TRACKING_URI=http://127.0.0.1:PORT``; one worker is SIGKILLed
 in the middle of a trial, as a lost machine would be. Skipped, with the reason,
 only where PostgreSQL or its driver is missing.
+
+The two machines are forked from the preloaded server of tests/processes.py (the
+rehearsal is about the machines' processes, not their interpreters' start-up); their
+workers are the product's own, fresh ``python -m asolab.cli study --worker``
+processes, children of the machine as on a real one.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -21,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
+import processes
 import psutil
 import pytest
 from mlflow import MlflowClient
@@ -81,7 +86,7 @@ def mlflow_server(tmp_path: Path, postgres: Postgres) -> Iterator[str]:  # noqa:
         yield url
 
 
-def _wait_for_parent_run(client: MlflowClient, machine: subprocess.Popen) -> None:
+def _wait_for_parent_run(client: MlflowClient, machine: processes.Popen) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         assert machine.poll() is None, machine.communicate()[0]
@@ -94,7 +99,7 @@ def _wait_for_parent_run(client: MlflowClient, machine: subprocess.Popen) -> Non
     raise AssertionError("the first machine created no parent run")
 
 
-def _kill_a_worker_mid_trial(machine: subprocess.Popen, storage: str) -> int:
+def _kill_a_worker_mid_trial(machine: processes.Popen, storage: str) -> int:
     """SIGKILL a worker of ``machine`` while a trial it owns runs (its MLflow run
     started); its pid."""
     # One storage for the whole poll: a storage per look opens a connection pool each
@@ -136,11 +141,11 @@ def test_two_machines_with_two_workers_each_over_http(
     file.write_text(textwrap.dedent(STUDY))
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server, "PYTHONUNBUFFERED": "1"}
 
-    def machine(seed: int) -> subprocess.Popen:
+    def machine(seed: int) -> processes.Popen:
         cmd = [sys.executable, "-m", "asolab.cli", "study", str(file), "--workers", "2"]
         cmd += ["--storage", postgres.url, "--seed", str(seed)]
-        return subprocess.Popen(
-            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        return processes.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=processes.PIPE, stderr=processes.STDOUT, text=True
         )
 
     # As docs/scaling-out.md says: the first machine creates the study and its parent

@@ -118,15 +118,17 @@ def test_channels_last_keeps_tiny_networks_contiguous_on_the_cpu():
 
 def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():
     """The crash itself (aborts or segmentation faults in the backward pass, every time on
-    that machine): a whole run in a fresh process, as the tests' tiny networks are."""
-    import subprocess
+    that machine): a whole run of a tiny network in a process of its own (forked from the
+    preloaded server of tests/processes.py), so that a crash fails the test, not pytest."""
     import sys
+
+    import processes
 
     sets = ["threads=1", "space.init_channels=4", "space.steps=1", "search.cycles=1"]
     sets += ["search.w_epochs=1", "search.alpha_epochs=1", "search.retrain_epochs=1"]
     sets += ["search.final_epochs=0", "data.train_subset=150", "speed.channels_last=true"]
     cmd = [sys.executable, "-m", "asolab.cli", "run", "--no-track", "--quiet"]
     cmd += [x for s in sets for x in ("--set", s)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = processes.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-800:]
     assert "test accuracy" in proc.stdout

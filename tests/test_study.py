@@ -1,5 +1,5 @@
 """Optuna studies end to end: real journal storages and MLflow stores in tmp_path,
-tiny digits runs (2 cycles of one epoch per phase, 4 channels, 300 examples)."""
+tiny digits runs (2 cycles of one epoch per phase, 4 channels, 96 examples)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ device = "cpu"
 threads = 1
 [data]
 name = "digits"
-train_subset = 300
+train_subset = 96
 [space]
 init_channels = 4
 [search]

@@ -8,6 +8,10 @@ processes then share it, as two machines would: same study name and storage,
 each its own ``--seed``, one MLflow store. Skipped, with the reason, where the
 PostgreSQL server binaries or a PostgreSQL driver are missing (``.ci/run``
 installs the server; the ``test`` extra installs psycopg).
+
+The "machines" are forked from the preloaded server of tests/processes.py: separate
+processes, pids and connections, as the tests need, without each re-importing torch,
+MLflow and Optuna.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import processes
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
@@ -169,7 +174,7 @@ def postgres() -> Iterator[Postgres]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def wait_for_parent_run(db: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_parent_run(db: Path, proc: processes.Popen, timeout: float = 120) -> None:
     """Until the first machine has created the study's parent run (read-only: creates nothing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -219,7 +224,7 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
     env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false", "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
 
-    def machine(seed: int) -> subprocess.Popen:
+    def machine(seed: int) -> processes.Popen:
         cmd = [
             sys.executable,
             "-m",
@@ -233,8 +238,8 @@ def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgre
             "--seed",
             str(seed),
         ]
-        return subprocess.Popen(
-            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        return processes.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=processes.PIPE, stderr=processes.STDOUT, text=True
         )
 
     # As docs/scaling-out.md says: the first machine creates the study and its parent run, then the
@@ -327,12 +332,13 @@ def test_machines_opening_an_empty_database_at_once_all_get_the_storage(postgres
         make_storage({postgres.url!r}, StorageConfig())
         print("opened")
         """)
-    go = time.time() + 8  # after every interpreter has imported asolab
+    processes.warm()  # the server has imported asolab: the children start in milliseconds
+    go = time.time() + 2
     procs = [
-        subprocess.Popen(
+        processes.Popen(
             [sys.executable, "-c", script, str(go)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=processes.PIPE,
+            stderr=processes.STDOUT,
             text=True,
         )
         for _ in range(4)

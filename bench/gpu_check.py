@@ -264,11 +264,18 @@ high = 1.0
 
 
 def study_section(
-    device: torch.device, workdir: Path, trials: int, subset: int, log_models: bool = True
+    device: torch.device,
+    workdir: Path,
+    trials: int,
+    subset: int,
+    log_models: bool = True,
+    workers: int = 2,
 ) -> dict:
     """``asolab study --workers 2`` with both workers on the one GPU (``--gpus I,I``). The
     workers are processes of their own; the parent that starts them runs in this one (its
-    imports are paid already), its output captured as a subprocess's would be."""
+    imports are paid already), its output captured as a subprocess's would be. --smoke
+    runs one worker, which is this process: two fresh workers cost some 35 s of CPU in
+    imports alone, and tests/test_study.py covers ``--workers 2`` on the CPU already."""
     from asolab import cli
 
     file = workdir / "gpu_check_study.toml"
@@ -276,9 +283,9 @@ def study_section(
     if not log_models:  # --smoke: the model's MLflow flavour is not what this section checks
         text = text.replace("[sampler]", "tracking.log_models = false\n[sampler]")
     file.write_text(text)
-    gpu = _gpu_index(device) if device.type == "cuda" else ""
+    gpu = _gpu_index(device) if device.type == "cuda" and workers > 1 else ""
     argv = [
-        *("study", str(file), "--workers", "2"),
+        *("study", str(file), "--workers", str(workers)),
         *("--storage", str(workdir / "optuna.log")),
         *("--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}"),
         *(["--gpus", f"{gpu},{gpu}"] if gpu else []),
@@ -384,9 +391,13 @@ def device_tests(device: torch.device, smoke: bool) -> dict:
     # the placement tests use no fixture of tests/conftest.py, whose MLflow store template
     # is most of a short run's time
     cmd += ["--noconftest", str(ROOT / "tests" / "test_device_placement.py")]
+    env = {**os.environ, "ASOLAB_TEST_DEVICE": str(device)}
     if smoke:  # CI: enough to see the switch and the file work
         cmd += ["-k", "gumbel or data_batches"]
-    env = {**os.environ, "ASOLAB_TEST_DEVICE": str(device)}
+        # and only the plugins the suite's options name: hypothesis, anyio, benchmark and
+        # cov, loaded from their entry points, are half of a 2-test run's CPU
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        cmd += ["-p", "xdist", "-p", "timeout"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
@@ -411,9 +422,9 @@ def sizes(smoke: bool) -> dict:
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "infer_repeats": 1,  # and no warm-up
             "growth": (4, 2),  # channels; steps: the first and one steady
-            "study": (2, 64, False),  # no MLflow model logged
+            "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
             "variants": (4, 16, 1, 0),  # one interleaved repeat, no warm-up
-            "workers": ((1,), 2, 0.2),
+            "workers": ((1,), 2, 0.2, True),  # one worker, in this process
         }
     return {
         "digits": [],  # the shipped default experiment, on the GPU

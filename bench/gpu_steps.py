@@ -25,6 +25,8 @@ Works on older checkouts (no ``runner/steps.py``): the "before" of a before/afte
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -257,18 +259,33 @@ def worker(device: torch.device, batch: int, seconds: float) -> None:
     print(json.dumps({"images_per_s": n * batch / (time.perf_counter() - start)}), flush=True)
 
 
-def workers_section(device: torch.device, counts, batch: int, seconds: float) -> dict:
+def workers_section(
+    device: torch.device, counts, batch: int, seconds: float, in_process: bool = False
+) -> dict:
+    """``n`` worker processes at once for each ``n`` of ``counts``. ``in_process``
+    (gpu_check --smoke, one worker): the worker's command line runs in this process and
+    its printed line is read back alike, without a fresh process's ~7 s of imports."""
     out = {}
     for n in counts:
-        cmd = [sys.executable, __file__, "--worker", "--device", str(device)]
-        cmd += ["--batch", str(batch), "--seconds", str(seconds)] + (["--smoke"] if QUICK else [])
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [
-            subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)
-        ]
-        rates = [
-            json.loads(p.communicate()[0].strip().splitlines()[-1])["images_per_s"] for p in procs
-        ]
+        argv = ["--worker", "--device", str(device)]
+        argv += ["--batch", str(batch), "--seconds", str(seconds)] + (["--smoke"] if QUICK else [])
+        if in_process:
+            if n != 1:
+                raise ValueError(f"in_process runs one worker, not {n}")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                main(argv)
+            outs = [printed.getvalue()]
+        else:
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, __file__, *argv], stdout=subprocess.PIPE, text=True, env=env
+                )
+                for _ in range(n)
+            ]
+            outs = [p.communicate()[0] for p in procs]
+        rates = [json.loads(o.strip().splitlines()[-1])["images_per_s"] for o in outs]
         out[f"{n}_workers"] = {"images_per_s": sum(rates), "per_worker": rates}
     return out
 

@@ -165,7 +165,7 @@ def cycle_steps(layers: int, size: int, batch: int, smoke: bool) -> dict[str, di
         )
         fns[(layout, "alpha")] = lambda r=runner: r.alpha_step(x, y, 1.0)
         fns[(layout, "W-retrain")] = lambda r=runner, p=plans: r.weight_step(x, y, p)
-    seconds = interleaved(fns, 1 if smoke else 5)
+    seconds = interleaved(fns, 1 if smoke else 5, warmup=0 if smoke else 1)  # smoke: no warm-up
     out: dict[str, dict[str, float]] = {layout: {} for layout in LAYOUTS}
     for (layout, step), s in seconds.items():
         out[layout][step] = s * 256 / batch

@@ -47,13 +47,15 @@ ARM = "random-final"
 # measure"): the shipped search (3 cycles on a 5000-image split) and 4 final epochs on the
 # whole training split instead of a 57-minute budget.
 REDUCED = ("search.budget_minutes=0", "search.final_epochs=4")
+# --smoke: perturbation selection measures each op's masking on one path of 32 images
+SMOKE = ("search.selection_images=32", "search.selection_paths=1")
 SMOKE_RANK = {"samples": 2, "epochs": 1}
 RANK = {"samples": 6, "epochs": 2}
 
 
 def overrides(selection: str, extra: list[str], smoke: bool) -> list[str]:
     """The --set list of one selection's set (its order names the experiment)."""
-    return [*([] if smoke else REDUCED), *extra, f"search.selection={selection}"]
+    return [*(SMOKE if smoke else REDUCED), *extra, f"search.selection={selection}"]
 
 
 def experiment(dataset: str, sets: list[str], smoke: bool) -> str:

@@ -48,6 +48,9 @@ TINY = [
     "space.init_channels=4",
     "data.train_subset=128",
 ]
+# --tiny alone (TINY also sizes the full run's untimed warm-up): no final epoch, which
+# would train on the whole training split, most of a tiny run's time
+TINY_ONLY = ["search.final_epochs=0"]
 
 
 def timed_run(cfg, tracker: MlflowTracker | None, checkpoint_dir: Path) -> tuple[float, float]:
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_set(ap)
     args = ap.parse_args(argv)
-    cfg = load(args.experiment, [*(TINY if args.tiny else []), *args.overrides])
+    cfg = load(args.experiment, [*(TINY + TINY_ONLY if args.tiny else []), *args.overrides])
     variants = ["off", "on", *(["thread"] if args.compare_modes else [])]
 
     rounds: list[dict[str, tuple[float, float, float, float]]] = []

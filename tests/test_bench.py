@@ -74,6 +74,29 @@ def test_search_quality_records_its_arms_in_mlflow(capsys, tmp_path):
         bench_module("search_quality").main(args + ["--arms", "initial,bogus"])
 
 
+def test_search_quality_arm_view_names_the_arm_ahead_once_size_is_taken_out():
+    """The line the drivers print under the arm table (compare/sizefit.ahead_text), with an
+    interval above zero, one below and one across it: the smoke runs' figures are too
+    noisy to say which of these they reach."""
+    import pandas as pd
+
+    from asolab.compare.sizefit import ahead_text, size_columns
+
+    diff, low, high = size_columns("params")[:3]
+    summary = pd.DataFrame(
+        {
+            "metric": ["test_acc"] * 3,
+            "arm": ["random", "scratch", "initial"],
+            diff: [0.05, -0.04, 0.0],
+            low: [0.01, -0.07, -0.02],
+            high: [0.09, -0.01, 0.02],
+        }
+    )
+    line = ahead_text(summary)
+    assert "ASO-SE ahead of random by +5.00" in line and "scratch ahead of ASO-SE by +4.00" in line
+    assert "initial" not in line
+
+
 def test_study_signal_smoke(capsys, tmp_path):
     out = tmp_path / "signal.json"
     args = ["--smoke", "--settings", "cold,hot", "--seeds", "0,1", "--json", str(out)]

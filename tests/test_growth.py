@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 
 import pytest
 import torch
@@ -320,12 +320,6 @@ def test_policy_kinds_and_plateau():
 # ---------------------------------------------------------------------------- runner
 
 
-def _subset(digits, cfg):
-    """``digits`` cut to ``cfg``'s data.train_subset: a bundle handed to the Runner is used
-    as it is, so the subset the config names must be applied here."""
-    return dataclasses.replace(digits, train=digits.train.head(cfg.data.train_subset))
-
-
 def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
     # final_genotype = "last": the finished runner then holds exactly the state of its
     # last checkpoint ("best" may pick and recalibrate an earlier cycle's genotype).
@@ -340,7 +334,7 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
         }
     )
     rec = Recorder()
-    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=_subset(digits, cfg))
+    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path)  # loads the subset cfg names
     start = runner.net.num_weights()
     runner.run()
     events = rec.of("growth")
@@ -354,19 +348,22 @@ def test_runner_grows_preserves_and_resumes_exactly(tiny_cfg, digits, tmp_path):
     with torch.no_grad():
         _, layouts = cell_layouts(runner.net, lambda: runner._logits(digits.val.x[:8]))
     assert layouts == [True] * 5
-    resumed = Runner.resume(tmp_path / "checkpoint.pt", data=digits)
+    resumed = Runner.resume(tmp_path / "checkpoint.pt")
     assert resumed.spec == runner.spec
     x = digits.val.x[:64]
     assert torch.equal(resumed._logits(x), runner._logits(x))
 
 
-def test_max_params_caps_growth(tiny_cfg, digits):
+def test_max_params_caps_growth_and_a_skipped_growth_is_a_warning(tiny_cfg, caplog):
     cfg = tiny_cfg.replace(**{"growth.policy": "widen", "search.cycles": 1, "growth.max_params": 1})
     rec = Recorder()
-    runner = Runner(cfg, [rec], data=_subset(digits, cfg))
+    runner = Runner(cfg, [rec])
     start = runner.net.num_weights()
-    runner.run()
+    with caplog.at_level(logging.WARNING, logger="asolab"):
+        runner.run()
     assert rec.of("growth") == [] and runner.net.num_weights() == start
+    (record,) = [r for r in caplog.records if "growth" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "growth.max_params" in record.getMessage()
 
 
 # ----------------------------------------------------------- deepen: the inserted cell's own alphas
@@ -627,7 +624,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
         }
     )
     rec = Recorder()
-    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path, data=_subset(digits, cfg))
+    runner = Runner(cfg, [rec], checkpoint_dir=tmp_path)  # loads the subset cfg names
     runner.run()
     events = rec.of("growth")
     assert [e.kind for e in events] == ["deepen"] * 4
@@ -651,7 +648,7 @@ def test_runner_deepens_with_own_alphas_and_resumes_exactly(tiny_cfg, digits, tm
     # cycle 1's two cells came after the last alpha phase and are still copies of them.
     same = [torch.equal(runner.net.alphas[f"cell{i}"], runner.net.alphas["normal"]) for i in own]
     assert sorted(same) == [False, False, True, True]
-    resumed = Runner.resume(tmp_path / "checkpoint.pt", data=digits)
+    resumed = Runner.resume(tmp_path / "checkpoint.pt")
     assert resumed.spec == runner.spec and resumed.state.genotype == runner.state.genotype
     assert resumed.net.derive() == runner.net.derive()
     x = digits.val.x[:64]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import shutil
 import sys
 import time
@@ -654,14 +653,6 @@ def test_cuda_index_beyond_the_machines_devices_is_a_config_error():
         check_cuda_index("cuda:7", 2)
     with pytest.raises(ConfigError, match="not valid"):
         check_cuda_index("cuda:x", 2)
-
-
-def test_skipped_growth_is_a_warning(tiny_cfg, caplog):
-    cfg = tiny_cfg.replace(**{"growth.policy": "widen", "search.cycles": 1, "growth.max_params": 1})
-    with caplog.at_level(logging.WARNING, logger="asolab"):
-        Runner(cfg).run()  # TINY's subset, loaded by the run (a bundle handed in is used whole)
-    (record,) = [r for r in caplog.records if "growth" in r.getMessage()]
-    assert record.levelno == logging.WARNING and "growth.max_params" in record.getMessage()
 
 
 def test_an_observer_failing_on_the_start_still_sees_the_interruption(tiny_cfg):

@@ -421,7 +421,7 @@ def kill_leftovers() -> list[int]:
     return killed
 
 
-def shutdown(timeout: float = 30) -> None:
+def shutdown() -> None:
     """End every child, then the server, and reap it (multiprocessing leaves it to exit on
     its own, after this process, whose ``RUSAGE_CHILDREN`` then never counts it: nor do
     ``/usr/bin/time pytest`` and ``resource.getrusage``). conftest.py calls this at the end
@@ -436,20 +436,8 @@ def shutdown(timeout: float = 30) -> None:
         if _context is None:
             return
         _context = None
-        server = forkserver._forkserver
-        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
-        if pid is None or alive is None:
-            return
-        os.close(alive)  # EOF on the server's "alive" pipe: it exits as the interpreter does
-        server._forkserver_alive_fd = server._forkserver_pid = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:
-            return
-        time.sleep(0.01)
+        # multiprocessing's own stop: EOF on the server's "alive" pipe, then waitpid
+        forkserver._forkserver._stop()
 
 
 atexit.register(shutdown)

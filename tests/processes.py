@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -96,6 +97,12 @@ PRELOAD = [
     "pytest",
     "processes",
 ]
+
+# The server's socket goes in multiprocessing's temp folder, made once per process under
+# the temp folder of that moment. Made now, at collection: a test that points tempfile at
+# its deep tmp_path and then starts the first child would put the socket's path past the
+# 108 bytes a socket's path may have.
+multiprocessing.util.get_temp_dir()
 
 _context: multiprocessing.context.BaseContext | None = None
 _lock = threading.Lock()

@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from asolab import threads
 from asolab.interrupt import Terminated, sigterm_as_interrupt
@@ -74,6 +75,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def use_threads(requested: int = 0) -> int:
     """The thread count by asolab's rule (0 = auto), registered like a run's."""
     return threads.acquire(requested)
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as ``lscpu`` gives it."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return _platform.processor() or "cpu"
 
 
 def machine() -> str:

@@ -25,14 +25,13 @@ import argparse
 import importlib.util
 import json
 import os
-import platform as _platform
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import interleaved, table
+from _common import cpu_model, interleaved, table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from asolab import config
@@ -282,13 +281,6 @@ def main(argv: list[str] | None = None) -> int:
         OPS_FILE.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {OPS_FILE.relative_to(ROOT)}")
     return 0
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return _platform.processor() or "cpu"
 
 
 if __name__ == "__main__":

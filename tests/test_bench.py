@@ -29,6 +29,12 @@ def test_data_pipeline(capsys):
     assert lines[-1].startswith("data pipeline share of W-training time")
 
 
+def test_checkpoint_io(capsys):
+    lines = _run(capsys, "checkpoint_io", ["--smoke"])
+    assert lines[2].split()[:3] == ["size", "tensors", "MB"] and lines[3].startswith("smallest")
+    assert lines[-1].startswith("packed checkpoint over torch.save (smallest")
+
+
 def test_memory_reads_rss_every_cycle(capsys):
     lines = _run(capsys, "memory", ["--smoke", "--skip-default"])
     cycles = [line for line in lines if "-cycle run, no growth" in line and " cycle " in line]

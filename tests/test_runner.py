@@ -165,6 +165,7 @@ def test_a_checkpoint_from_before_the_speed_section_resumes_in_its_layout(tiny_c
     path = tmp_path / "checkpoint.pt"
     state = ckpt.load(path, "test")
     del state["config"]["speed"]
+    state["format"] = 2  # as those versions wrote it: the tensors in place, not packed
     torch.save(state, path)
     resumed = Runner.resume(path)
     assert resumed.cfg.speed.channels_last is False
@@ -295,6 +296,41 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt"):
         Runner.resume(bad)
+
+
+def test_a_checkpoint_packs_its_tensors_and_reads_them_back_equal(tiny_run, tmp_path):
+    """On disk the tensors are a few flat ones (one per dtype), not one pickle each; read
+    back, every tensor equals the runner's, with its dtype and strides (channels-last
+    weights included), and a packed tensor whose place runs past its group is corrupt."""
+    from asolab.runner import checkpoint as ckpt
+
+    tiny_run.checkpoint(1, "retrain", tmp_path)
+    raw = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    flat = raw[ckpt.PACKED]["flat"]
+    assert raw["format"] == ckpt.FORMAT and len(flat) <= 3  # float32, int64, uint8
+    assert not any(isinstance(v, torch.Tensor) for v in raw["model"].values())
+    runner = Runner.resume(tmp_path / "checkpoint.pt")
+    state = ckpt.load(tmp_path / "checkpoint.pt")
+    assert state.keys() == runner.checkpoint_state().keys() | {"format"}
+    for name, value in runner.net.state_dict().items():
+        assert torch.equal(state["model"][name], value), name
+    opt = runner.weight_opt.state_dict()["state"]
+    assert opt and all(
+        torch.equal(state["weight_opt"]["state"][k]["momentum_buffer"], v["momentum_buffer"])
+        for k, v in opt.items()
+    )
+    assert torch.equal(state["rng"]["torch"], torch.get_rng_state())  # as resume restored it
+
+    w = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    odd = {"w": w, "views": [torch.arange(6)[::2], torch.ones(2, 1).expand(2, 3)], "n": 1.5}
+    back = ckpt.unpack(ckpt.pack(odd))
+    assert torch.equal(back["w"], w) and back["w"].stride() == w.stride()
+    assert all(torch.equal(a, b) for a, b in zip(back["views"], odd["views"])) and back["n"] == 1.5
+
+    raw[ckpt.PACKED]["flat"] = [f[:-1] for f in flat]  # one element short
+    torch.save(raw, tmp_path / "short.pt")
+    with pytest.raises(ckpt.CheckpointError, match="corrupt"):
+        ckpt.load(tmp_path / "short.pt")
 
 
 class _Keeper(Recorder):
@@ -562,9 +598,11 @@ def test_a_budget_that_fits_every_final_epoch_changes_nothing(tiny_cfg):
 
 
 def _save_edited(src, dst, edit):
-    state = torch.load(src, weights_only=True)
+    from asolab.runner import checkpoint as ckpt
+
+    state = ckpt.load(src)
     edit(state)
-    torch.save(state, dst)
+    ckpt.save(state, dst)
     return dst
 
 

@@ -30,6 +30,7 @@ from ports import free_port
 from asolab.cli import main, resume_command
 from asolab.config import PROJECT_ROOT, load
 from asolab.runner import Runner
+from asolab.runner import checkpoint as ckpt
 from asolab.runner.events import Observer, Recorder
 from asolab.space.genotype import Genotype
 from asolab.space.network import extract
@@ -247,9 +248,8 @@ def test_run_records_everything(tracked, store, tmp_path):
 
     # the stored checkpoint is the one after the final stage: it holds the trained final network
     assert tags[L.TAG_PHASE] == "after final stage"
-    state = torch.load(
-        client.download_artifacts(tracker.run_id, L.CHECKPOINT_ARTIFACT, str(tmp_path)),
-        weights_only=True,
+    state = ckpt.load(
+        client.download_artifacts(tracker.run_id, L.CHECKPOINT_ARTIFACT, str(tmp_path))
     )
     assert (
         state["position"]["cycle"] == cfg.search.cycles

@@ -71,8 +71,9 @@ class ModelLogging:
                 network = Path(tmp) / Path(L.MODEL_NETWORK_DIR).name
                 predictor.save(network, event.supernet, event.genotype, event.preprocessing)
                 local = os.path.join(tmp, L.MODEL_DIR)
-                # (its warning that no input example was given: the signature says it all)
-                warnings.filterwarnings("ignore", message="An input example was not provided")
+                # (its warning that no input example was given: the signature says it all;
+                # the text starts with a colour code, hence the leading ".*")
+                warnings.filterwarnings("ignore", message=".*An input example was not provided")
                 mlflow.pyfunc.save_model(
                     local,
                     loader_module=L.MODEL_LOADER,

@@ -14,7 +14,7 @@ def test_a_run_from_python_shows_progress_and_its_summary_and_is_silent_when_ask
     asolab.run("digits", SMALL, track=False, progress=True)
     out, err = capsys.readouterr()
     assert out == ""  # bars, lines and the summary on stderr, as tqdm writes
-    assert "asolab: digits on digits (" in err  # the banner
+    assert "asolab: digits (" in err and "device cpu, 1 cycle\n" in err  # the banner
     assert "W-training 1: 100%" in err and "alpha-training 1: 100%" in err  # the bars
     for row in ("final genotype", "validation accuracy", "test accuracy", "wall time (s)"):
         assert row in err, err

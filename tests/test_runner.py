@@ -581,7 +581,7 @@ def test_progress_writes_to_stderr_as_it_is_when_the_bar_is_made(tiny_cfg, monke
     bar.on_run_start(
         RunStart(tiny_cfg, {"name": "digits", "train": 1, "val": 1, "test": 1}, "cpu", {})
     )
-    assert "asolab: digits on digits" in screen.getvalue()
+    assert "asolab: digits (1 train" in screen.getvalue()
 
 
 def test_a_budget_that_fits_every_final_epoch_changes_nothing(tiny_cfg):

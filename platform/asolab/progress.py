@@ -76,9 +76,16 @@ class ProgressObserver(ev.Observer):
         self.first = {p.name: p.epochs(s, cycle=0) for p in PHASES}  # the warm-up's share
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
+        # "digits", not "digits on digits", where the experiment is named after its data
+        what = (
+            event.config.name
+            if event.config.name == d["name"]
+            else (f"{event.config.name} on {d['name']}")
+        )
+        cycles = f"{s.cycles} cycle{'s' if s.cycles != 1 else ''}"
         self._write(
-            f"asolab: {event.config.name} on {d['name']} ({d['train']} train / {d['val']} val / "
-            f"{d['test']} test), device {event.device}, {s.cycles} cycles{where}"
+            f"asolab: {what} ({d['train']} train / {d['val']} val / {d['test']} test), "
+            f"device {event.device}, {cycles}{where}"
         )
         for note in d.get("notes", {}).values():  # a layout told from the shape, a resize
             self._write(f"  data: {note}")

@@ -9,8 +9,9 @@ Sections (each records its figures, or the error that stopped it):
 1. ``device_tests``  the suite's placement tests on the real device
    (``ASOLAB_TEST_DEVICE=<device> pytest -m device``);
 2. ``digits``        a digits run: images/s per phase and of the final network
-   (training and inference), GPU utilisation sampled with nvidia-smi during
-   W-training, peak CUDA memory;
+   (training and inference), seconds per phase's loops and outside them, GPU
+   utilisation sampled with nvidia-smi during W-training, peak CUDA memory;
+   ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
 3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
    copy ``--fashion-dir`` names), same figures;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
@@ -142,8 +143,10 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         result = runner.run()
     seconds = time.perf_counter() - start
     phases: dict[str, list[float]] = {}
+    loops: dict[str, float] = {}
     for e in rec.of("epoch_end"):
         phases.setdefault(e.phase, []).append(e.images_per_sec)
+        loops[e.phase] = loops.get(e.phase, 0.0) + e.seconds
     net = runner.net.eval()
     plans = net.genotype_plans(result.genotype)
     x = runner.data.val.x[: cfg.data.eval_batch_size]
@@ -162,6 +165,10 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         "val_acc": result.val_acc,
         "test_acc": result.test_acc,
         "images_per_sec": {p: statistics.median(v) for p, v in phases.items()},
+        # where the run's seconds went: each phase's training loops, and the rest (data,
+        # building, evaluation, calibration, mutation, growth, checkpoints)
+        "loop_seconds": loops,
+        "other_seconds": seconds - sum(loops.values()),
         "final_inference_images_per_sec": len(x) / per_batch,
         "gpu_during_w_train": sampler.during(rec.windows.get("w_train", [])),
         "peak_cuda_memory_mib": (
@@ -348,6 +355,7 @@ def variants_section(
 ESTIMATE_S = {
     "device_tests": 30,
     "digits": 60,
+    "digits_autotune_off": 60,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -501,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"], repeats),
+        # the same run without cuDNN's autotuning: a short run meets most convolution
+        # shapes once, and the alpha phase ran at 152 images/s on the first H100
+        "digits_autotune_off": lambda: run_section(
+            device, [*size["digits"], "speed.cudnn_benchmark=false"], repeats
+        ),
         "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         "growth": lambda: growth_section(device, *size["growth"]),

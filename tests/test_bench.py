@@ -222,8 +222,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
-        ["device_tests", "digits", "fashion", "cifar_shape", "growth", "study", "variants"]
-        + ["steps", "workers"],
+        ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape", "growth"]
+        + ["study", "variants", "steps", "workers"],
         "ok",
     )
     steps = sections["steps"]
@@ -234,7 +234,10 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert sections["workers"]["1_workers"]["images_per_s"] > 0
     assert sections["cifar_shape"]["images_per_sec"]["w_train"] > 0
     assert "passed" in sections["device_tests"]["summary"]
-    assert set(sections["digits"]["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
+    digits = sections["digits"]
+    assert set(digits["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
+    assert set(digits["loop_seconds"]) == set(digits["images_per_sec"])
+    assert 0 < digits["other_seconds"] < digits["seconds"]
     growth = sections["growth"]
     for kind in ("widen", "deepen", "branch"):
         assert growth[kind]["max_abs_delta_logits"] < 1e-4 and growth[kind]["on_device"]

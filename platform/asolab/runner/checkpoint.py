@@ -10,7 +10,7 @@ It also carries a stamp: what its observers say it belongs to (the tracker's run
 id) and the hash of its config, so that a resume can refuse a checkpoint of
 another run that was put in its place (:func:`check_owner`).
 
-On disk, the state's tensors are packed into one flat tensor per dtype and device,
+On disk, the state's tensors are packed into one flat tensor per dtype,
 each tensor's place taken by a small marker (:func:`pack`): ``torch.save`` pickles
 every tensor through Python, so a supernet's several hundred small tensors made a
 save and a load cost 2-4 times what the packed form does (bench/checkpoint_io.py).
@@ -88,17 +88,19 @@ def save(state: dict[str, Any], path: str | Path) -> Path:
 
 def pack(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` with each tensor replaced by a marker ``{"packed_tensor": i}`` and the
-    tensors' values, flattened and joined per dtype and device, under :data:`PACKED`
+    tensors' values, flattened and joined per dtype on the host, under :data:`PACKED`
     with each one's group, shape and strides. Lossless: :func:`unpack` gives back equal
     tensors with the same strides (a channels-last weight stays channels-last)."""
     tensors: list[torch.Tensor] = []
     skeleton = _replace(state, tensors)
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
     index = []
     for t in tensors:
-        group = groups.setdefault((t.dtype, t.device), [])
-        index.append([list(groups).index((t.dtype, t.device)), list(t.shape), _strides(t)])
-        group.append(t.detach().reshape(-1))
+        group = groups.setdefault(t.dtype, [])
+        index.append([list(groups).index(t.dtype), list(t.shape), _strides(t)])
+        # joined on the host, as torch.save copies them there anyway: a run near its
+        # GPU's memory limit must not need a second copy of its state on the device
+        group.append(t.detach().reshape(-1).cpu())
     flat = [torch.cat(parts) for parts in groups.values()]
     return {**skeleton, PACKED: {"flat": flat, "index": index}}
 

@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     header = ["size", "tensors", "MB", "save", "packed", "ratio", "load", "packed", "ratio"]
     print(table(header, rows))
     last = rows[-1]
-    print(f"packed checkpoint over torch.save ({last[0]}): save {last[5]}, load {last[8]}")
+    size = last[0].split(" (")[0]
+    print(f"packed checkpoint over torch.save at the {size} size: save {last[5]}, load {last[8]}")
     return 0
 
 

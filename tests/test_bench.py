@@ -32,7 +32,7 @@ def test_data_pipeline(capsys):
 def test_checkpoint_io(capsys):
     lines = _run(capsys, "checkpoint_io", ["--smoke"])
     assert lines[2].split()[:3] == ["size", "tensors", "MB"] and lines[3].startswith("smallest")
-    assert lines[-1].startswith("packed checkpoint over torch.save (smallest")
+    assert lines[-1].startswith("packed checkpoint over torch.save at the smallest size: save ")
 
 
 def test_memory_reads_rss_every_cycle(capsys):

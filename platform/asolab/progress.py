@@ -77,15 +77,11 @@ class ProgressObserver(ev.Observer):
         d = event.data
         where = f" ({self._resumed(event.resumed_from)})" if event.resumed_from else ""
         # "digits", not "digits on digits", where the experiment is named after its data
-        what = (
-            event.config.name
-            if event.config.name == d["name"]
-            else (f"{event.config.name} on {d['name']}")
-        )
+        on = "" if event.config.name == d["name"] else f" on {d['name']}"
         cycles = f"{s.cycles} cycle{'s' if s.cycles != 1 else ''}"
         self._write(
-            f"asolab: {what} ({d['train']} train / {d['val']} val / {d['test']} test), "
-            f"device {event.device}, {cycles}{where}"
+            f"asolab: {event.config.name}{on} ({d['train']} train / {d['val']} val / "
+            f"{d['test']} test), device {event.device}, {cycles}{where}"
         )
         for note in d.get("notes", {}).values():  # a layout told from the shape, a resize
             self._write(f"  data: {note}")

@@ -109,13 +109,7 @@ def _strides(t: torch.Tensor) -> list[int]:
     """The strides to restore ``t`` with: its own where its memory is one dense block in
     either layout, else plain contiguous ones (an expanded or sliced view)."""
     last = t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-    if t.is_contiguous() or last:
-        return list(t.stride())
-    strides, step = [], 1
-    for size in reversed(t.shape):
-        strides.insert(0, step)
-        step *= max(size, 1)
-    return strides
+    return list((t if t.is_contiguous() or last else t.contiguous()).stride())
 
 
 def _replace(obj: Any, tensors: list[torch.Tensor]) -> Any:
@@ -140,9 +134,7 @@ def unpack(state: Any) -> Any:
         flat, start = packed["flat"][group], offsets[group]
         n = math.prod(shape)
         offsets[group] = start + n
-        if start + n > flat.numel():
-            raise ValueError("a packed tensor runs past its group's end")
-        values = flat[start : start + n].view(shape)
+        values = flat[start : start + n].view(shape)  # past the group's end: too few to view
         tensors.append(torch.empty_strided(shape, stride, dtype=flat.dtype).copy_(values))
     return _restore(state, tensors)
 

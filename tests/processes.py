@@ -416,9 +416,25 @@ def run(
     return done
 
 
-def kill_leftovers() -> list[int]:
-    """SIGKILL every child still running (end of a test or of the session); their pids."""
+def outlives_the_test(proc: Popen) -> Popen:
+    """``proc``, left running past the end of its test (a module-scoped fixture's server,
+    which the fixture stops): ``kill_leftovers`` at a test's end passes it by; the
+    session's end still kills it."""
+    _live.remove(proc)
+    _kept.append(proc)
+    return proc
+
+
+_kept: list[Popen] = []
+
+
+def kill_leftovers(also_kept: bool = False) -> list[int]:
+    """SIGKILL every child still running (end of a test; with ``also_kept``, of the
+    session); their pids."""
     killed = []
+    if also_kept:
+        _live.extend(_kept)
+        _kept.clear()
     while _live:
         proc = _live.pop()
         if proc.poll() is None:
@@ -437,7 +453,7 @@ def shutdown() -> None:
     global _context, _warm
     from multiprocessing import forkserver
 
-    kill_leftovers()
+    kill_leftovers(also_kept=True)
     _warm = False
     with _lock:
         if _context is None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
+import processes
 import pytest
 from chromium import CHROMIUM, DRIVER, missing
 from mlflow import MlflowClient
@@ -126,9 +126,11 @@ def store(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def ui(store) -> dict:
-    """A real ``asolab ui`` on a free port, stopped (its whole process group) afterwards."""
+    """A real ``asolab ui`` on a free port, stopped (its whole process group) afterwards.
+    Forked from the preloaded server of tests/processes.py: the page is what is tested, not
+    the interpreter's start-up (``mlflow server`` under it is a fresh process as ever)."""
     port = free_port()
-    proc = subprocess.Popen(
+    proc = processes.Popen(  # the module's tests share it
         [
             sys.executable,
             "-m",
@@ -139,10 +141,11 @@ def ui(store) -> dict:
             "--tracking-uri",
             store["uri"],
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=processes.PIPE,
+        stderr=processes.STDOUT,
         start_new_session=True,
     )
+    processes.outlives_the_test(proc)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 240  # a loaded CI machine starts mlflow server slowly

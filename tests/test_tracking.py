@@ -731,10 +731,12 @@ def test_ui_serves_the_store(tracked, store):
     # server reached by a name it was not told about (MLflow answers 403 but on /health).
     env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": f"127.0.0.1:{port}"}
     env.pop("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", None)  # asolab ui's own default
-    proc = subprocess.Popen(
+    # forked from the preloaded server (tests/processes.py): the command's behaviour is
+    # tested here, not its interpreter's start-up
+    proc = processes.Popen(
         [sys.executable, "-m", "asolab.cli", "ui", "--port", str(port), "--tracking-uri", store],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=processes.PIPE,
+        stderr=processes.STDOUT,
         start_new_session=True,
         env=env,
     )

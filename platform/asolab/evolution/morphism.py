@@ -44,7 +44,7 @@ import torch.nn as nn
 
 from ..space.cells import SearchCell
 from ..space.genotype import Genotype, own_cell_name
-from ..space.network import SearchNetwork
+from ..space.network import SearchNetwork, build_on
 from ..space.ops import NONE, DilConv, FactorizedReduce, Identity, Pool, ReLUConvBN, SepConv, Zero
 from ..space.spec import ArchSpec, CellSpec
 
@@ -247,8 +247,7 @@ def _build(
 ) -> tuple[SearchNetwork, dict[str, str]]:
     """Build ``SearchNetwork(spec)`` and fill it from ``old`` (``rename``: old name -> new name)."""
     param = next(old.parameters())
-    with torch.device(param.device):  # built where the old one lives, never left on the CPU
-        new = SearchNetwork(spec)
+    new = build_on(spec, param.device)  # where the old one lives, never left on the CPU
     if next(new.parameters()).dtype != param.dtype:  # a network converted to another precision
         new = new.to(dtype=param.dtype)
     new.train(old.training)

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import SpeedConfig
-from ..space.network import SearchNetwork
+from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,7 @@ def build_network(
 ) -> SearchNetwork:
     """The supernet built directly on ``device``: no CPU copy to allocate and move,
     and every module (stem, cells, alphas, buffers) created where the run computes."""
-    with torch.device(device):
-        net = SearchNetwork(spec)
-    return with_layout(net, layout)
+    return with_layout(build_on(spec, device), layout)
 
 
 def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:

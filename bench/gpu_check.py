@@ -26,7 +26,11 @@ Sections (each records its figures, or the error that stopped it):
    batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
    and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
    and GPU busy from torch.profiler;
-9. ``workers``       aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
+9. ``graphed``       the sampled W-step at batch 64 with every candidate op captured
+   once as a CUDA graph pair (``torch.cuda.make_graphed_callables``) against the eager
+   step: capture seconds, ms per step, kernels, GPU busy, peak memory (on the CPU: the
+   ops it would capture);
+10. ``workers``      aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
 
 ``--budget-s`` skips a section whose estimate no longer fits (a 10-minute call).
 
@@ -362,14 +366,13 @@ ESTIMATE_S = {
     "study": 60,
     "variants": 20,
     "steps": 200,
+    "graphed": 60,
     "workers": 90,
 }
 
 
 def steps_section(device: torch.device, smoke: bool) -> dict:
     """The DARTS-like size's steps (bench/gpu_steps.py), kernels and GPU busy with them."""
-    if smoke:  # three cells, two nodes: the same code at a tiny size
-        gpu_steps.sc.DARTS_LIKE = {**gpu_steps.sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
     modes = ("off",) if smoke else ("off", "default", "reduce-overhead")
     return {
         "w_step": gpu_steps.w_step_section(
@@ -520,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         "study": lambda: study_section(device, workdir, *size["study"]),
         "variants": lambda: variants_section(device, *size["variants"]),
         "steps": lambda: steps_section(device, args.smoke),
+        # the next lever for the W-step (issue: 2,600-2,800 kernels a step, GPU 18% busy)
+        "graphed": lambda: gpu_steps.graphed_section(
+            device, 2 if args.smoke else 64, 2 if args.smoke else 20
+        ),
         "workers": lambda: gpu_steps.workers_section(device, *size["workers"]),
     }
     report = {
@@ -531,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         "sections": {},
     }
     gpu_steps.QUICK = args.smoke
+    if args.smoke:  # the DARTS-like size's steps at three cells, two nodes: the same code, tiny
+        gpu_steps.sc.DARTS_LIKE = {**gpu_steps.sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
     try:
         for name, fn in sections.items():
             if name in skip:

@@ -16,6 +16,8 @@ Sections (``bench/gpu_check.py`` runs them too; each records its figures or its 
 - ``growth``: the first step after widen and deepen against the steady ones, cuDNN
   autotuning on and off;
 - ``workers``: aggregate W-step images/s of 1, 2 and 4 processes sharing the GPU;
+- ``graphed``: the W-step at batch 64 with every candidate op captured once as a CUDA
+  graph pair, against the eager step (``gpu_check.py``'s section of that name);
 - ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds.
 
 ``--budget-s`` skips a section whose estimate would not fit in what is left.
@@ -53,6 +55,7 @@ ESTIMATE = {
     "workers": 90,
     "default_run": 90,
     "profile": 20,
+    "graphed": 60,
 }
 
 
@@ -130,6 +133,70 @@ def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -
             "images_per_s": batch / seconds,
             **profiled(fn, device),
         }
+    return out
+
+
+def op_inputs(net, x: torch.Tensor) -> dict:
+    """Every candidate op of every edge that a W-step can sample and that launches kernels
+    (not ``none``, which W-training never samples, nor the identity), with the shape and
+    strides of its input at ``x``'s batch: one forward that runs every op (eval mode, no
+    gradients: nothing in the network changes)."""
+    from asolab.space.ops import Identity, Zero
+
+    every = [[(i, None) for i in range(len(net.spec.primitives))]] * net.spec.num_edges
+    plans = dict.fromkeys(net.alphas, every)
+    seen: dict = {}
+
+    def record(op, args) -> None:  # (returning a value would replace the op's arguments)
+        seen.setdefault(op, (tuple(args[0].shape), args[0].stride()))
+
+    hooks = [
+        op.register_forward_pre_hook(record)
+        for cell in net.cells
+        for edge in cell.edges
+        for op in edge.ops
+        if not isinstance(op, (Identity, Zero))
+    ]
+    was = net.training
+    try:
+        with torch.no_grad():
+            net.eval()(x, plans)
+    finally:
+        net.train(was)
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def graphed_section(device: torch.device, batch: int, steps: int) -> dict:
+    """The sampled W-step with every candidate op captured once as a CUDA graph pair
+    (``torch.cuda.make_graphed_callables``: forward and backward, at the input shape a
+    W-step gives it), against the eager step in the same process. What the lever of
+    "compiling each candidate op once per shape" would give: whatever path is sampled,
+    each op on it launches as one graph, not as its dozen kernels."""
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+    clip, sample = cfg.search.grad_clip, _sampler(net)
+    fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
+    inputs = op_inputs(net, x)
+    out: dict = {"ops": len(inputs)}
+    if device.type != "cuda":
+        return {**out, "graphed": False, "why": "CUDA graphs need a CUDA device"}
+    seconds = timed(fn, device, steps, warmup=10)
+    out["eager"] = {"ms_per_step": 1e3 * seconds, "images_per_s": batch / seconds}
+    out["eager"].update(profiled(fn, device))
+    torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for op, (shape, stride) in inputs.items():
+        sample_x = torch.empty_strided(shape, stride, device=device).normal_()
+        torch.cuda.make_graphed_callables(op, (sample_x.requires_grad_(),))
+    sync(device)
+    out["capture_s"] = time.perf_counter() - start
+    wopt.zero_grad(set_to_none=True)  # the captures' warm-up left gradients
+    seconds = timed(fn, device, steps, warmup=10)
+    out["graphed"] = {"ms_per_step": 1e3 * seconds, "images_per_s": batch / seconds}
+    out["graphed"].update(profiled(fn, device))
+    out["speedup"] = out["eager"]["ms_per_step"] / out["graphed"]["ms_per_step"]
+    out["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
 
 
@@ -344,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "default_run": lambda: default_run_section(device, smoke),
         "profile": lambda: profile_section(device, 2 if smoke else 64, args.out),
+        "graphed": lambda: graphed_section(device, 2 if smoke else 64, 2 if smoke else 20),
     }
     wanted = [s for s in args.sections.split(",") if s]
     report: dict = {"before": sc.BEFORE, "device": str(device), "torch": torch.__version__}

@@ -223,7 +223,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
         ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape", "growth"]
-        + ["study", "variants", "steps", "workers"],
+        + ["study", "variants", "steps", "graphed", "workers"],
         "ok",
     )
     steps = sections["steps"]
@@ -232,6 +232,11 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         and steps["retrain"]["off"]["ms_per_step"] > 0
     )
     assert sections["workers"]["1_workers"]["images_per_s"] > 0
+    # on the CPU the graphed step counts the ops it would capture, and says why it did not:
+    # 3 cells x 5 edges x the 6 ops that launch kernels (all but none and the identity),
+    # plus skip_connect on the 2 x 4 stride-2 edges of the reduction cells (a FactorizedReduce)
+    graphed = sections["graphed"]
+    assert graphed["ops"] == 3 * 5 * 6 + 2 * 4 and graphed["graphed"] is False, graphed
     assert sections["cifar_shape"]["images_per_sec"]["w_train"] > 0
     assert "passed" in sections["device_tests"]["summary"]
     digits = sections["digits"]

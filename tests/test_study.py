@@ -154,6 +154,8 @@ def test_three_trials_resume_and_summary(tmp_path: Path, capsys: pytest.CaptureF
         """
         n_trials = 3
         seed = 3
+        [overrides]           # one cycle a trial: the study's bookkeeping is tested here
+        search.cycles = 1
         [sampler]
         name = "random"
         [pruner]
@@ -337,7 +339,10 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     # --set reaches the worker processes, which re-read the file; --gpus 3,5: one GPU per
     # worker (on a machine without them the runs use the CPU and record what they were given)
     outcome = run_study(
-        load_study(file, ["data.train_subset=150"]), workers=2, gpus="3,5", **stores(tmp_path)
+        load_study(file, ["data.train_subset=150", "search.cycles=1"]),
+        workers=2,
+        gpus="3,5",
+        **stores(tmp_path),
     )
     trials = load(tmp_path, "par").get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
@@ -349,6 +354,7 @@ def test_two_workers_share_the_budget(tmp_path: Path) -> None:
     assert {r.info.run_id for r in children} == {t.user_attrs[ATTR_MLFLOW_RUN] for t in trials}
     assert outcome.new_trials == [0, 1, 2, 3]
     assert {r.data.params["data.train_subset"] for r in children} == {"150"}
+    assert {r.data.params["search.cycles"] for r in children} == {"1"}
     visible = {r.data.tags[TAG_DEVICE_INFO + "cuda_visible_devices"] for r in children}
     assert visible == {"3", "5"}
     # each worker's sampler seed differs, so they do not propose the same point

@@ -323,12 +323,19 @@ def _frozen(tmp_path: Path, argv: list[str], shell: str = "") -> Any:
     if shell:
         cmd = ["bash", "-c", shell.format(cmd=" ".join(map(shlex.quote, cmd)))]
         popen = subprocess.Popen
+    extra = {}
+    if shell:
+        # A user's shell hands its commands Ctrl-C. A pytest started in the background by a
+        # script (``&`` without job control) ignores SIGINT, and bash keeps an ignored
+        # signal ignored for all it runs: the run would never see the Ctrl-C sent below.
+        extra["preexec_fn"] = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
     proc = popen(
         cmd,
         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        **extra,
     )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not marker.exists():

@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         "study": lambda: study_section(device, workdir, *size["study"]),
         "variants": lambda: variants_section(device, *size["variants"]),
         "steps": lambda: steps_section(device, args.smoke),
-        # the next lever for the W-step (issue: 2,600-2,800 kernels a step, GPU 18% busy)
+        # the next lever for the W-step (the first H100: 2,600-2,800 kernels a step, GPU 18% busy)
         "graphed": lambda: gpu_steps.graphed_section(
             device, 2 if args.smoke else 64, 2 if args.smoke else 20
         ),

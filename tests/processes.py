@@ -107,6 +107,7 @@ multiprocessing.util.get_temp_dir()
 _context: multiprocessing.context.BaseContext | None = None
 _lock = threading.Lock()
 _live: list[Popen] = []
+_kept: list[Popen] = []  # children that outlive their test (``outlives_the_test``)
 
 
 def _ctx():
@@ -423,9 +424,6 @@ def outlives_the_test(proc: Popen) -> Popen:
     _live.remove(proc)
     _kept.append(proc)
     return proc
-
-
-_kept: list[Popen] = []
 
 
 def kill_leftovers(also_kept: bool = False) -> list[int]:

@@ -319,12 +319,10 @@ def _frozen(tmp_path: Path, argv: list[str], shell: str = "") -> Any:
     the way a user's ``| tee`` does (its BrokenPipeError branch)."""
     marker = tmp_path / "frozen"
     cmd = [sys.executable, "-c", FREEZE, str(marker), *argv]
-    popen = processes.Popen
+    popen, extra = processes.Popen, {}
     if shell:
         cmd = ["bash", "-c", shell.format(cmd=" ".join(map(shlex.quote, cmd)))]
         popen = subprocess.Popen
-    extra = {}
-    if shell:
         # A user's shell hands its commands Ctrl-C. A pytest started in the background by a
         # script (``&`` without job control) ignores SIGINT, and bash keeps an ignored
         # signal ignored for all it runs: the run would never see the Ctrl-C sent below.

@@ -111,10 +111,9 @@ def _op_elements(name: str, channels: int, stride: int, height: int) -> int:
 def _supernet_params(spec: ArchSpec) -> int:
     """The supernet's parameter count (alphas included), from the network itself built on
     the meta device: nothing allocated, and no second account of its modules."""
-    from ..space.network import SearchNetwork
+    from ..space.network import build_on
 
-    with torch.device("meta"):
-        return sum(p.numel() for p in SearchNetwork(spec).parameters())
+    return sum(p.numel() for p in build_on(spec, "meta").parameters())
 
 
 def _preprocess_elements(c_in: int, c: int, height: int, reduce: bool) -> int:

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import optuna
-import psutil
+import processes
 import pytest
 from layout_check import undeclared
 from mlflow import MlflowClient
@@ -322,7 +322,25 @@ def test_nan_trial_fails_and_the_study_goes_on(tmp_path: Path) -> None:
     assert "nan" in failed.data.tags[TAG_ERROR]
 
 
-def test_two_workers_share_the_budget(tmp_path: Path) -> None:
+@pytest.fixture
+def forked_workers(monkeypatch: pytest.MonkeyPatch) -> list[processes.Popen]:
+    """The study's ``--worker`` processes forked from tests/processes.py's server, not
+    started as fresh interpreters: each is still a process of its own, running the
+    product's worker command line, but without the ~8 CPU-s of imports a fresh one pays
+    (``start_worker`` itself, the fresh-interpreter path, is tests/test_gpu_workers.py's).
+    The list holds the workers as they start."""
+    started: list[processes.Popen] = []
+
+    def start(cmd, gpu, **popen):
+        proc = processes.Popen(list(cmd), env=study_run.worker_env(os.environ, gpu), **popen)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(study_run, "start_worker", start)
+    return started
+
+
+def test_two_workers_share_the_budget(tmp_path: Path, forked_workers: list) -> None:
     file = write_study(
         tmp_path,
         "par",
@@ -519,7 +537,7 @@ def test_time_budget_alone(tmp_path: Path) -> None:
 
 
 def test_failed_workers_end_with_an_error_and_keep_the_others_trials(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, forked_workers: list
 ) -> None:
     file = write_study(tmp_path, "crash", ONE_SHORT_RANDOM_TRIAL + SPACE)
     killed: list[int] = []
@@ -527,14 +545,11 @@ def test_failed_workers_end_with_an_error_and_keep_the_others_trials(
     def kill_worker_0() -> None:  # as the OOM killer would
         deadline = time.monotonic() + 60
         while not killed and time.monotonic() < deadline:
-            for child in psutil.Process().children():
-                try:
-                    cmd = child.cmdline()
-                except psutil.Error:
-                    continue
-                if "--worker" in cmd and cmd[cmd.index("--worker") + 1] == "0":
-                    child.send_signal(signal.SIGKILL)
-                    killed.append(child.pid)
+            for worker in list(forked_workers):
+                cmd = worker.args
+                if cmd[cmd.index("--worker") + 1] == "0":
+                    worker.send_signal(signal.SIGKILL)
+                    killed.append(worker.pid)
             time.sleep(0.05)
 
     killer = threading.Thread(target=kill_worker_0)

@@ -367,6 +367,34 @@ def test_top_counts_only_runs_with_a_genotype(store, scratch_experiment):
     assert [s.run_id for s in lowest.skipped] == [low]
 
 
+def test_the_final_genotype_comes_from_its_tag_unless_the_tag_may_be_cut_short(
+    store, scratch_experiment
+):
+    """The final-genotype tag comes with the run, so it is read first (no artifact request);
+    the artifact decides where the tag is as long as the tracker's cap (it may be cut
+    short) or does not parse. Each run here holds a different genotype in each place."""
+    from asolab.tracking.runs import final_genotype
+
+    client, make = scratch_experiment
+    exp_id = make("cmp-final-tag")
+    other = _g(str(BASE).replace("sep_conv_3x3(0)", "dil_conv_5x5(0)", 1))
+    capped = str(other).ljust(layout.MAX_TAG_LENGTH)  # parses, but may have been cut short
+    cases = {
+        str(other): other,  # a whole tag: read, the artifact not needed
+        capped: BASE,
+        "normal: not a genotype": BASE,
+    }
+    for tag, expected in cases.items():
+        run_id = _genotype_run(
+            client, exp_id, "tagged", BASE, tags={layout.TAG_FINAL_GENOTYPE: tag}
+        )
+        assert final_genotype(client, client.get_run(run_id)) == expected, tag[:40]
+    # a tag that does not parse, and no artifact: the tag's error
+    bare = _genotype_run(client, exp_id, "bad-tag", tags={layout.TAG_FINAL_GENOTYPE: "x"})
+    with pytest.raises(ValueError, match="tag asolab.final_genotype does not parse"):
+        final_genotype(client, client.get_run(bare))
+
+
 def test_unknown_experiment_is_a_clear_error(store, capsys):
     uri, _, _ = store
     with pytest.raises(

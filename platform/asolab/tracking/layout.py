@@ -43,6 +43,8 @@ TAG_DEVICE_INFO = "asolab.device_info."
 TAG_HOST = "asolab.host"
 TAG_GENOTYPE = "asolab.genotype"  # canonical string of the latest genotype
 TAG_FINAL_GENOTYPE = "asolab.final_genotype"
+# the longest tag value the tracker writes (MLflow's limit); a longer one is cut to it
+MAX_TAG_LENGTH = 8000
 # last checkpointed position, e.g. "cycle 1 / after alpha" (position_text)
 TAG_PHASE = "asolab.position"
 TAG_ERROR = "asolab.error"  # one line: why a run failed

@@ -69,7 +69,6 @@ _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 LIVE_SECONDS = 30.0  # buffered metrics wait at most this long (plus an epoch) for the store
 _PARAM_BATCH = 100
 _MAX_PARAM = 6000
-_MAX_TAG = 8000
 
 
 class MlflowTracker(ModelLogging, Observer):
@@ -144,7 +143,7 @@ class MlflowTracker(ModelLogging, Observer):
         )
 
     def _tag(self, key: str, value: str) -> None:
-        self._pending_tags[key] = str(value)[:_MAX_TAG]
+        self._pending_tags[key] = str(value)[: L.MAX_TAG_LENGTH]
 
     def flush(self) -> None:
         """Write (or queue) buffered metrics and tags, in as few requests as MLflow allows."""
@@ -534,9 +533,9 @@ class MlflowTracker(ModelLogging, Observer):
 
         failure = store_failure(exc, self.tracking_uri or "")
         return (
-            str(failure)[:_MAX_TAG]
+            str(failure)[: L.MAX_TAG_LENGTH]
             if failure is not None
-            else first_line(exc, named=True, limit=_MAX_TAG)
+            else first_line(exc, named=True, limit=L.MAX_TAG_LENGTH)
         )
 
     def _terminate(self, status: str) -> None:

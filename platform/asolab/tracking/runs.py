@@ -39,22 +39,33 @@ def read_artifact(client: MlflowClient, run_id: str, path: str) -> str | None:
 
 
 def final_genotype(client: MlflowClient, run: Run) -> Genotype:
-    """The run's final genotype: ``genotypes/final.json``, else the final-genotype tag.
+    """The run's final genotype: its final-genotype tag, which comes with the run (no
+    request of its own: ``compare`` over a remote store with hundreds of runs made two per
+    run), else ``genotypes/final.json``. The artifact is read where the tag is missing,
+    may be cut short (as long as the tracker's cap) or does not parse.
 
     Raises ``ValueError`` saying what is missing or unparsable.
     """
+    tag = run.data.tags.get(layout.TAG_FINAL_GENOTYPE, "")
+    tag_error = None
+    if tag:
+        try:
+            genotype = Genotype.parse(tag)
+        except ValueError as exc:
+            tag_error = f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})"
+        else:
+            if len(tag) < layout.MAX_TAG_LENGTH:
+                return genotype
     text = read_artifact(client, run.info.run_id, layout.FINAL_GENOTYPE_ARTIFACT)
     if text is not None:
         try:
             return Genotype.from_json(text)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{layout.FINAL_GENOTYPE_ARTIFACT} does not parse ({exc})") from None
-    tag = run.data.tags.get(layout.TAG_FINAL_GENOTYPE)
-    if tag:
-        try:
-            return Genotype.parse(tag)
-        except ValueError as exc:
-            raise ValueError(f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})") from None
+    if tag_error:
+        raise ValueError(tag_error)
+    if tag:  # as long as the cap, and no artifact to say more: the tag as it is
+        return genotype
     raise ValueError(f"no {layout.FINAL_GENOTYPE_ARTIFACT} artifact (status {run.info.status})")
 
 

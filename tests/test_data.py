@@ -22,6 +22,17 @@ def test_digits_splits_are_disjoint_deterministic_and_seeded():
     assert a.in_channels == 1 and a.image_size == 8 and a.num_classes == 10
 
 
+def test_digits_loaded_again_is_equal_and_its_own():
+    """The digits CSV is parsed once per process; each load still gets tensors of its own,
+    so a caller that changes its copy (in place) leaves the next load as it was."""
+    a = load_data(config.DataConfig(), seed=0)
+    before = a.test.x.clone()
+    a.test.x.add_(1.0)
+    a.train.y.zero_()
+    b = load_data(config.DataConfig(), seed=0)
+    assert torch.equal(b.test.x, before) and b.train.y.unique().numel() == 10
+
+
 def test_train_subset_limits_search_data_only():
     d = load_data(config.DataConfig(train_subset=100), seed=0)
     assert len(d.train) == 100 and len(d.full_train) > 1000

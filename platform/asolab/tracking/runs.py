@@ -47,26 +47,24 @@ def final_genotype(client: MlflowClient, run: Run) -> Genotype:
     Raises ``ValueError`` saying what is missing or unparsable.
     """
     tag = run.data.tags.get(layout.TAG_FINAL_GENOTYPE, "")
-    tag_error = None
-    if tag:
-        try:
-            genotype = Genotype.parse(tag)
-        except ValueError as exc:
-            tag_error = f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})"
-        else:
-            if len(tag) < layout.MAX_TAG_LENGTH:
-                return genotype
+    from_tag, tag_error = None, None
+    try:
+        from_tag = Genotype.parse(tag) if tag else None
+    except ValueError as exc:
+        tag_error = f"tag {layout.TAG_FINAL_GENOTYPE} does not parse ({exc})"
+    if from_tag is not None and len(tag) < layout.MAX_TAG_LENGTH:
+        return from_tag
     text = read_artifact(client, run.info.run_id, layout.FINAL_GENOTYPE_ARTIFACT)
     if text is not None:
         try:
             return Genotype.from_json(text)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{layout.FINAL_GENOTYPE_ARTIFACT} does not parse ({exc})") from None
-    if tag_error:
-        raise ValueError(tag_error)
-    if tag:  # as long as the cap, and no artifact to say more: the tag as it is
-        return genotype
-    raise ValueError(f"no {layout.FINAL_GENOTYPE_ARTIFACT} artifact (status {run.info.status})")
+    if from_tag is not None:  # as long as the cap, and no artifact to say more
+        return from_tag
+    raise ValueError(
+        tag_error or f"no {layout.FINAL_GENOTYPE_ARTIFACT} artifact (status {run.info.status})"
+    )
 
 
 def cycle_genotypes(client: MlflowClient, run_id: str) -> list[tuple[int, Genotype]]:

@@ -216,6 +216,33 @@ def test_exported_saves_what_extract_copies_and_leaves_the_supernet_as_it_was(tm
     assert sum(p.numel() for p in loaded.parameters()) < net.num_weights()
 
 
+def test_a_network_built_for_one_genotype_holds_its_ops_alone_and_loads_its_weights():
+    """``SearchNetwork(spec, only=g)`` (what ``standalone`` and the FLOPs count build):
+    every op ``g`` does not run is an empty placeholder, as ``exported`` leaves them, so
+    the derived network's weights load into it and compute what they computed; a grown
+    network (a residual cell with its own alphas, a gated branch) included."""
+    from test_step_cost import _grown_net
+
+    from asolab.space.network import derived_state, exported, standalone
+
+    net = _grown_net().eval()
+    g = net.derive()
+    sparse = SearchNetwork(net.spec, only=g)
+    with exported(net, g) as view:
+        kinds = [type(m).__name__ for m in view.supernet.modules()]
+    assert [type(m).__name__ for m in sparse.modules()] == kinds
+    assert sparse.count_derived(g) == net.count_derived(g)
+    assert sum(p.numel() for p in sparse.parameters()) < net.num_weights() / 2
+    alone = standalone(net.spec, g)
+    alone.load_state_dict(derived_state(net, g), strict=True)
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(alone(x), net(x, net.genotype_plans(g)))
+    foreign = Genotype.parse(str(g) + " ; cell9: skip_connect(0) skip_connect(1) -> 2")
+    with pytest.raises(ValueError, match="describes cell9"):  # an own cell it does not have
+        SearchNetwork(net.spec, only=foreign)
+
+
 # --------------------------------------------------------------------- own-alpha cells in genotypes
 
 OWN = Genotype.parse(

@@ -12,7 +12,7 @@ relaxation (every op, softmax-weighted).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 import torch.nn as nn
@@ -32,10 +32,20 @@ def edge_index(node: int, input_: int) -> int:
 class MixedOp(nn.Module):
     """All candidate operations of one edge."""
 
-    def __init__(self, channels: int, stride: int, primitives: Sequence[str]) -> None:
+    def __init__(
+        self,
+        channels: int,
+        stride: int,
+        primitives: Sequence[str],
+        keep: Collection[int] | None = None,
+    ) -> None:
         super().__init__()
         # affine=False in the supernet, as in DARTS: the scale is carried by the alphas.
-        self.ops = nn.ModuleList(build_op(p, channels, stride) for p in primitives)
+        # ``keep``: the op indices to build; the others are empty placeholders.
+        self.ops = nn.ModuleList(
+            build_op(p, channels, stride) if keep is None or i in keep else nn.Identity()
+            for i, p in enumerate(primitives)
+        )
 
     def forward(self, x: torch.Tensor, choices: Sequence[Choice]) -> torch.Tensor:
         out = None
@@ -60,6 +70,7 @@ class SearchCell(nn.Module):
         reduction_prev: bool,
         primitives: Sequence[str],
         branches: Sequence[tuple[int, int, str]] = (),
+        keep: dict[int, set[int]] | None = None,
     ) -> None:
         super().__init__()
         self.steps, self.reduction = steps, reduction
@@ -69,8 +80,14 @@ class SearchCell(nn.Module):
             else ReLUConvBN(c_prev_prev, channels, 1, 1, 0, affine=False)
         )
         self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, affine=False)
+        # ``keep``: edge index -> the op indices to build there (None: every op of every edge)
         self.edges = nn.ModuleList(
-            MixedOp(channels, edge_stride(reduction, j), primitives)
+            MixedOp(
+                channels,
+                edge_stride(reduction, j),
+                primitives,
+                None if keep is None else keep.get(edge_index(k, j), set()),
+            )
             for k in range(steps)
             for j in range(k + 2)
         )

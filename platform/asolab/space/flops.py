@@ -22,7 +22,7 @@ def network_size(spec: ArchSpec, genotype: Genotype, image_size: int) -> tuple[i
     """Parameters and multiply-adds of one ``image_size`` x ``image_size`` image through
     ``genotype`` on a network of shape ``spec`` (growth branches and residual cells
     included); the parameters are those the runner counts for the derived network."""
-    net = SearchNetwork(spec).eval()
+    net = SearchNetwork(spec, only=genotype).eval()  # the genotype's ops alone
     total = 0
 
     def conv(module: nn.Conv2d, _inputs, output: torch.Tensor) -> None:

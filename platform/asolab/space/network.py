@@ -38,7 +38,10 @@ Plans = dict[str, Plan]
 class SearchNetwork(nn.Module):
     """DARTS-style supernet with one alpha matrix per cell type and one per own-alpha cell."""
 
-    def __init__(self, spec: ArchSpec) -> None:
+    def __init__(self, spec: ArchSpec, only: Genotype | None = None) -> None:
+        """``only``: build just the ops that genotype runs, every other edge op an empty
+        placeholder (what :func:`standalone` and the FLOPs count need: a tenth of the
+        modules to build); their random initialisation differs from a whole supernet's."""
         super().__init__()
         self.spec = spec
         self.stem = nn.Sequential(
@@ -65,6 +68,7 @@ class SearchNetwork(nn.Module):
                 into.reduction_prev,
                 spec.primitives,
                 cs.branches,
+                None if only is None else _kept_ops(spec, only, i),
             )
             self.cells.append(cell)
             if cs.residual:
@@ -172,16 +176,10 @@ class SearchNetwork(nn.Module):
         its alphas were initialised to. A genotype listing an own cell that this
         network does not have is refused: it belongs to another network.
         """
-        extra = set(genotype.cell_names) - set(self.alphas)
-        if extra:
-            raise ValueError(
-                f"genotype describes {', '.join(sorted(extra))}, which this network does not have "
-                f"as cells with their own alphas (it has {', '.join(self.alphas)})"
-            )
+        _refuse_foreign_cells(self.spec, genotype)
         if key in genotype.cell_names:
             return genotype.cell(key)
-        index = self._plan_keys.index(key)
-        return genotype.cell("reduce" if self.spec.cells[index].reduction else "normal")
+        return genotype.cell(_cell_name(self.spec, genotype, self._plan_keys.index(key)))
 
     def genotype_plans(self, genotype: Genotype) -> Plans:
         """Run exactly the genotype's edges; every other edge is dropped (own-alpha
@@ -299,6 +297,35 @@ class SearchNetwork(nn.Module):
         return sum(p.numel() for p in self.derived_parameters(genotype))
 
 
+def _refuse_foreign_cells(spec: ArchSpec, genotype: Genotype) -> None:
+    """A genotype listing an own cell that ``spec`` does not have belongs to another network."""
+    extra = set(genotype.cell_names) - set(spec.alpha_keys)
+    if extra:
+        raise ValueError(
+            f"genotype describes {', '.join(sorted(extra))}, which this network does not have "
+            f"as cells with their own alphas (it has {', '.join(spec.alpha_keys)})"
+        )
+
+
+def _cell_name(spec: ArchSpec, genotype: Genotype, index: int) -> str:
+    """The genotype's cell that cell ``index`` runs: its own, else that of its type (see
+    ``genotype_nodes``)."""
+    key = spec.alpha_key(index)
+    if key in genotype.cell_names:
+        return key
+    return "reduce" if spec.cells[index].reduction else "normal"
+
+
+def _kept_ops(spec: ArchSpec, genotype: Genotype, index: int) -> dict[int, set[int]]:
+    """Edge index -> the op indices ``genotype`` runs there, in cell ``index``."""
+    _refuse_foreign_cells(spec, genotype)
+    keep: dict[int, set[int]] = {}
+    for k, node in enumerate(genotype.cell(_cell_name(spec, genotype, index))):
+        for op, j in node:
+            keep.setdefault(edge_index(k, j), set()).add(spec.primitives.index(op))
+    return keep
+
+
 def build_on(spec: ArchSpec, device: torch.device | str) -> SearchNetwork:
     """``SearchNetwork(spec)`` with every tensor created on ``device`` (no CPU copy to
     allocate and move). On the default device (the CPU) it is built without a device
@@ -388,10 +415,8 @@ def standalone(spec: ArchSpec, genotype: Genotype) -> DerivedNetwork:
     the supernet's modules, every op the genotype does not run an empty placeholder,
     no alphas (so ``parameters()`` counts what ``count_derived`` counts). Its weights are
     random until :func:`derived_state`'s tensors are loaded into it (``strict=True``)."""
-    net = SearchNetwork(spec)
+    net = SearchNetwork(spec, only=genotype)
     derived = DerivedNetwork(net, genotype)  # the plans need the alphas' keys, once
-    for ops, i in _unused_ops(net, genotype):
-        ops[i] = nn.Identity()
     net.alphas = nn.ParameterDict()
     return derived.eval()
 

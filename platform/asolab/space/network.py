@@ -57,6 +57,8 @@ class SearchNetwork(nn.Module):
         )
         self.cells = nn.ModuleList()
         self.gates = nn.ParameterDict()
+        if only is not None:
+            _refuse_foreign_cells(spec, only)
         inputs = spec.inputs()
         for i, (cs, into) in enumerate(zip(spec.cells, inputs, strict=False)):
             cell = SearchCell(
@@ -318,7 +320,6 @@ def _cell_name(spec: ArchSpec, genotype: Genotype, index: int) -> str:
 
 def _kept_ops(spec: ArchSpec, genotype: Genotype, index: int) -> dict[int, set[int]]:
     """Edge index -> the op indices ``genotype`` runs there, in cell ``index``."""
-    _refuse_foreign_cells(spec, genotype)
     keep: dict[int, set[int]] = {}
     for k, node in enumerate(genotype.cell(_cell_name(spec, genotype, index))):
         for op, j in node:

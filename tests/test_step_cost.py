@@ -4,6 +4,7 @@ bench/README.md "On a GPU")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -84,3 +85,46 @@ def test_compiled_fixed_network_gives_the_eager_loss(monkeypatch):
     loss_compiled.backward()
     assert all(p.grad is not None for p in FixedNetwork(net, genotype).parameters())
     assert asked == [{"mode": "default"}]
+
+
+def _sampled_steps(foreach: bool, buffers: bool, n: int = 4):
+    """``n`` sampled W-steps (a fresh path each) from seed 0; the network and the ops of
+    the last step. ``buffers`` False: torch's SGD as it comes, a buffer made at each
+    parameter's first gradient."""
+    from asolab.runner import steps
+
+    cfg, net, wopt, _, speed, x, y = step_cost.setup(
+        {"space.init_channels": 4}, 8, 4, torch.device("cpu"), foreach=foreach
+    )
+    if not buffers:
+        wopt.state.clear()
+    torch.manual_seed(1)
+    counter = step_cost.OpCounter()
+    for i in range(n):
+        plans = net.sample_plans(1.0, False)
+        with counter if i == n - 1 else contextlib.nullcontext():
+            steps.weight_step(net, speed, wopt, x, y, plans, cfg.search.grad_clip)
+    return net, counter.ops
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_zero_momentum_buffers_give_sgds_own_updates(foreach):
+    """Every weight starts with a zero momentum buffer (runner/steps.py): the weights
+    after sampled steps (new ops met at each) are exactly those of torch's SGD, which
+    makes each buffer at the parameter's first gradient."""
+    ours, _ = _sampled_steps(foreach, buffers=True)
+    torchs, _ = _sampled_steps(foreach, buffers=False)
+    for (name, a), b in zip(ours.state_dict().items(), torchs.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_sampled_step_meeting_new_ops_keeps_the_multi_tensor_update():
+    """With torch's lazily made buffers, a multi-tensor SGD step (CUDA's default) that
+    meets one parameter without a buffer loops over all of them, two kernels each; the
+    runner's zero buffers keep it at one kernel per update for the whole step."""
+    _, ops = _sampled_steps(True, buffers=True)
+    _, lazy = _sampled_steps(True, buffers=False)
+    assert lazy["mul_"] > 0 and lazy["clone"] > 0, lazy  # a buffer made, the loop taken
+    assert ops["mul_"] == 0 and ops["clone"] == 0, ops
+    # (the other multi-tensor multiply is the gradient clipping's, in both)
+    assert ops["_foreach_mul_"] == lazy["_foreach_mul_"] + 1, (ops, lazy)

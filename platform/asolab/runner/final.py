@@ -8,6 +8,7 @@ import time
 
 from ..data import preprocessing
 from ..space.genotype import Genotype
+from . import steps
 from .events import FinalPlan, RunEnd
 from .memory import memory_stats
 from .parts import Part
@@ -49,6 +50,7 @@ class FinalStage(Part):
             if m is not self.net and hasattr(m, "reset_parameters"):
                 m.reset_parameters()
         self.weight_opt.state.clear()
+        steps.with_momentum_buffers(self.weight_opt)
 
     def _train_final(self) -> None:
         """The final epochs on the whole training split. The stage is most of a long

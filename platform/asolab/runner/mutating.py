@@ -10,6 +10,7 @@ import torch
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.selection import select_genotype
+from . import steps
 from .events import GrowthEvent, MutationEvent
 from .parts import Part
 from .speed import with_layout
@@ -112,8 +113,8 @@ class Mutating(Part):
         # New modules (a wider op, a new cell) take the run's layout; .to keeps the
         # parameter objects, so the optimizers' remapping below still finds them.
         self.net, self.spec = with_layout(morph.net, self._layout), morph.spec
-        self.weight_opt = morphism.remap_optimizer(
-            self.weight_opt, old, self.net.weight_parameters(), morph
+        self.weight_opt = steps.with_momentum_buffers(
+            morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
         )
         self.alpha_opt = morphism.remap_optimizer(
             self.alpha_opt, old, self.net.alpha_parameters(), morph

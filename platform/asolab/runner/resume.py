@@ -13,6 +13,7 @@ from ..config import from_dict
 from ..data import DataBundle
 from ..space.spec import ArchSpec
 from . import checkpoint as ckpt
+from . import steps
 from .events import CheckpointSaved, Observer
 from .parts import Part
 from .phases import EVALUATION, FINAL, FINAL_DONE, PHASES
@@ -157,6 +158,7 @@ class Checkpointing(Part):
         """Load a checkpoint's state into this runner (built from the same config and spec)."""
         self.net.load_state_dict(state["model"])
         self.weight_opt.load_state_dict(state["weight_opt"])
+        steps.with_momentum_buffers(self.weight_opt)  # older checkpoints: some lack them
         self.alpha_opt.load_state_dict(state["alpha_opt"])
         self.state = RunState.from_dict(state)
         self._elapsed = float(state["seconds"])

@@ -39,7 +39,27 @@ def optimizers(
         weight_decay=s.alpha_weight_decay,
         foreach=foreach,
     )
-    return weight_opt, alpha_opt
+    return with_momentum_buffers(weight_opt), alpha_opt
+
+
+def with_momentum_buffers(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``opt``, each of whose parameters without a momentum buffer given a zero one
+    (SGD with momentum and no dampening; any other optimizer is left as it is).
+
+    Why: SGD makes a parameter's buffer at its first gradient, and its multi-tensor step
+    (CUDA's default) falls back to a loop over every parameter, two kernels each, when
+    any parameter of the step has none. A sampled W-step meets such a parameter until
+    every op of every edge has been sampled once, and again after each growth. The
+    first update is the same: with no dampening, ``0 * momentum + g`` is ``g``, the
+    gradient SGD would have copied."""
+    for group in opt.param_groups:
+        if not isinstance(opt, torch.optim.SGD) or not group["momentum"] or group["dampening"]:
+            continue
+        for p in group["params"]:
+            state = opt.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return opt
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

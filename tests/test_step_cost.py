@@ -128,3 +128,20 @@ def test_a_sampled_step_meeting_new_ops_keeps_the_multi_tensor_update():
     assert ops["mul_"] == 0 and ops["clone"] == 0, ops
     # (the other multi-tensor multiply is the gradient clipping's, in both)
     assert ops["_foreach_mul_"] == lazy["_foreach_mul_"] + 1, (ops, lazy)
+
+
+def test_only_sgd_with_momentum_and_no_dampening_gets_zero_buffers():
+    """With dampening, SGD's first update is the whole gradient but a zero buffer's would
+    be ``(1 - dampening) * g``: such an optimizer, one without momentum and Adam keep
+    torch's lazy state."""
+    from asolab.runner.steps import with_momentum_buffers
+
+    w = torch.nn.Parameter(torch.ones(3))
+    for opt in (
+        torch.optim.Adam([w]),
+        torch.optim.SGD([w], lr=0.1),
+        torch.optim.SGD([w], lr=0.1, momentum=0.9, dampening=0.5),
+    ):
+        assert not with_momentum_buffers(opt).state, opt
+    sgd = with_momentum_buffers(torch.optim.SGD([w], lr=0.1, momentum=0.9))
+    assert torch.equal(sgd.state[w]["momentum_buffer"], torch.zeros(3))

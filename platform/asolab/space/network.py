@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -179,7 +179,7 @@ class SearchNetwork(nn.Module):
         network does not have is refused: it belongs to another network.
         """
         _refuse_foreign_cells(self.spec, genotype)
-        if key in genotype.cell_names:
+        if key in genotype.cell_names:  # also a cell type no cell has (no "reduce" cell)
             return genotype.cell(key)
         return genotype.cell(_cell_name(self.spec, genotype, self._plan_keys.index(key)))
 
@@ -189,10 +189,8 @@ class SearchNetwork(nn.Module):
         plans: Plans = {}
         for kind in self.alphas:
             plan: list[list[tuple[int, None]] | None] = [None] * self.spec.num_edges
-            for k, node in enumerate(self.genotype_nodes(genotype, kind)):
-                for op, j in node:
-                    e = edge_index(k, j)
-                    plan[e] = (plan[e] or []) + [(self.spec.primitives.index(op), None)]
+            for e, i in _edge_ops(self.spec, self.genotype_nodes(genotype, kind)):
+                plan[e] = (plan[e] or []) + [(i, None)]
             plans[kind] = plan
         return plans
 
@@ -252,9 +250,8 @@ class SearchNetwork(nn.Module):
         modules: list[nn.Module] = [self.stem, self.classifier]
         for cell, key in zip(self.cells, self._plan_keys):
             modules += [cell.preprocess0, cell.preprocess1, *cell.branches]
-            for k, node in enumerate(self.genotype_nodes(genotype, key)):
-                for op, j in node:
-                    modules.append(cell.edges[edge_index(k, j)].ops[self.spec.primitives.index(op)])
+            nodes = self.genotype_nodes(genotype, key)
+            modules += [cell.edges[e].ops[i] for e, i in _edge_ops(self.spec, nodes)]
         return modules
 
     def derived_parameters(self, genotype: Genotype) -> Iterator[nn.Parameter]:
@@ -318,12 +315,18 @@ def _cell_name(spec: ArchSpec, genotype: Genotype, index: int) -> str:
     return "reduce" if spec.cells[index].reduction else "normal"
 
 
+def _edge_ops(spec: ArchSpec, nodes: Sequence[Node]) -> Iterator[tuple[int, int]]:
+    """(edge index, op index) of every input of ``nodes``, node by node, in their order."""
+    for k, node in enumerate(nodes):
+        for op, j in node:
+            yield edge_index(k, j), spec.primitives.index(op)
+
+
 def _kept_ops(spec: ArchSpec, genotype: Genotype, index: int) -> dict[int, set[int]]:
     """Edge index -> the op indices ``genotype`` runs there, in cell ``index``."""
     keep: dict[int, set[int]] = {}
-    for k, node in enumerate(genotype.cell(_cell_name(spec, genotype, index))):
-        for op, j in node:
-            keep.setdefault(edge_index(k, j), set()).add(spec.primitives.index(op))
+    for e, i in _edge_ops(spec, genotype.cell(_cell_name(spec, genotype, index))):
+        keep.setdefault(e, set()).add(i)
     return keep
 
 

@@ -52,8 +52,10 @@ def with_momentum_buffers(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     every op of every edge has been sampled once, and again after each growth. The
     first update is the same: with no dampening, ``0 * momentum + g`` is ``g``, the
     gradient SGD would have copied."""
+    if not isinstance(opt, torch.optim.SGD):
+        return opt
     for group in opt.param_groups:
-        if not isinstance(opt, torch.optim.SGD) or not group["momentum"] or group["dampening"]:
+        if not group["momentum"] or group["dampening"]:
             continue
         for p in group["params"]:
             state = opt.state[p]

@@ -31,11 +31,11 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 from servers import start_mlflow_server
-from test_study_postgres import Postgres, postgres  # noqa: F401 (the fixture)
+from test_study_postgres import PASSWORD, Postgres, postgres  # noqa: F401 (the fixture)
 
 import asolab
 from asolab.cli import main
-from asolab.study.report import TAG_STUDY_PARENT
+from asolab.study.report import TAG_STORAGE, TAG_STUDY_PARENT
 from asolab.study.storage import ATTR_MLFLOW_RUN, ATTR_OWNER, ATTR_RETRY_OF
 from asolab.tracking import layout as L
 
@@ -162,6 +162,10 @@ def test_two_machines_with_two_workers_each_over_http(
             p.kill()
     assert first.returncode == 2 and "killed by SIGKILL" in outs[0], outs[0]
     assert machines[1].returncode == 0, outs[1]
+    # the storage's password is masked wherever a machine names it
+    masked = f"storage {postgres.url.split(':')[0]}://asolab:***@127.0.0.1"
+    assert "study rehearsal:" in outs[1] and masked in outs[1], outs[1]
+    assert not [out for out in outs if PASSWORD in out]
 
     study = optuna.load_study(study_name="rehearsal", storage=postgres.url)
     trials = study.get_trials()
@@ -173,6 +177,13 @@ def test_two_machines_with_two_workers_each_over_http(
     assert retries[0].params == failed[0].params
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(complete) == N_TRIALS
+    numbers = [t.number for t in trials]
+    assert len(set(numbers)) == len(numbers)
+    # the samplers of the machines' workers (each its own seed) proposed different points,
+    # and more than one worker completed trials
+    points = [tuple(sorted(t.params.items())) for t in complete]
+    assert len(set(points)) == len(points), points
+    assert len({t.user_attrs[ATTR_OWNER] for t in complete}) > 1
 
     # Every trial recorded once, all under the one parent run, read over HTTP.
     client = MlflowClient(mlflow_server)
@@ -183,8 +194,18 @@ def test_two_machines_with_two_workers_each_over_http(
     (parent,) = [r for r in runs if r.data.tags.get(TAG_STUDY_PARENT) == "true"]
     children = [r for r in runs if r is not parent]
     assert all(r.data.tags[L.MLFLOW_PARENT_RUN] == parent.info.run_id for r in children)
-    numbers = sorted(int(r.data.tags[L.TAG_TRIAL]) for r in children)
-    assert numbers == sorted(t.number for t in trials)  # once each, the killed one included
+    # once each, the killed one included; a complete trial's run says so and holds its value
+    assert sorted(int(r.data.tags[L.TAG_TRIAL]) for r in children) == sorted(numbers)
+    by_trial = {int(r.data.tags[L.TAG_TRIAL]): r for r in children}
+    for t in complete:
+        run = by_trial[t.number]
+        assert run.info.run_id == t.user_attrs[ATTR_MLFLOW_RUN]
+        assert run.data.tags[L.TAG_TRIAL_STATE] == "COMPLETE"
+        assert run.data.metrics["objective.val_acc"] == pytest.approx(t.value)
+    assert PASSWORD not in parent.data.tags[TAG_STORAGE]
+    assert "asolab:***@" in parent.data.tags[TAG_STORAGE]
+    assert parent.info.status == "FINISHED"  # by the machine that ended the study
+    assert parent.data.metrics["trials.complete"] == len(complete)
     dead = next(r for r in children if int(r.data.tags[L.TAG_TRIAL]) == failed[0].number)
     assert dead.info.status == "KILLED"  # its worker died: marked by the one that found it stale
 

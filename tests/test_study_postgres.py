@@ -1,17 +1,18 @@
-"""A study across "machines" sharing a real PostgreSQL Optuna storage.
+"""A real PostgreSQL Optuna storage: the server the multi-machine tests share.
 
 The fixture starts a throwaway PostgreSQL server (initdb + pg_ctl, on a free
 port of 127.0.0.1, its data and socket in a temporary directory; as the
 ``postgres`` user when the tests run as root, since PostgreSQL refuses root)
-and creates a database for the study. Two independent ``asolab study``
-processes then share it, as two machines would: same study name and storage,
-each its own ``--seed``, one MLflow store. Skipped, with the reason, where the
+and creates a database for the study. Skipped, with the reason, where the
 PostgreSQL server binaries or a PostgreSQL driver are missing (``.ci/run``
-installs the server; the ``test`` extra installs psycopg).
+installs the server; the ``test`` extra installs psycopg). Here: machines opening
+an empty database at once, and a storage URL's password masked in errors. Two
+``asolab study`` machines sharing one study on it, each its own ``--seed``, are
+tests/test_scaling_rehearsal.py.
 
-The "machines" are forked from the preloaded server of tests/processes.py: separate
-processes, pids and connections, as the tests need, without each re-importing torch,
-MLflow and Optuna.
+The racing "machines" are forked from the preloaded server of tests/processes.py:
+separate processes, pids and connections, as the tests need, without each
+re-importing torch, MLflow and Optuna.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import os
 import pwd
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,18 +32,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import optuna
 import processes
 import pytest
-from mlflow import MlflowClient
-from optuna.trial import TrialState
-from test_study import TINY_EXPERIMENT  # the same tiny digits run as the other study tests
 
 from asolab.config import ConfigError
 from asolab.study.config import StorageConfig
-from asolab.study.report import TAG_STORAGE, TAG_STUDY_PARENT
-from asolab.study.storage import ATTR_MLFLOW_RUN, ATTR_OWNER, make_storage
-from asolab.tracking.layout import TAG_STUDY, TAG_TRIAL, TAG_TRIAL_STATE
+from asolab.study.storage import make_storage
 
 PASSWORD = "s3cret-pw"
 
@@ -172,139 +166,6 @@ def postgres() -> Iterator[Postgres]:
         if started:
             pg("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(data))
         shutil.rmtree(root, ignore_errors=True)
-
-
-def wait_for_parent_run(db: Path, proc: processes.Popen, timeout: float = 120) -> None:
-    """Until the first machine has created the study's parent run (read-only: creates nothing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the first invocation ended early:\n{proc.communicate()[0]}"
-        if db.exists():
-            try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-                    if con.execute(
-                        "SELECT 1 FROM tags WHERE key = ? AND value = 'true'", (TAG_STUDY_PARENT,)
-                    ).fetchone():
-                        return
-            except sqlite3.OperationalError:  # schema still being created, or locked
-                pass
-        time.sleep(0.2)
-    raise AssertionError("the first invocation created no parent run")
-
-
-@pytest.mark.slow
-def test_two_machines_share_a_postgresql_study(tmp_path: Path, postgres: Postgres) -> None:
-    n_trials = 6
-    (tmp_path / "tiny.toml").write_text(TINY_EXPERIMENT)
-    file = tmp_path / "pg.toml"
-    file.write_text(
-        'name = "pg"\nexperiment = "tiny.toml"\n'
-        + textwrap.dedent(f"""
-        n_trials = {n_trials}
-        [overrides]
-        data.train_subset = 150
-        [sampler]
-        name = "random"
-        [pruner]
-        name = "none"
-        [storage]
-        heartbeat_interval = 1      # Optuna's heartbeat in PostgreSQL beats while the trials run
-        grace_period = 60
-        [params.temperature.initial_temperature]
-        low = 0.5
-        high = 10.0
-        log = true
-        [params.mutation.strength]
-        low = 0.0
-        high = 1.0
-        """)
-    )
-    db = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{db}"
-    env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false", "PYTHONUNBUFFERED": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-
-    def machine(seed: int) -> processes.Popen:
-        cmd = [
-            sys.executable,
-            "-m",
-            "asolab.cli",
-            "study",
-            str(file),
-            "--storage",
-            postgres.url,
-            "--tracking-uri",
-            uri,
-            "--seed",
-            str(seed),
-        ]
-        return processes.Popen(
-            cmd, cwd=tmp_path, env=env, stdout=processes.PIPE, stderr=processes.STDOUT, text=True
-        )
-
-    # As docs/scaling-out.md says: the first machine creates the study and its parent run, then the
-    # other machine joins while the first is still running trials.
-    first = machine(1)
-    try:
-        wait_for_parent_run(db, first)
-        second = machine(2)
-        try:
-            outs = [p.communicate(timeout=300)[0] for p in (first, second)]
-        finally:
-            second.kill()
-    finally:
-        first.kill()
-    for p, out in zip((first, second), outs):
-        assert p.returncode == 0, out
-        assert (
-            "study pg:" in out
-            and f"storage {postgres.url.split(':')[0]}://asolab:***@127.0.0.1" in out
-        ), out
-        assert PASSWORD not in out
-
-    study = optuna.load_study(study_name="pg", storage=postgres.url)
-    trials = study.get_trials()
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(complete) >= n_trials, [(t.number, t.state.name) for t in trials]
-    assert len(trials) <= n_trials + 2, "concurrent machines overshoot by a trial or two at most"
-    numbers = [t.number for t in trials]
-    assert len(set(numbers)) == len(numbers) == len(trials)
-
-    # Both processes ran trials, and their samplers (seeds 1 and 2) proposed different points.
-    by_owner: dict[str, list] = {}
-    for t in complete:
-        by_owner.setdefault(t.user_attrs[ATTR_OWNER], []).append(t)
-    assert len(by_owner) == 2, (
-        "both machines ran trials: "
-        f"{sorted((t.number, t.user_attrs[ATTR_OWNER]) for t in complete)}"
-    )
-    points = [tuple(sorted(t.params.items())) for t in complete]
-    assert len(set(points)) == len(points), points
-    first_a, first_b = (min(ts, key=lambda t: t.number) for ts in by_owner.values())
-    assert first_a.params != first_b.params
-
-    # One parent run, reused by both machines; one child run per trial under it.
-    c = MlflowClient(uri)
-    exp = c.get_experiment_by_name("study-pg")
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = 'pg'")
-    parents = [r for r in runs if r.data.tags.get(TAG_STUDY_PARENT) == "true"]
-    assert len(parents) == 1, "both machines use the one parent run"
-    parent = parents[0]
-    assert (
-        PASSWORD not in parent.data.tags[TAG_STORAGE]
-        and "asolab:***@" in parent.data.tags[TAG_STORAGE]
-    )
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == len(runs) - 1, "every other run of the study is a child of the parent"
-    by_trial = {int(r.data.tags[TAG_TRIAL]): r for r in children}
-    assert sorted(by_trial) == sorted(numbers) and len(children) == len(trials)
-    for t in complete:
-        run = by_trial[t.number]
-        assert run.info.run_id == t.user_attrs[ATTR_MLFLOW_RUN]
-        assert run.data.tags[TAG_TRIAL_STATE] == "COMPLETE"
-        assert run.data.metrics["objective.val_acc"] == pytest.approx(t.value)
-    assert parent.info.status == "FINISHED"
-    assert parent.data.metrics["trials.complete"] == len(complete)
 
 
 def test_storage_errors_mask_the_password() -> None:

@@ -179,11 +179,10 @@ def test_two_machines_with_two_workers_each_over_http(
     assert len(complete) == N_TRIALS
     numbers = [t.number for t in trials]
     assert len(set(numbers)) == len(numbers)
-    # the samplers of the machines' workers (each its own seed) proposed different points,
-    # and more than one worker completed trials
+    # the samplers of the machines' workers (each its own seed) proposed different points
+    # (which workers completed trials is the machines' race, so it is not checked)
     points = [tuple(sorted(t.params.items())) for t in complete]
     assert len(set(points)) == len(points), points
-    assert len({t.user_attrs[ATTR_OWNER] for t in complete}) > 1
 
     # Every trial recorded once, all under the one parent run, read over HTTP.
     client = MlflowClient(mlflow_server)

@@ -168,35 +168,73 @@ def op_inputs(net, x: torch.Tensor) -> dict:
     return seen
 
 
-def graphed_section(device: torch.device, batch: int, steps: int) -> dict:
-    """The sampled W-step with every candidate op captured once as a CUDA graph pair
-    (``torch.cuda.make_graphed_callables``: forward and backward, at the input shape a
-    W-step gives it), against the eager step in the same process. What the lever of
-    "compiling each candidate op once per shape" would give: whatever path is sampled,
-    each op on it launches as one graph, not as its dozen kernels."""
-    cfg, net, wopt, _, speed, x, y = _setup(device, batch)
-    clip, sample = cfg.search.grad_clip, _sampler(net)
-    fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
-    inputs = op_inputs(net, x)
-    out: dict = {"ops": len(inputs)}
-    if device.type != "cuda":
-        return {**out, "graphed": False, "why": "CUDA graphs need a CUDA device"}
-    seconds = timed(fn, device, steps, warmup=10)
-    out["eager"] = {"ms_per_step": 1e3 * seconds, "images_per_s": batch / seconds}
-    out["eager"].update(profiled(fn, device))
-    torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    for op, (shape, stride) in inputs.items():
-        sample_x = torch.empty_strided(shape, stride, device=device).normal_()
-        torch.cuda.make_graphed_callables(op, (sample_x.requires_grad_(),))
+def _graphs_run(device: torch.device, batch: int, mode: str, fixed: bool, steps: int) -> dict:
+    """One ``speed.cuda_graphs`` mode: 5 steps along fixed paths (the capture paid in
+    them), then the steady step; the losses and the weights for the equivalence."""
+    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    overrides = {**sc.DARTS_LIKE, "speed.cuda_graphs": mode}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    cfg, net, wopt, _, speed, x, y = sc.setup(overrides, 32, batch, device, layout=layout)
+    clip = cfg.search.grad_clip
+    torch.manual_seed(2)
+    if fixed:
+        model = speed.compiled(sc.FixedNetwork(net, net.derive()))
+        step = lambda p: sc.steps.weight_step(model, speed, wopt, x, y, None, clip)  # noqa: E731
+        paths = [None] * 5
+    else:
+        sample = _sampler(net)
+        paths = [sample() for _ in range(5)]
+        step = lambda p: sc.steps.weight_step(net, speed, wopt, x, y, p, clip)  # noqa: E731
     sync(device)
-    out["capture_s"] = time.perf_counter() - start
-    wopt.zero_grad(set_to_none=True)  # the captures' warm-up left gradients
-    seconds = timed(fn, device, steps, warmup=10)
-    out["graphed"] = {"ms_per_step": 1e3 * seconds, "images_per_s": batch / seconds}
-    out["graphed"].update(profiled(fn, device))
-    out["speedup"] = out["eager"]["ms_per_step"] / out["graphed"]["ms_per_step"]
-    out["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    start = time.perf_counter()
+    losses = [step(p)[0] for p in paths]
+    sync(device)
+    first = time.perf_counter() - start
+    weights = [t.detach().float().cpu() for t in net.state_dict().values()]
+    if not fixed:
+        sample = _sampler(net)
+        fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
+    else:
+        fn = lambda: step(None)  # noqa: E731
+    seconds = timed(fn, device, steps, warmup=3)
+    out = {
+        "first_5_steps_s": first,
+        "ms_per_step": 1e3 * seconds,
+        "images_per_s": batch / seconds,
+        **profiled(fn, device),
+        "captures": speed.graphs.captures if speed.graphs is not None else 0,
+    }
+    if device.type == "cuda":
+        out["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return {**out, "_losses": [loss.item() for loss in losses], "_weights": weights}
+
+
+def graphed_section(device: torch.device, batch: int, steps: int) -> dict:
+    """``speed.cuda_graphs`` at the DARTS-like size, against eager steps in the same
+    process: the sampled W-step ("all" against "off") and the fixed network's step of
+    W-retraining ("fixed" against "off"). Each: ms per step, images/s, kernels and GPU
+    busy, the first 5 steps (the capture paid in them), peak memory, and the
+    equivalence: 5 steps along the same paths from the same start, the largest loss
+    difference and the largest weight difference relative to the weights' scale."""
+    out: dict = {}
+    for kind, mode, fixed in (("w_step", "all", False), ("retrain", "fixed", True)):
+        eager = _graphs_run(device, batch, "off", fixed, steps)
+        graph = _graphs_run(device, batch, mode, fixed, steps)
+        scale = max(w.abs().max().item() for w in eager["_weights"] if w.numel()) or 1.0
+        out[kind] = {
+            "off": {k: v for k, v in eager.items() if not k.startswith("_")},
+            mode: {k: v for k, v in graph.items() if not k.startswith("_")},
+            "speedup": eager["ms_per_step"] / graph["ms_per_step"],
+            "max_loss_diff": max(
+                abs(a - b) for a, b in zip(eager["_losses"], graph["_losses"], strict=True)
+            ),
+            "max_weight_diff_rel": max(
+                (a - b).abs().max().item() / scale
+                for a, b in zip(eager["_weights"], graph["_weights"], strict=True)
+                if a.numel()
+            ),
+        }
     return out
 
 

@@ -376,6 +376,16 @@ class SpeedConfig:
             "anew, so it pays only for long fixed phases (bench/gpu_check.py measures it)"
         ),
     )
+    cuda_graphs: str = field(
+        "off",
+        choices=Registered("asolab.runner.graphs", "CUDA_GRAPHS"),
+        help=(
+            "replay training steps as CUDA graphs (CUDA only; fewer launches per step): off | "
+            "fixed (W-retraining's and the final stage's network, whole) | all (also each op "
+            "a sampled W-step runs; every candidate op then keeps its activations in GPU "
+            "memory, as DARTS' continuous relaxation does); ignored where speed.compile is on"
+        ),
+    )
 
 
 @dataclass(frozen=True)

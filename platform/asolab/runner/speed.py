@@ -22,7 +22,10 @@ stays on in every phase: a growth costs under 3 steady steps and is paid once.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
-change path every step and run eagerly.
+change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only) replays
+CUDA graphs instead: of the fixed network, whole, and with ``"all"`` of each op a
+sampled W-step runs (:mod:`asolab.runner.graphs`); with ``speed.compile`` on, the
+fixed network is compiled, not graphed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from ..config import SpeedConfig
 from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
+from .graphs import CudaGraphs, graphed
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +95,18 @@ class Speed:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
         self.compile_mode = COMPILE_MODES[cfg.compile]
+        # CUDA graphs need CUDA; elsewhere the setting changes nothing
+        self.cuda_graphs = cfg.cuda_graphs if device.type == "cuda" else "off"
+        self.graphs = CudaGraphs() if self.cuda_graphs != "off" else None
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
 
     def compiled(self, net: nn.Module) -> nn.Module:
-        """``net`` compiled as ``speed.compile`` says (the same parameters, so optimizers
-        and checkpoints see no difference), or ``net`` itself."""
+        """``net`` compiled as ``speed.compile`` says, or else run through CUDA graphs as
+        ``speed.cuda_graphs`` says (the same parameters either way, so optimizers and
+        checkpoints see no difference), or ``net`` itself."""
         if self.compile_mode is None:
-            return net
+            return net if self.graphs is None else graphed(net, self.graphs)
         mode = self.compile_mode
         if mode == "reduce-overhead" and self.device.type != "cuda":
             mode = "default"  # CUDA graphs are what it adds; elsewhere plain compile
@@ -108,7 +116,15 @@ class Speed:
         """The forward pass's precision (a no-op with ``autocast = "off"``)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        # a CUDA graph cannot hold autocast's cache of cast weights
+        cache = self.graphs is None
+        return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=cache)
+
+    def op_graphs(self) -> contextlib.AbstractContextManager:
+        """Within: a sampled W-step's ops replay CUDA graphs (``speed.cuda_graphs = "all"``)."""
+        if self.graphs is None or self.cuda_graphs != "all":
+            return contextlib.nullcontext()
+        return self.graphs.ops()
 
     def forward_loss(
         self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, *args: object

@@ -1,0 +1,168 @@
+"""CUDA graphs for training steps (``speed.cuda_graphs``): fewer launches per step.
+
+A search network's training step on a GPU is bound by the host: at the DARTS-like
+size a sampled W-step dispatches about 2,700 small kernels, and the H100 sat 85%
+idle (bench/README.md, "On a GPU"). A CUDA graph replays a captured sequence of
+kernels with one launch. :class:`CudaGraphs` captures a module's forward and
+backward pass as a graph pair (``torch.cuda.make_graphed_callables``) the first
+time it is called in a training step, at that input's shape, and replays it
+from then on:
+
+- ``"fixed"``: the fixed network of W-retraining and the final stage, whole
+  (:func:`graphed`): one pair per genotype;
+- ``"all"``: also each candidate op of the supernet that a sampled W-step runs
+  (through :data:`asolab.space.cells.OP_CALL`), one pair per op. Whatever path is
+  sampled, each op on it launches as one graph. Every candidate op then keeps its
+  own graph memory (its activations at the batch shape), so the supernet takes
+  about as much GPU memory as DARTS' continuous relaxation.
+
+What stays eager: evaluation and anything under ``torch.no_grad`` (as
+``make_graphed_callables`` would), a batch of another shape than the captured one
+(an epoch's last, smaller batch), the alpha step (weights frozen), and a module
+whose capture fails (a warning names it once). A module whose parameters or
+buffers were replaced (growth widens them) is captured anew at its next call.
+
+Capturing runs the module three times first (torch's warm-up); the BatchNorm
+statistics those runs move are put back, so a step computes what the eager step
+computes, to floating-point reordering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ..space.cells import OP_CALL
+
+log = logging.getLogger(__name__)
+
+# speed.cuda_graphs: what is captured (see the module docstring)
+CUDA_GRAPHS = ("off", "fixed", "all")
+
+Capture = Callable[[nn.Module, torch.Tensor, tuple[nn.Parameter, ...]], Callable[..., object]]
+
+
+def capture_pair(
+    module: nn.Module, x: torch.Tensor, params: tuple[nn.Parameter, ...]
+) -> Callable[..., object]:
+    """``module``'s forward and backward at ``x``'s shape as a CUDA graph pair.
+
+    The parameters are passed as the graph's inputs (the tensors themselves: the
+    graph reads them in place, and its backward returns their gradients), not taken
+    from the module, so the returned callable holds no reference to ``module``."""
+    sample = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    sample.copy_(x).requires_grad_(x.requires_grad)
+    return torch.cuda.make_graphed_callables(
+        lambda inp, *_: module(inp), (sample, *params), allow_unused_input=True
+    )
+
+
+@dataclass
+class _Entry:
+    state: tuple[int, ...]  # where the module's parameters and buffers live
+    shape: tuple[object, ...]  # the captured input's shape, strides, dtype, requires_grad
+    params: tuple[nn.Parameter, ...]
+    replay: Callable[..., object]
+
+
+def _state(module: nn.Module) -> tuple[int, ...]:
+    return tuple(t.data_ptr() for t in (*module.parameters(), *module.buffers()))
+
+
+def _has_buffers(module: nn.Module) -> bool:
+    return next(module.buffers(), None) is not None
+
+
+def _signature(x: torch.Tensor) -> tuple[object, ...]:
+    return (tuple(x.shape), x.stride(), x.dtype, x.requires_grad, torch.is_autocast_enabled())
+
+
+class CudaGraphs:
+    """Graph pairs of modules, each captured at the first input it meets in training.
+
+    Call it as ``graphs(module, x)`` in place of ``module(x)``. ``capture`` makes a
+    pair (:func:`capture_pair`; the tests give a CPU stand-in to check the rules)."""
+
+    def __init__(self, capture: Capture = capture_pair) -> None:
+        self._capture = capture
+        self._entries: weakref.WeakKeyDictionary[nn.Module, _Entry] = weakref.WeakKeyDictionary()
+        self._refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self.captures = 0  # pairs captured so far (the bench reports it)
+
+    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not (module.training and torch.is_grad_enabled()) or module in self._refused:
+            return module(x)
+        params = tuple(module.parameters())
+        if any(not p.requires_grad for p in params) or not (params or _has_buffers(module)):
+            return module(x)  # frozen weights, or no kernels of its own (identity, none)
+        state, shape = _state(module), _signature(x)
+        entry = self._entries.get(module)
+        if entry is not None and entry.state == state:
+            if entry.shape != shape:
+                return module(x)  # another batch shape: eager, the captured pair kept
+            return entry.replay(x, *params)
+        entry = self._new_entry(module, x, params, state, shape)
+        return module(x) if entry is None else entry.replay(x, *params)
+
+    def _new_entry(
+        self,
+        module: nn.Module,
+        x: torch.Tensor,
+        params: tuple[nn.Parameter, ...],
+        state: tuple[int, ...],
+        shape: tuple[object, ...],
+    ) -> _Entry | None:
+        self._entries.pop(module, None)  # the stale pair's memory goes first
+        buffers = [b.clone() for b in module.buffers()]
+        try:
+            replay = self._capture(module, x, params)
+        except Exception as exc:  # a module that cannot be captured runs eagerly, named once
+            log.warning(
+                "speed.cuda_graphs: %s runs without a CUDA graph: %s: %s",
+                type(module).__name__,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+            self._refused.add(module)
+            return None
+        finally:
+            with torch.no_grad():  # the warm-up's BatchNorm updates are not the run's
+                for b, saved in zip(module.buffers(), buffers):
+                    b.copy_(saved)
+        self.captures += 1
+        entry = _Entry(state, shape, params, replay)
+        self._entries[module] = entry
+        return entry
+
+    @contextlib.contextmanager
+    def ops(self) -> Iterator[None]:
+        """Within: the supernet's edges call their ops through these graphs."""
+        token = OP_CALL.set(self)
+        try:
+            yield
+        finally:
+            OP_CALL.reset(token)
+
+
+class Graphed(nn.Module):
+    """``net`` run through ``graphs`` (a fixed network, captured whole): same
+    parameters, so optimizers, checkpoints and the logged model see ``net`` only."""
+
+    def __init__(self, net: nn.Module, graphs: CudaGraphs) -> None:
+        super().__init__()
+        self.net = net
+        self._graphs = graphs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._graphs(self.net, x)
+
+
+def graphed(net: nn.Module, graphs: CudaGraphs) -> nn.Module:
+    """``net`` whose training steps replay one CUDA graph pair (:class:`Graphed`)."""
+    return Graphed(net, graphs)

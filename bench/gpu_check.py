@@ -12,13 +12,13 @@ Sections (each records its figures, or the error that stopped it):
    (training and inference), seconds per phase's loops and outside them, GPU
    utilisation sampled with nvidia-smi during W-training, peak CUDA memory;
    ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
-   ``digits_graphs_fixed`` and ``digits_graphs_all`` with ``speed.cuda_graphs``;
+   ``digits_graphs_off`` the same with ``speed.cuda_graphs = false``;
 3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
    copy ``--fashion-dir`` names), same figures;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
-   ``cifar_shape_graphs_all`` the same with ``speed.cuda_graphs = "all"``;
+   ``cifar_shape_graphs_off`` the same with ``speed.cuda_graphs = false``;
 5. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
 6. ``study``         a 2-worker study on one GPU (both workers given the same device);
@@ -28,11 +28,11 @@ Sections (each records its figures, or the error that stopped it):
    batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
    and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
    and GPU busy from torch.profiler;
-9. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: the sampled
-   W-step with "all" and W-retraining's step with "fixed", each against "off" in the
-   same process: ms per step, the first 5 steps (capture paid), kernels, GPU busy, peak
-   memory, and the largest loss and weight differences after 5 steps along the same
-   paths (on the CPU the setting changes nothing: the same code runs eagerly);
+9. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: W-retraining's
+   step replayed as a CUDA graph pair against the eager step in the same process: ms
+   per step, the first 5 steps (capture paid), kernels, GPU busy, peak memory, and the
+   largest loss and weight differences after 5 steps from the same start (on the CPU
+   the setting changes nothing: the same code runs eagerly);
 10. ``workers``      aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
 
 ``--budget-s`` skips a section whose estimate no longer fits (a 10-minute call).
@@ -363,9 +363,8 @@ ESTIMATE_S = {
     "device_tests": 30,
     "digits": 60,
     "digits_autotune_off": 60,
-    "digits_graphs_fixed": 60,
-    "digits_graphs_all": 70,
-    "cifar_shape_graphs_all": 40,
+    "digits_graphs_off": 60,
+    "cifar_shape_graphs_off": 40,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -523,18 +522,15 @@ def main(argv: list[str] | None = None) -> int:
         "digits_autotune_off": lambda: run_section(
             device, [*size["digits"], "speed.cudnn_benchmark=false"], repeats
         ),
-        # speed.cuda_graphs: the fixed phases' network whole, and also the sampled ops
-        "digits_graphs_fixed": lambda: run_section(
-            device, [*size["digits"], "speed.cuda_graphs=fixed"], repeats
-        ),
-        "digits_graphs_all": lambda: run_section(
-            device, [*size["digits"], "speed.cuda_graphs=all"], repeats
+        # the same run without CUDA graphs of the fixed phases (on by default)
+        "digits_graphs_off": lambda: run_section(
+            device, [*size["digits"], "speed.cuda_graphs=false"], repeats
         ),
         "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
-        "cifar_shape_graphs_all": lambda: cifar_section(
+        "cifar_shape_graphs_off": lambda: cifar_section(
             device,
-            [*size["cifar_shape"][0], "speed.cuda_graphs=all"],
+            [*size["cifar_shape"][0], "speed.cuda_graphs=false"],
             size["cifar_shape"][1],
             workdir,
             repeats,
@@ -565,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             if name in skip:
                 report["sections"][name] = {"status": "skipped", "error": "--skip"}
                 continue
-            if "_graphs_" in name and device.type != "cuda":  # the same run as without
+            if "_graphs_" in name and device.type != "cuda":  # the same run as the one before
                 report["sections"][name] = {"status": "skipped", "error": "needs CUDA"}
                 continue
             left = args.budget_s - (time.perf_counter() - start)

@@ -16,8 +16,8 @@ Sections (``bench/gpu_check.py`` runs them too; each records its figures or its 
 - ``growth``: the first step after widen and deepen against the steady ones, cuDNN
   autotuning on and off;
 - ``workers``: aggregate W-step images/s of 1, 2 and 4 processes sharing the GPU;
-- ``graphed``: the W-step at batch 64 with every candidate op captured once as a CUDA
-  graph pair, against the eager step (``gpu_check.py``'s section of that name);
+- ``graphed``: W-retraining's step with ``speed.cuda_graphs`` on and off, and how
+  closely the two agree (``gpu_check.py``'s section of that name);
 - ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds.
 
 ``--budget-s`` skips a section whose estimate would not fit in what is left.
@@ -136,67 +136,23 @@ def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -
     return out
 
 
-def op_inputs(net, x: torch.Tensor) -> dict:
-    """Every candidate op of every edge that a W-step can sample and that launches kernels
-    (not ``none``, which W-training never samples, nor the identity), with the shape and
-    strides of its input at ``x``'s batch: one forward that runs every op (eval mode, no
-    gradients: nothing in the network changes)."""
-    from asolab.space.ops import Identity, Zero
-
-    every = [[(i, None) for i in range(len(net.spec.primitives))]] * net.spec.num_edges
-    plans = dict.fromkeys(net.alphas, every)
-    seen: dict = {}
-
-    def record(op, args) -> None:  # (returning a value would replace the op's arguments)
-        seen.setdefault(op, (tuple(args[0].shape), args[0].stride()))
-
-    hooks = [
-        op.register_forward_pre_hook(record)
-        for cell in net.cells
-        for edge in cell.edges
-        for op in edge.ops
-        if not isinstance(op, (Identity, Zero))
-    ]
-    was = net.training
-    try:
-        with torch.no_grad():
-            net.eval()(x, plans)
-    finally:
-        net.train(was)
-        for h in hooks:
-            h.remove()
-    return seen
-
-
-def _graphs_run(device: torch.device, batch: int, mode: str, fixed: bool, steps: int) -> dict:
-    """One ``speed.cuda_graphs`` mode: 5 steps along fixed paths (the capture paid in
-    them), then the steady step; the losses and the weights for the equivalence."""
+def _graphs_run(device: torch.device, batch: int, graphs: bool, steps: int) -> dict:
+    """W-retraining's step with ``speed.cuda_graphs`` on or off: 5 steps (the capture
+    paid in them), then the steady step; the losses and the weights for the equivalence."""
     layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    overrides = {**sc.DARTS_LIKE, "speed.cuda_graphs": mode}
+    overrides = {**sc.DARTS_LIKE, "speed.cuda_graphs": str(graphs).lower()}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     cfg, net, wopt, _, speed, x, y = sc.setup(overrides, 32, batch, device, layout=layout)
     clip = cfg.search.grad_clip
-    torch.manual_seed(2)
-    if fixed:
-        model = speed.compiled(sc.FixedNetwork(net, net.derive()))
-        step = lambda p: sc.steps.weight_step(model, speed, wopt, x, y, None, clip)  # noqa: E731
-        paths = [None] * 5
-    else:
-        sample = _sampler(net)
-        paths = [sample() for _ in range(5)]
-        step = lambda p: sc.steps.weight_step(net, speed, wopt, x, y, p, clip)  # noqa: E731
+    model = speed.compiled(sc.FixedNetwork(net, net.derive()))
+    fn = lambda: sc.steps.weight_step(model, speed, wopt, x, y, None, clip)  # noqa: E731
     sync(device)
     start = time.perf_counter()
-    losses = [step(p)[0] for p in paths]
+    losses = [fn()[0] for _ in range(5)]
     sync(device)
     first = time.perf_counter() - start
     weights = [t.detach().float().cpu() for t in net.state_dict().values()]
-    if not fixed:
-        sample = _sampler(net)
-        fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
-    else:
-        fn = lambda: step(None)  # noqa: E731
     seconds = timed(fn, device, steps, warmup=3)
     out = {
         "first_5_steps_s": first,
@@ -211,31 +167,27 @@ def _graphs_run(device: torch.device, batch: int, mode: str, fixed: bool, steps:
 
 
 def graphed_section(device: torch.device, batch: int, steps: int) -> dict:
-    """``speed.cuda_graphs`` at the DARTS-like size, against eager steps in the same
-    process: the sampled W-step ("all" against "off") and the fixed network's step of
-    W-retraining ("fixed" against "off"). Each: ms per step, images/s, kernels and GPU
-    busy, the first 5 steps (the capture paid in them), peak memory, and the
-    equivalence: 5 steps along the same paths from the same start, the largest loss
-    difference and the largest weight difference relative to the weights' scale."""
-    out: dict = {}
-    for kind, mode, fixed in (("w_step", "all", False), ("retrain", "fixed", True)):
-        eager = _graphs_run(device, batch, "off", fixed, steps)
-        graph = _graphs_run(device, batch, mode, fixed, steps)
-        scale = max(w.abs().max().item() for w in eager["_weights"] if w.numel()) or 1.0
-        out[kind] = {
-            "off": {k: v for k, v in eager.items() if not k.startswith("_")},
-            mode: {k: v for k, v in graph.items() if not k.startswith("_")},
-            "speedup": eager["ms_per_step"] / graph["ms_per_step"],
-            "max_loss_diff": max(
-                abs(a - b) for a, b in zip(eager["_losses"], graph["_losses"], strict=True)
-            ),
-            "max_weight_diff_rel": max(
-                (a - b).abs().max().item() / scale
-                for a, b in zip(eager["_weights"], graph["_weights"], strict=True)
-                if a.numel()
-            ),
-        }
-    return out
+    """``speed.cuda_graphs`` at the DARTS-like size: W-retraining's step of the fixed
+    network replayed as a CUDA graph pair against the eager step, in one process: ms per
+    step, images/s, kernels and GPU busy, the first 5 steps (the capture paid in them),
+    peak memory, and the equivalence: the largest loss difference over 5 steps from the
+    same start and the largest weight difference relative to the weights' scale."""
+    eager = _graphs_run(device, batch, False, steps)
+    graph = _graphs_run(device, batch, True, steps)
+    scale = max(w.abs().max().item() for w in eager["_weights"] if w.numel()) or 1.0
+    return {
+        "off": {k: v for k, v in eager.items() if not k.startswith("_")},
+        "on": {k: v for k, v in graph.items() if not k.startswith("_")},
+        "speedup": eager["ms_per_step"] / graph["ms_per_step"],
+        "max_loss_diff": max(
+            abs(a - b) for a, b in zip(eager["_losses"], graph["_losses"], strict=True)
+        ),
+        "max_weight_diff_rel": max(
+            (a - b).abs().max().item() / scale
+            for a, b in zip(eager["_weights"], graph["_weights"], strict=True)
+            if a.numel()
+        ),
+    }
 
 
 def profile_section(device: torch.device, batch: int, out: str) -> dict:
@@ -295,7 +247,7 @@ def retrain_section(device: torch.device, batch: int, epoch_images: int, modes) 
         if not sc.BEFORE:
             from asolab.runner.speed import Speed
 
-            speed = Speed(config.SpeedConfig(compile=mode), device)
+            speed = Speed(config.SpeedConfig(compile=mode, cuda_graphs=False), device)
             fixed = speed.compiled(fixed)
         elif mode != "off":
             continue

@@ -221,22 +221,25 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     lines = _run(capsys, "gpu_check", argv)
     report = json.loads((tmp_path / "report.json").read_text())
     sections = report["sections"]
-    assert {n: s["status"] for n, s in sections.items()} == dict.fromkeys(
-        ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape", "growth"]
-        + ["study", "variants", "steps", "graphed", "workers"],
-        "ok",
-    )
+    assert {n: s["status"] for n, s in sections.items()} == {
+        **dict.fromkeys(
+            ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
+            + ["growth", "study", "variants", "steps", "graphed", "workers"],
+            "ok",
+        ),
+        # without CUDA, speed.cuda_graphs changes nothing: these would repeat a run
+        **dict.fromkeys(["digits_graphs_off", "cifar_shape_graphs_off"], "skipped"),
+    }
     steps = sections["steps"]
     assert (
         steps["w_step"]["batch_2"]["images_per_s"] > 0
         and steps["retrain"]["off"]["ms_per_step"] > 0
     )
     assert sections["workers"]["1_workers"]["images_per_s"] > 0
-    # on the CPU the graphed step counts the ops it would capture, and says why it did not:
-    # 3 cells x 5 edges x the 6 ops that launch kernels (all but none and the identity),
-    # plus skip_connect on the 2 x 4 stride-2 edges of the reduction cells (a FactorizedReduce)
+    # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
-    assert graphed["ops"] == 3 * 5 * 6 + 2 * 4 and graphed["graphed"] is False, graphed
+    assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed
+    assert graphed["max_loss_diff"] == 0 and graphed["max_weight_diff_rel"] == 0
     assert sections["cifar_shape"]["images_per_sec"]["w_train"] > 0
     assert "passed" in sections["device_tests"]["summary"]
     digits = sections["digits"]

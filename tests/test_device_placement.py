@@ -107,15 +107,16 @@ def test_w_step_and_alpha_step_forward_at_several_temperatures(autocast):
 
 
 @pytest.mark.skipif(is_fake(), reason="CUDA graphs are captured on a real GPU only")
-@pytest.mark.parametrize("mode", ["all", "fixed"])
-def test_cuda_graphs_replay_what_the_eager_steps_compute(mode):
-    """``speed.cuda_graphs`` on the GPU: three W-steps (sampled, or of the fixed network)
-    through captured graphs against eager ones from the same start, same paths."""
+def test_cuda_graphs_replay_what_the_eager_steps_compute():
+    """``speed.cuda_graphs`` on the GPU: three W-retraining steps of a fixed network
+    through a captured graph pair against eager ones from the same start. cuDNN's
+    convolutions run in TF32 by default, and its algorithm choice may differ between
+    the two, so they agree to TF32's precision, not to the bit."""
     from asolab.space.fixed import FixedNetwork
 
     losses = {}
-    for name in ("off", mode):
-        cfg = _cfg(**{"speed.cuda_graphs": name, "space.init_channels": 8})
+    for graphs in (False, True):
+        cfg = _cfg(**{"speed.cuda_graphs": graphs, "space.init_channels": 8})
         with on_device() as device:
             torch.manual_seed(0)
             spec = _spec(cfg)
@@ -123,22 +124,16 @@ def test_cuda_graphs_replay_what_the_eager_steps_compute(mode):
             speed = Speed(cfg.speed, device)
             weights = torch.optim.SGD(net.weight_parameters(), lr=0.05, momentum=0.9)
             x, y = _batch(device, 16)
-            torch.manual_seed(1)
-            logits = net.path_logits()
-            model = speed.compiled(FixedNetwork(net, net.derive())) if mode == "fixed" else net
+            model = speed.compiled(FixedNetwork(net, net.derive()))
             seen = []
             for _ in range(3):
-                plans = None if mode == "fixed" else net.sample_path(logits, 1.0)
-                args = () if plans is None else (plans,)
-                with speed.op_graphs():
-                    loss, _ = speed.forward_loss(model, x, y, *args)
+                loss, _ = speed.forward_loss(model, x, y)
                 speed.step(loss, weights)
                 seen.append(loss.item())
-            losses[name] = seen
+            losses[graphs] = seen
             assert _on(net, device) == set()
-            if name != "off":
-                assert speed.graphs is not None and speed.graphs.captures > 0
-    assert losses[mode] == pytest.approx(losses["off"], rel=1e-4, abs=1e-5)
+            assert (speed.graphs is not None and speed.graphs.captures == 1) == graphs
+    assert losses[True] == pytest.approx(losses[False], rel=2e-3)
 
 
 def test_devices_are_compared_with_their_index():

@@ -6,7 +6,7 @@ three warm-up runs, then a callable taking the input and the parameters) and
 replays eagerly. They check when a pair is captured, kept, captured anew or not
 used, that a step through the graphs computes what the eager step computes (the
 warm-up's BatchNorm updates put back), and the wiring from the config to the
-W-step and the fixed network. ``bench/gpu_check.py``'s ``graphed`` section and
+fixed network of W-retraining and the final stage. ``bench/gpu_check.py``'s ``graphed`` section and
 ``tests/test_device_placement.py`` check the real captures on a GPU.
 """
 
@@ -96,25 +96,17 @@ def test_the_warm_up_leaves_batchnorm_statistics_as_the_eager_step_would():
 
 
 def test_a_module_whose_weights_were_replaced_is_captured_anew():
-    """Growth gives an op new, wider tensors; its old pair read the old ones."""
+    """A pair reads the tensors it was captured with: moved ones need a new pair."""
     capture = StandIn()
     graphs = CudaGraphs(capture)
-    cfg, net = _net()
-    plans = net.sample_path(net.path_logits(), 1.0)
-    x = torch.randn(4, 1, 8, 8)
-    with graphs.ops():
-        net(x, plans)
-    first = graphs.captures
-    assert first > 0  # every sampled op with weights or statistics
-    with graphs.ops():
-        net(x, plans)
-    assert graphs.captures == first
-    op = capture.captured[0][0]
+    op = SepConv(4, 4, 3, 1, 1, affine=False)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    graphs(op, x)
+    graphs(op, x)
     conv = next(m for m in op.modules() if isinstance(m, nn.Conv2d))
     conv.weight.data = conv.weight.data.clone()  # elsewhere in memory now
-    with graphs.ops():
-        net(x, plans)
-    assert graphs.captures == first + 1 and capture.captured[-1][0] is op
+    graphs(op, x)
+    assert [m for m, _ in capture.captured] == [op, op] and graphs.captures == 2
 
 
 def test_a_module_that_cannot_be_captured_runs_eagerly_and_is_named_once(caplog):
@@ -129,41 +121,34 @@ def test_a_module_that_cannot_be_captured_runs_eagerly_and_is_named_once(caplog)
     assert "stream is capturing" in named[0]
 
 
-@pytest.mark.parametrize("mode", ["all", "fixed"])
-def test_steps_through_the_graphs_compute_what_eager_steps_compute(mode):
-    """The supernet's sampled W-steps (``all``) and the fixed network's (``fixed``),
-    through the stand-in, against eager steps from the same start: the same losses
-    and weights to the bit."""
+def test_fixed_network_steps_through_the_graphs_compute_what_eager_steps_compute():
+    """W-retraining's steps of a genotype's fixed network through the stand-in, against
+    eager steps from the same start: the same losses and weights to the bit."""
     cfg, eager_net = _net()
     _, graph_net = _net()
-    speed = Speed(cfg.speed, CPU)
-    graph_speed = Speed(cfg.speed, CPU)
-    graph_speed.cuda_graphs, graph_speed.graphs = mode, CudaGraphs(StandIn())
+    speed, graph_speed = Speed(cfg.speed, CPU), Speed(cfg.speed, CPU)
+    graph_speed.graphs = CudaGraphs(StandIn())
     torch.manual_seed(1)
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
-    logits = eager_net.path_logits()
-    paths = [eager_net.sample_path(logits, 1.0) for _ in range(3)]
     genotype = eager_net.derive()
     losses = {}
     for name, net, sp in (("eager", eager_net, speed), ("graphs", graph_net, graph_speed)):
         opt, _ = steps.optimizers(net, cfg.search)
-        if mode == "fixed":
-            fixed = sp.compiled(FixedNetwork(net, genotype))
-            assert isinstance(fixed, Graphed) == (name == "graphs")
-            run = [steps.weight_step(fixed, sp, opt, x, y, None, 5.0) for _ in paths]
-        else:
-            run = [steps.weight_step(net, sp, opt, x, y, p, 5.0) for p in paths]
+        fixed = sp.compiled(FixedNetwork(net, genotype))
+        assert isinstance(fixed, Graphed) == (name == "graphs")
+        run = [steps.weight_step(fixed, sp, opt, x, y, None, 5.0) for _ in range(3)]
         losses[name] = [loss.item() for loss, _ in run]
-    assert graph_speed.graphs.captures > 0
+    assert graph_speed.graphs.captures == 1  # the whole network, once
     assert losses["eager"] == losses["graphs"]
     for a, b in zip(eager_net.state_dict().values(), graph_net.state_dict().values()):
         assert torch.equal(a, b)
 
 
 def test_the_setting_changes_nothing_off_cuda_and_is_checked():
-    speed = Speed(config.SpeedConfig(cuda_graphs="all"), CPU)
-    assert speed.graphs is None and speed.cuda_graphs == "off"
+    assert config.load(None, []).speed.cuda_graphs  # on by default: on CUDA it pays
+    speed = Speed(config.SpeedConfig(cuda_graphs=True), CPU)
+    assert speed.graphs is None
     _, net = _net()
     assert speed.compiled(net) is net
     with pytest.raises(config.ConfigError, match="cuda_graphs"):
-        config.load(None, ["speed.cuda_graphs=ops"])
+        config.load(None, ["speed.cuda_graphs=fixed"])

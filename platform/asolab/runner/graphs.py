@@ -1,26 +1,23 @@
-"""CUDA graphs for training steps (``speed.cuda_graphs``): fewer launches per step.
+"""CUDA graphs for the fixed phases' steps (``speed.cuda_graphs``): one launch per pass.
 
-A search network's training step on a GPU is bound by the host: at the DARTS-like
-size a sampled W-step dispatches about 2,700 small kernels, and the H100 sat 85%
-idle (bench/README.md, "On a GPU"). A CUDA graph replays a captured sequence of
-kernels with one launch. :class:`CudaGraphs` captures a module's forward and
-backward pass as a graph pair (``torch.cuda.make_graphed_callables``) the first
-time it is called in a training step, at that input's shape, and replays it
-from then on:
+A training step of a small network on a GPU is bound by the host: at the
+DARTS-like size W-retraining's step dispatches about 1,600 small kernels, and the
+H100 sat 87% idle (bench/README.md, "On a GPU"). A CUDA graph replays a captured
+sequence of kernels with one launch. :class:`CudaGraphs` captures a module's
+forward and backward pass as a graph pair (``torch.cuda.make_graphed_callables``)
+the first time it is called in a training step, at that input's shape, and
+replays it from then on. The runner graphs the fixed network of W-retraining and
+the final stage whole (:func:`graphed`): one pair per genotype and phase.
 
-- ``"fixed"``: the fixed network of W-retraining and the final stage, whole
-  (:func:`graphed`): one pair per genotype;
-- ``"all"``: also each candidate op of the supernet that a sampled W-step runs
-  (through :data:`asolab.space.cells.OP_CALL`), one pair per op. Whatever path is
-  sampled, each op on it launches as one graph. Every candidate op then keeps its
-  own graph memory (its activations at the batch shape), so the supernet takes
-  about as much GPU memory as DARTS' continuous relaxation.
+The supernet's sampled steps stay eager: their path changes every step, and a
+pair per candidate op (measured on an H100: 0.91x the eager step, 4.5x its
+memory) does not pay.
 
 What stays eager: evaluation and anything under ``torch.no_grad`` (as
 ``make_graphed_callables`` would), a batch of another shape than the captured one
-(an epoch's last, smaller batch), the alpha step (weights frozen), and a module
+(an epoch's last, smaller batch), a module with frozen weights, and a module
 whose capture fails (a warning names it once). A module whose parameters or
-buffers were replaced (growth widens them) is captured anew at its next call.
+buffers were replaced is captured anew at its next call.
 
 Capturing runs the module three times first (torch's warm-up); the BatchNorm
 statistics those runs move are put back, so a step computes what the eager step
@@ -29,21 +26,15 @@ computes, to floating-point reordering.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from ..space.cells import OP_CALL
-
 log = logging.getLogger(__name__)
-
-# speed.cuda_graphs: what is captured (see the module docstring)
-CUDA_GRAPHS = ("off", "fixed", "all")
 
 Capture = Callable[[nn.Module, torch.Tensor, tuple[nn.Parameter, ...]], Callable[..., object]]
 
@@ -139,15 +130,6 @@ class CudaGraphs:
         entry = _Entry(state, shape, params, replay)
         self._entries[module] = entry
         return entry
-
-    @contextlib.contextmanager
-    def ops(self) -> Iterator[None]:
-        """Within: the supernet's edges call their ops through these graphs."""
-        token = OP_CALL.set(self)
-        try:
-            yield
-        finally:
-            OP_CALL.reset(token)
 
 
 class Graphed(nn.Module):

@@ -22,10 +22,9 @@ stays on in every phase: a growth costs under 3 steady steps and is paid once.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
-change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only) replays
-CUDA graphs instead: of the fixed network, whole, and with ``"all"`` of each op a
-sampled W-step runs (:mod:`asolab.runner.graphs`); with ``speed.compile`` on, the
-fixed network is compiled, not graphed.
+change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only, on by
+default) replays the fixed network's forward and backward as CUDA graphs instead
+(:mod:`asolab.runner.graphs`); with ``speed.compile`` on, it is compiled, not graphed.
 """
 
 from __future__ import annotations
@@ -96,8 +95,7 @@ class Speed:
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
         self.compile_mode = COMPILE_MODES[cfg.compile]
         # CUDA graphs need CUDA; elsewhere the setting changes nothing
-        self.cuda_graphs = cfg.cuda_graphs if device.type == "cuda" else "off"
-        self.graphs = CudaGraphs() if self.cuda_graphs != "off" else None
+        self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
 
@@ -119,12 +117,6 @@ class Speed:
         # a CUDA graph cannot hold autocast's cache of cast weights
         cache = self.graphs is None
         return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=cache)
-
-    def op_graphs(self) -> contextlib.AbstractContextManager:
-        """Within: a sampled W-step's ops replay CUDA graphs (``speed.cuda_graphs = "all"``)."""
-        if self.graphs is None or self.cuda_graphs != "all":
-            return contextlib.nullcontext()
-        return self.graphs.ops()
 
     def forward_loss(
         self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, *args: object

@@ -80,11 +80,8 @@ def weight_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One SGD step of the weights: ``net(x, plans)`` on the supernet, ``net(x)`` on a
     fixed network (``plans`` None). Returns ``(loss, correct)`` as device tensors."""
-    if plans is None:
-        loss, logits = speed.forward_loss(net, x, y)
-    else:
-        with speed.op_graphs():  # the sampled ops' CUDA graphs, where speed.cuda_graphs says
-            loss, logits = speed.forward_loss(net, x, y, plans)
+    args = () if plans is None else (plans,)
+    loss, logits = speed.forward_loss(net, x, y, *args)
     clip = _params(opt) if math.isfinite(max_norm) else []  # inf: no norm to compute
     speed.step(loss, opt, clip, max_norm)
     return loss.detach(), (logits.argmax(1) == y).sum()

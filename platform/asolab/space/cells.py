@@ -12,8 +12,7 @@ relaxation (every op, softmax-weighted).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from contextvars import ContextVar
+from collections.abc import Collection, Sequence
 
 import torch
 import torch.nn as nn
@@ -23,12 +22,6 @@ from .spec import edge_stride
 
 Choice = tuple[int, torch.Tensor | None]
 Plan = Sequence[Sequence[Choice] | None]
-
-# How an edge calls its op: ``op(x)``, or ``OP_CALL.get()(op, x)`` where a caller is
-# set (the runner's CUDA graphs in a W-step: asolab.runner.graphs)
-OP_CALL: ContextVar[Callable[[nn.Module, torch.Tensor], torch.Tensor] | None] = ContextVar(
-    "OP_CALL", default=None
-)
 
 
 def edge_index(node: int, input_: int) -> int:
@@ -55,10 +48,9 @@ class MixedOp(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, choices: Sequence[Choice]) -> torch.Tensor:
-        out, call = None, OP_CALL.get()
+        out = None
         for index, weight in choices:
-            op = self.ops[index]
-            y = op(x) if call is None else call(op, x)
+            y = self.ops[index](x)
             if weight is not None:
                 y = y * weight
             out = y if out is None else out + y

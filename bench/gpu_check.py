@@ -361,9 +361,9 @@ def variants_section(
 # rough seconds per section on an H100, for --budget-s
 ESTIMATE_S = {
     "device_tests": 30,
-    "digits": 60,
-    "digits_autotune_off": 60,
-    "digits_graphs_off": 60,
+    "digits": 45,
+    "digits_autotune_off": 45,
+    "digits_graphs_off": 45,
     "cifar_shape_graphs_off": 40,
     "fashion": 70,
     "cifar_shape": 30,
@@ -371,7 +371,7 @@ ESTIMATE_S = {
     "study": 60,
     "variants": 20,
     "steps": 200,
-    "graphed": 60,
+    "graphed": 30,
     "workers": 90,
 }
 

@@ -377,12 +377,13 @@ class SpeedConfig:
         ),
     )
     cuda_graphs: bool = field(
-        True,
+        False,
         help=(
             "replay the forward and backward pass of W-retraining's and the final stage's "
             "network as CUDA graphs, one launch each (CUDA only; captured once per phase): "
-            "4.6x W-retraining's step on an H100 at the DARTS-like size; ignored where "
-            "speed.compile is on"
+            "4.6x W-retraining's step on an H100 at the DARTS-like size, 2.4x on digits; "
+            "off by default: one capture failed on the H100 at the CIFAR-like shape and left "
+            "that process's CUDA random numbers unusable; ignored where speed.compile is on"
         ),
     )
 

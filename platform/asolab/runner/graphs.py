@@ -9,6 +9,14 @@ the first time it is called in a training step, at that input's shape, and
 replays it from then on. The runner graphs the fixed network of W-retraining and
 the final stage whole (:func:`graphed`): one pair per genotype and phase.
 
+Measured on an H100 (bench/README.md, "On a GPU"): W-retraining's step 4.6x at
+the DARTS-like size, the digits run's fixed phases 2.4x. It is opt-in: at the
+CIFAR-like shape (batch 256) one capture failed ("operation not permitted when
+stream is capturing"); the phase went on eagerly, as below, but that process's
+later CUDA random numbers failed ("Offset increment outside graph capture"). The
+cause is not established; torch warned that a parameter's gradient accumulator
+lived on another stream than the capture.
+
 The supernet's sampled steps stay eager: their path changes every step, and a
 pair per candidate op (measured on an H100: 0.91x the eager step, 4.5x its
 memory) does not pay.

@@ -22,8 +22,8 @@ stays on in every phase: a growth costs under 3 steady steps and is paid once.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
-change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only, on by
-default) replays the fixed network's forward and backward as CUDA graphs instead
+change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only, opt-in)
+replays the fixed network's forward and backward as CUDA graphs instead
 (:mod:`asolab.runner.graphs`); with ``speed.compile`` on, it is compiled, not graphed.
 """
 

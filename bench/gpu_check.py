@@ -12,13 +12,13 @@ Sections (each records its figures, or the error that stopped it):
    (training and inference), seconds per phase's loops and outside them, GPU
    utilisation sampled with nvidia-smi during W-training, peak CUDA memory;
    ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
-   ``digits_graphs_off`` the same with ``speed.cuda_graphs = false``;
+   ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
 3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
    copy ``--fashion-dir`` names), same figures;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
-   ``cifar_shape_graphs_off`` the same with ``speed.cuda_graphs = false``;
+   ``cifar_shape_graphs_on`` the same with ``speed.cuda_graphs = true``;
 5. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
 6. ``study``         a 2-worker study on one GPU (both workers given the same device);
@@ -180,6 +180,12 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         "gpu_during_w_train": sampler.during(rec.windows.get("w_train", [])),
         "peak_cuda_memory_mib": (
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
+        # speed.cuda_graphs: pairs captured, and captures that failed (then eager)
+        "cuda_graphs": (
+            {"captures": graphs.captures, "failures": graphs.failures}
+            if (graphs := runner.speed.graphs) is not None
+            else "off"
         ),
     }
 
@@ -363,8 +369,8 @@ ESTIMATE_S = {
     "device_tests": 30,
     "digits": 45,
     "digits_autotune_off": 45,
-    "digits_graphs_off": 45,
-    "cifar_shape_graphs_off": 40,
+    "digits_graphs_on": 45,
+    "cifar_shape_graphs_on": 40,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -495,8 +501,8 @@ def markdown(report: dict) -> str:
 # cuDNN's timing and loading of every kernel (on an H100 the default run took 41 s first,
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
-    {"digits", "digits_autotune_off", "digits_graphs_off", "fashion"}
-    | {"cifar_shape", "cifar_shape_graphs_off"}
+    {"digits", "digits_autotune_off", "digits_graphs_on", "fashion"}
+    | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
 
@@ -553,15 +559,15 @@ def main(argv: list[str] | None = None) -> int:
         "digits_autotune_off": lambda: run_section(
             device, [*size["digits"], "speed.cudnn_benchmark=false"], repeats
         ),
-        # the same run without CUDA graphs of the fixed phases (on by default)
-        "digits_graphs_off": lambda: run_section(
-            device, [*size["digits"], "speed.cuda_graphs=false"], repeats
+        # the same run with CUDA graphs of the fixed phases (opt-in)
+        "digits_graphs_on": lambda: run_section(
+            device, [*size["digits"], "speed.cuda_graphs=true"], repeats
         ),
         "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
-        "cifar_shape_graphs_off": lambda: cifar_section(
+        "cifar_shape_graphs_on": lambda: cifar_section(
             device,
-            [*size["cifar_shape"][0], "speed.cuda_graphs=false"],
+            [*size["cifar_shape"][0], "speed.cuda_graphs=true"],
             size["cifar_shape"][1],
             workdir,
             repeats,

@@ -228,7 +228,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
             "ok",
         ),
         # without CUDA, speed.cuda_graphs changes nothing: these would repeat a run
-        **dict.fromkeys(["digits_graphs_off", "cifar_shape_graphs_off"], "skipped"),
+        **dict.fromkeys(["digits_graphs_on", "cifar_shape_graphs_on"], "skipped"),
     }
     steps = sections["steps"]
     assert (

@@ -136,6 +136,39 @@ def test_cuda_graphs_replay_what_the_eager_steps_compute():
     assert losses[True] == pytest.approx(losses[False], rel=2e-3)
 
 
+@pytest.mark.skipif(is_fake(), reason="CUDA graphs are captured on a real GPU only")
+def test_a_second_capture_over_the_same_weights_succeeds():
+    """W-retraining's network, then the final stage's, over the same supernet weights:
+    two captures, the first pair still uncollected (the garbage collector is off, as it
+    may happen to be between two phases). On the H100 such a second capture failed and
+    left the process's CUDA random numbers failing."""
+    import gc
+
+    from asolab.space.fixed import FixedNetwork
+
+    cfg = _cfg(**{"speed.cuda_graphs": True, "space.init_channels": 8})
+    with on_device() as device:
+        spec = _spec(cfg)
+        net = build_network(spec, device, memory_format(True, device, spec))
+        speed = Speed(cfg.speed, device)
+        weights = torch.optim.SGD(net.weight_parameters(), lr=0.05, momentum=0.9)
+        x, y = _batch(device, 16)
+        genotype = net.derive()
+        gc.disable()
+        try:
+            for _ in range(2):  # a phase each
+                model = speed.compiled(FixedNetwork(net, genotype))
+                for _ in range(3):
+                    loss, _ = speed.forward_loss(model, x, y)
+                    speed.step(loss, weights)
+                del model, loss
+        finally:
+            gc.enable()
+        assert speed.graphs is not None
+        assert (speed.graphs.captures, speed.graphs.failures) == (2, 0)
+        assert torch.isfinite(torch.randn(4, device=device)).all()  # its RNG still works
+
+
 def test_devices_are_compared_with_their_index():
     """A config's ``cuda`` and a tensor's ``cuda:0`` are one device only after
     normalising: torch says they differ (what failed 12 placement tests on an H100),

@@ -27,6 +27,11 @@ What stays eager: evaluation and anything under ``torch.no_grad`` (as
 whose capture fails (a warning names it once). A module whose parameters or
 buffers were replaced is captured anew at its next call.
 
+Before each capture the garbage collector runs, so that a pair from an earlier
+phase over the same parameters is gone: on the H100 the failed capture followed
+one such pair (the hypothesis in :func:`capture_pair`; the placement tests check
+two captures in a row on a GPU).
+
 Capturing runs the module three times first (torch's warm-up); the BatchNorm
 statistics those runs move are put back, so a step computes what the eager step
 computes, to floating-point reordering.
@@ -34,6 +39,7 @@ computes, to floating-point reordering.
 
 from __future__ import annotations
 
+import gc
 import logging
 import weakref
 from collections.abc import Callable
@@ -57,6 +63,12 @@ def capture_pair(
     from the module, so the returned callable holds no reference to ``module``."""
     sample = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
     sample.copy_(x).requires_grad_(x.requires_grad)
+    # An earlier pair over the same parameters (the last phase's network) is freed only by
+    # a cyclic collection (torch's graphed Function class is a cycle), and until then its
+    # autograd graph keeps those parameters' gradient accumulators on that capture's
+    # stream: this capture's backward would then wait on a foreign stream, which a
+    # capture forbids (torch warns "AccumulateGrad node's stream does not match").
+    gc.collect()
     return torch.cuda.make_graphed_callables(
         lambda inp, *_: module(inp), (sample, *params), allow_unused_input=True
     )
@@ -93,6 +105,7 @@ class CudaGraphs:
         self._entries: weakref.WeakKeyDictionary[nn.Module, _Entry] = weakref.WeakKeyDictionary()
         self._refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self.captures = 0  # pairs captured so far (the bench reports it)
+        self.failures = 0  # captures that failed (each module then runs eagerly)
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not (module.training and torch.is_grad_enabled()) or module in self._refused:
@@ -129,6 +142,7 @@ class CudaGraphs:
                 str(exc).splitlines()[0] if str(exc) else "",
             )
             self._refused.add(module)
+            self.failures += 1
             return None
         finally:
             with torch.no_grad():  # the warm-up's BatchNorm updates are not the run's

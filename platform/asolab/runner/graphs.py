@@ -7,7 +7,7 @@ sequence of kernels with one launch. :class:`CudaGraphs` captures a module's
 forward and backward pass as a graph pair (``torch.cuda.make_graphed_callables``)
 the first time it is called in a training step, at that input's shape, and
 replays it from then on. The runner graphs the fixed network of W-retraining and
-the final stage whole (:func:`graphed`): one pair per genotype and phase.
+the final stage whole (:class:`Graphed`): one pair per genotype and phase.
 
 Measured on an H100 (bench/README.md, "On a GPU"): W-retraining's step 4.6x at
 the DARTS-like size, the digits run's fixed phases 2.4x. It is opt-in: at the
@@ -77,7 +77,7 @@ def capture_pair(
 @dataclass
 class _Entry:
     state: tuple[int, ...]  # where the module's parameters and buffers live
-    shape: tuple[object, ...]  # the captured input's shape, strides, dtype, requires_grad
+    shape: tuple[object, ...]  # the captured input's shape, strides, dtype, grad, autocast
     params: tuple[nn.Parameter, ...]
     replay: Callable[..., object]
 
@@ -165,8 +165,3 @@ class Graphed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._graphs(self.net, x)
-
-
-def graphed(net: nn.Module, graphs: CudaGraphs) -> nn.Module:
-    """``net`` whose training steps replay one CUDA graph pair (:class:`Graphed`)."""
-    return Graphed(net, graphs)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ..config import SpeedConfig
 from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
-from .graphs import CudaGraphs, graphed
+from .graphs import CudaGraphs, Graphed
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Speed:
         ``speed.cuda_graphs`` says (the same parameters either way, so optimizers and
         checkpoints see no difference), or ``net`` itself."""
         if self.compile_mode is None:
-            return net if self.graphs is None else graphed(net, self.graphs)
+            return net if self.graphs is None else Graphed(net, self.graphs)
         mode = self.compile_mode
         if mode == "reduce-overhead" and self.device.type != "cuda":
             mode = "default"  # CUDA graphs are what it adds; elsewhere plain compile

@@ -7,8 +7,9 @@
 Sections (``bench/gpu_check.py`` runs them too; each records its figures or its error):
 
 - ``w_step``: the sampled W-step at the DARTS-like size (8 cells, 4 nodes, 16 channels,
-  3x32x32) at batch 64 and 256: ms per step, images/s, CUDA kernels per step and GPU
-  busy (kernel time over wall time), both from ``torch.profiler``;
+  3x32x32) at batch 64 and 256 (and at 64 in the contiguous layout): ms per step,
+  images/s, CUDA kernels per step and GPU busy (kernel time over wall time), both from
+  ``torch.profiler``;
 - ``alpha_step``: the alpha step, same figures at batch 64;
 - ``retrain``: the fixed network's step (W-retraining, final stage) with
   ``speed.compile`` off, default and reduce-overhead: compile seconds, steady ms per
@@ -48,7 +49,7 @@ from asolab.evolution import morphism
 ROOT = Path(__file__).resolve().parents[1]
 # rough seconds per section on an H100 (for --budget-s)
 ESTIMATE = {
-    "w_step": 25,
+    "w_step": 35,
     "alpha_step": 10,
     "retrain": 120,
     "growth": 20,
@@ -106,9 +107,10 @@ def profiled(fn: Callable[[], object], device: torch.device, steps: int = 5) -> 
     return {"kernels_per_step": len(kernels) / steps, "gpu_busy": busy / wall}
 
 
-def _setup(device: torch.device, batch: int):
+def _setup(device: torch.device, batch: int, layout: torch.memory_format | None = None):
     """The DARTS-like network as a run builds it on ``device`` (channels-last on CUDA)."""
-    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    if layout is None:
+        layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     return sc.setup(sc.DARTS_LIKE, 32, batch, device, layout=layout)
 
 
@@ -121,14 +123,21 @@ def _sampler(net) -> Callable[[], dict]:
 
 
 def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -> dict:
+    """The sampled W-step per batch size, as a run lays it out; on CUDA also the first
+    batch size in the contiguous layout: channels-last BatchNorm launches more kernels
+    (a zeroed semaphore, statistics, transform, running statistics: 84 µs of host time
+    a call on the H100, under cProfile), which a step bound by the host may pay for."""
     out = {}
-    for batch in batches:
-        cfg, net, wopt, _, speed, x, y = _setup(device, batch)
+    runs = [(batch, None, f"batch_{batch}") for batch in batches]
+    if device.type == "cuda" and not QUICK:
+        runs.append((batches[0], torch.contiguous_format, f"batch_{batches[0]}_contiguous"))
+    for batch, layout, name in runs:
+        cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout)
         clip = cfg.search.grad_clip
         sample = _sampler(net)
         fn = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731, B023 (used at once)
         seconds = timed(fn, device, steps, warmup=10)
-        out[f"batch_{batch}"] = {
+        out[name] = {
             "ms_per_step": 1e3 * seconds,
             "images_per_s": batch / seconds,
             **profiled(fn, device),

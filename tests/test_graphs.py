@@ -119,7 +119,7 @@ def test_a_module_that_cannot_be_captured_runs_eagerly_and_is_named_once(caplog)
     named = [r.getMessage() for r in caplog.records if "cuda_graphs" in r.getMessage()]
     assert len(named) == 1 and "SepConv runs without a CUDA graph" in named[0]
     assert (graphs.captures, graphs.failures) == (0, 1)
-    assert "stream is capturing" in named[0]
+    assert "stream is capturing" in named[0] and "set speed.cuda_graphs = false" in named[0]
 
 
 def test_fixed_network_steps_through_the_graphs_compute_what_eager_steps_compute():

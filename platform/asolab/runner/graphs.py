@@ -135,8 +135,11 @@ class CudaGraphs:
         try:
             replay = self._capture(module, x, params)
         except Exception as exc:  # a module that cannot be captured runs eagerly, named once
+            # On the H100 the process's later CUDA random numbers then failed (a study
+            # worker's next trial would): say so, and what avoids it
             log.warning(
-                "speed.cuda_graphs: %s runs without a CUDA graph: %s: %s",
+                "speed.cuda_graphs: %s runs without a CUDA graph: %s: %s (this process "
+                "may fail to draw CUDA random numbers later; set speed.cuda_graphs = false)",
                 type(module).__name__,
                 type(exc).__name__,
                 str(exc).splitlines()[0] if str(exc) else "",

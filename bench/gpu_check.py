@@ -508,7 +508,7 @@ FRESH = frozenset(
 
 def fresh_section(name: str, argv: list[str] | None) -> dict:
     """Section ``name`` run by this script in a fresh process; its figures as it wrote them."""
-    args = [a for a in (sys.argv[1:] if argv is None else argv)]
+    args = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, __file__, *args, "--same-process", "--out", out, "--budget-s", "1e9"]
         cmd += ["--skip", ",".join(n for n in ESTIMATE_S if n != name)]

@@ -107,11 +107,17 @@ def profiled(fn: Callable[[], object], device: torch.device, steps: int = 5) -> 
     return {"kernels_per_step": len(kernels) / steps, "gpu_busy": busy / wall}
 
 
-def _setup(device: torch.device, batch: int, layout: torch.memory_format | None = None):
-    """The DARTS-like network as a run builds it on ``device`` (channels-last on CUDA)."""
+def _setup(
+    device: torch.device,
+    batch: int,
+    layout: torch.memory_format | None = None,
+    overrides: dict | None = None,
+):
+    """The DARTS-like network as a run builds it on ``device`` (channels-last on CUDA),
+    with ``overrides`` on top of the DARTS-like settings."""
     if layout is None:
         layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    return sc.setup(sc.DARTS_LIKE, 32, batch, device, layout=layout)
+    return sc.setup({**sc.DARTS_LIKE, **(overrides or {})}, 32, batch, device, layout=layout)
 
 
 def _sampler(net) -> Callable[[], dict]:
@@ -148,11 +154,10 @@ def w_step_section(device: torch.device, batches: tuple[int, ...], steps: int) -
 def _graphs_run(device: torch.device, batch: int, graphs: bool, steps: int) -> dict:
     """W-retraining's step with ``speed.cuda_graphs`` on or off: 5 steps (the capture
     paid in them), then the steady step; the losses and the weights for the equivalence."""
-    layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    overrides = {**sc.DARTS_LIKE, "speed.cuda_graphs": str(graphs).lower()}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cfg, net, wopt, _, speed, x, y = sc.setup(overrides, 32, batch, device, layout=layout)
+    overrides = {"speed.cuda_graphs": str(graphs).lower()}
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch, overrides=overrides)
     clip = cfg.search.grad_clip
     model = speed.compiled(sc.FixedNetwork(net, net.derive()))
     fn = lambda: sc.steps.weight_step(model, speed, wopt, x, y, None, clip)  # noqa: E731

@@ -78,7 +78,6 @@ def capture_pair(
 class _Entry:
     state: tuple[int, ...]  # where the module's parameters and buffers live
     shape: tuple[object, ...]  # the captured input's shape, strides, dtype, grad, autocast
-    params: tuple[nn.Parameter, ...]
     replay: Callable[..., object]
 
 
@@ -152,7 +151,7 @@ class CudaGraphs:
                 for b, saved in zip(module.buffers(), buffers):
                     b.copy_(saved)
         self.captures += 1
-        entry = _Entry(state, shape, params, replay)
+        entry = _Entry(state, shape, replay)
         self._entries[module] = entry
         return entry
 

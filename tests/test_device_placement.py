@@ -11,6 +11,7 @@ a checkpoint through ``Runner.resume``.
 from __future__ import annotations
 
 import ast
+import gc
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from asolab.runner import cycle
 from asolab.runner.device import memory_format, normalise_device
 from asolab.runner.resume import CHECKPOINT_NAME
 from asolab.runner.speed import Speed, build_network
+from asolab.space.fixed import FixedNetwork
 from asolab.space.network import DerivedNetwork
 from asolab.space.sampling import FairPaths, gumbel_softmax_st
 from asolab.space.spec import ArchSpec
@@ -106,31 +108,40 @@ def test_w_step_and_alpha_step_forward_at_several_temperatures(autocast):
         assert _on(net, device) == set()
 
 
+def _graphs_setup(device: torch.device, graphs: bool):
+    """A supernet on ``device``, its speed switches with ``speed.cuda_graphs`` as given,
+    and an SGD optimizer on its weights."""
+    cfg = _cfg(**{"speed.cuda_graphs": graphs, "space.init_channels": 8})
+    spec = _spec(cfg)
+    net = build_network(spec, device, memory_format(True, device, spec))
+    weights = torch.optim.SGD(net.weight_parameters(), lr=0.05, momentum=0.9)
+    return net, Speed(cfg.speed, device), weights
+
+
+def _retrain_steps(model, speed: Speed, weights, x, y, steps: int = 3) -> list[float]:
+    """W-retraining's steps of ``model`` (a fixed network as ``speed`` runs it): the losses."""
+    losses = []
+    for _ in range(steps):
+        loss, _ = speed.forward_loss(model, x, y)
+        speed.step(loss, weights)
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.skipif(is_fake(), reason="CUDA graphs are captured on a real GPU only")
 def test_cuda_graphs_replay_what_the_eager_steps_compute():
     """``speed.cuda_graphs`` on the GPU: three W-retraining steps of a fixed network
     through a captured graph pair against eager ones from the same start. cuDNN's
     convolutions run in TF32 by default, and its algorithm choice may differ between
     the two, so they agree to TF32's precision, not to the bit."""
-    from asolab.space.fixed import FixedNetwork
-
     losses = {}
     for graphs in (False, True):
-        cfg = _cfg(**{"speed.cuda_graphs": graphs, "space.init_channels": 8})
         with on_device() as device:
             torch.manual_seed(0)
-            spec = _spec(cfg)
-            net = build_network(spec, device, memory_format(True, device, spec))
-            speed = Speed(cfg.speed, device)
-            weights = torch.optim.SGD(net.weight_parameters(), lr=0.05, momentum=0.9)
+            net, speed, weights = _graphs_setup(device, graphs)
             x, y = _batch(device, 16)
             model = speed.compiled(FixedNetwork(net, net.derive()))
-            seen = []
-            for _ in range(3):
-                loss, _ = speed.forward_loss(model, x, y)
-                speed.step(loss, weights)
-                seen.append(loss.item())
-            losses[graphs] = seen
+            losses[graphs] = _retrain_steps(model, speed, weights, x, y)
             assert _on(net, device) == set()
             assert (speed.graphs is not None and speed.graphs.captures == 1) == graphs
     assert losses[True] == pytest.approx(losses[False], rel=2e-3)
@@ -142,26 +153,14 @@ def test_a_second_capture_over_the_same_weights_succeeds():
     two captures, the first pair still uncollected (the garbage collector is off, as it
     may happen to be between two phases). On the H100 such a second capture failed and
     left the process's CUDA random numbers failing."""
-    import gc
-
-    from asolab.space.fixed import FixedNetwork
-
-    cfg = _cfg(**{"speed.cuda_graphs": True, "space.init_channels": 8})
     with on_device() as device:
-        spec = _spec(cfg)
-        net = build_network(spec, device, memory_format(True, device, spec))
-        speed = Speed(cfg.speed, device)
-        weights = torch.optim.SGD(net.weight_parameters(), lr=0.05, momentum=0.9)
+        net, speed, weights = _graphs_setup(device, True)
         x, y = _batch(device, 16)
         genotype = net.derive()
         gc.disable()
         try:
             for _ in range(2):  # a phase each
-                model = speed.compiled(FixedNetwork(net, genotype))
-                for _ in range(3):
-                    loss, _ = speed.forward_loss(model, x, y)
-                    speed.step(loss, weights)
-                del model, loss
+                _retrain_steps(speed.compiled(FixedNetwork(net, genotype)), speed, weights, x, y)
         finally:
             gc.enable()
         assert speed.graphs is not None

@@ -48,6 +48,11 @@ class StandIn:
         return lambda inp, *ps: module(inp)
 
 
+def _sep_conv() -> SepConv:
+    """A supernet's 3x3 separable convolution on 4 channels (BatchNorm without affine)."""
+    return SepConv(4, 4, 3, 1, 1, affine=False)
+
+
 def _net(channels: int = 4):
     cfg = config.load(None, [f"space.init_channels={channels}", "space.layers=3"])
     torch.manual_seed(0)
@@ -56,9 +61,9 @@ def _net(channels: int = 4):
 
 
 def test_a_pair_is_captured_once_per_module_and_kept_for_other_batch_shapes():
-    graphs, capture = None, StandIn()
+    capture = StandIn()
     graphs = CudaGraphs(capture)
-    op = SepConv(4, 4, 3, 1, 1, affine=False)
+    op = _sep_conv()
     x = torch.randn(8, 4, 6, 6, requires_grad=True)
     graphs(op, x)
     graphs(op, torch.randn(8, 4, 6, 6, requires_grad=True))
@@ -78,7 +83,7 @@ def test_frozen_weights_and_ops_without_kernels_run_eagerly():
     graphs = CudaGraphs(capture)
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     assert graphs(nn.Identity(), x) is x  # no weights, no buffers: nothing to graph
-    op = SepConv(4, 4, 3, 1, 1, affine=False)
+    op = _sep_conv()
     for p in op.parameters():
         p.requires_grad_(False)  # the alpha phase
     graphs(op, x)
@@ -87,7 +92,7 @@ def test_frozen_weights_and_ops_without_kernels_run_eagerly():
 
 def test_the_warm_up_leaves_batchnorm_statistics_as_the_eager_step_would():
     graphs = CudaGraphs(StandIn())
-    eager = SepConv(4, 4, 3, 1, 1, affine=False)
+    eager = _sep_conv()
     graphed_op = copy.deepcopy(eager)
     x = torch.randn(8, 4, 6, 6, requires_grad=True)
     assert torch.equal(eager(x), graphs(graphed_op, x))
@@ -99,7 +104,7 @@ def test_a_module_whose_weights_were_replaced_is_captured_anew():
     """A pair reads the tensors it was captured with: moved ones need a new pair."""
     capture = StandIn()
     graphs = CudaGraphs(capture)
-    op = SepConv(4, 4, 3, 1, 1, affine=False)
+    op = _sep_conv()
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     graphs(op, x)
     graphs(op, x)
@@ -111,7 +116,7 @@ def test_a_module_whose_weights_were_replaced_is_captured_anew():
 
 def test_a_module_that_cannot_be_captured_runs_eagerly_and_is_named_once(caplog):
     graphs = CudaGraphs(StandIn(fail=SepConv))
-    op = SepConv(4, 4, 3, 1, 1, affine=False)
+    op = _sep_conv()
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     with caplog.at_level("WARNING"):
         out = [graphs(op, x) for _ in range(3)]

@@ -17,6 +17,9 @@ sat 82-91% idle), so the figures that matter are host-side and measurable here:
    negligible): the runner's sampled W-step against a plain ``nn.Module`` of the same
    sampled ops (:class:`~asolab.space.fixed.FixedNetwork` of the path, a plain SGD
    step), interleaved in one run. The ratio is the supernet's overhead.
+3. **``speed.cuda_graphs``' bookkeeping per step** of the DARTS-like fixed network
+   (a replay that does nothing): the check that its parameters and buffers are still
+   the captured ones, against the walk of the module tree it replaced, interleaved.
 """
 
 from __future__ import annotations
@@ -249,6 +252,25 @@ def host_ratio(image: int, batch: int, repeats: int) -> dict[str, float]:
     }
 
 
+def graphs_bookkeeping(repeats: int, overrides: dict = DARTS_LIKE) -> dict[str, float]:
+    """Seconds per fixed-network call spent by :class:`~asolab.runner.graphs.CudaGraphs`
+    outside its replay (the capture and the replay do nothing here), against one walk of
+    the module's parameters and buffers, which it did at every step before."""
+    from asolab.runner.graphs import CudaGraphs
+
+    torch.set_num_threads(1)
+    _, net, _, _, _, x, _ = setup(overrides, 8, 2, torch.device("cpu"))
+    fixed = FixedNetwork(net, net.derive())
+    graphs = CudaGraphs(lambda module, inp, params: lambda inp, *ps: inp)
+
+    def walk() -> None:  # what each step did before: the parameters, then every pointer
+        tuple(fixed.parameters())
+        tuple(t.data_ptr() for t in (*fixed.parameters(), *fixed.buffers()))
+
+    secs = interleaved({"check": lambda: graphs(fixed, x), "walk": walk}, repeats, warmup=5)
+    return {"check_ms": 1e3 * secs["check"], "walk_ms": 1e3 * secs["walk"]}
+
+
 if steps is None:
     steps = _Before
 
@@ -272,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         f"W-step at a tiny shape, batch 2, 3x8x8 ({machine}): sampled {r['sampled_ms']:.2f} ms, "
         f"plain module {r['plain_ms']:.2f} ms, ratio {r['ratio']:.2f}x"
     )
+    if not BEFORE:
+        g = graphs_bookkeeping(repeats)
+        print(
+            f"speed.cuda_graphs' check per fixed-network step, DARTS-like size ({machine}): "
+            f"{g['check_ms']:.3f} ms, the module walk it replaced {g['walk_ms']:.3f} ms, "
+            f"{g['walk_ms'] / g['check_ms']:.1f}x less"
+        )
     if args.write:
         OPS_FILE.parent.mkdir(parents=True, exist_ok=True)
         data = {

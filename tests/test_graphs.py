@@ -34,6 +34,7 @@ class StandIn:
 
     def __init__(self, fail: type[nn.Module] | None = None) -> None:
         self.captured: list[tuple[nn.Module, tuple[int, ...]]] = []
+        self.params: list[tuple[nn.Parameter, ...]] = []  # what each pair was given
         self.fail = fail
 
     def __call__(self, module, x, params):
@@ -45,6 +46,7 @@ class StandIn:
         for p in params:
             p.grad = None
         self.captured.append((module, tuple(x.shape)))
+        self.params.append(params)
         return lambda inp, *ps: module(inp)
 
 
@@ -112,6 +114,48 @@ def test_a_module_whose_weights_were_replaced_is_captured_anew():
     conv.weight.data = conv.weight.data.clone()  # elsewhere in memory now
     graphs(op, x)
     assert [m for m, _ in capture.captured] == [op, op] and graphs.captures == 2
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def test_tensors_replaced_without_torchs_registration_hooks_get_a_new_pair():
+    """A step checks the module's listed tensors instead of walking its tree. ``Module.to``
+    under torch's overwrite rule swaps Parameter objects (and ``_apply`` buffers) without
+    the registration hooks that mark the list stale: the next step must still see them,
+    capture anew, and hand the new pair the new parameters."""
+    capture = StandIn()
+    graphs = CudaGraphs(capture)
+    op = _sep_conv()
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    graphs(op, x)
+    old = tuple(op.parameters())
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        op.to(memory_format=torch.channels_last)  # new Parameter objects, unannounced
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    assert not any(a is b for a, b in zip(old, op.parameters()))
+    graphs(op, x)
+    assert graphs.captures == 2 and _same(capture.params[-1], tuple(op.parameters()))
+    bn = next(m for m in op.modules() if isinstance(m, nn.BatchNorm2d))
+    bn.running_mean = bn.running_mean.clone()  # announced: torch's buffer hook
+    graphs(op, x)
+    assert graphs.captures == 3
+
+
+def test_a_submodule_added_after_a_capture_is_in_the_next_pair():
+    capture = StandIn()
+    graphs = CudaGraphs(capture)
+    net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1))
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    graphs(net, x)
+    graphs(net, x)
+    net.append(nn.Conv2d(4, 4, 1))  # registered: no tensor of the listed ones moved
+    graphs(net, x)
+    assert graphs.captures == 2 and _same(capture.params[-1], tuple(net.parameters()))
+    assert len(capture.params[-1]) == 4
 
 
 def test_a_module_that_cannot_be_captured_runs_eagerly_and_is_named_once(caplog):

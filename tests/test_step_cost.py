@@ -34,6 +34,12 @@ def test_dispatched_ops_per_step_do_not_grow():
     assert counts["w_step"]["compute"] < 1.7 * counts["retrain_step"]["compute"]
 
 
+def test_the_graphs_bookkeeping_bench_times_both_sides_of_one_network():
+    """bench/step_cost.py's third figure: the graphs' check and the walk it replaced."""
+    figures = step_cost.graphs_bookkeeping(2, step_cost.SMALL[0])
+    assert set(figures) == {"check_ms", "walk_ms"} and min(figures.values()) > 0
+
+
 def _grown_net():
     cfg = config.load(None, {"space.init_channels": 4, "space.steps": 2})
     torch.manual_seed(0)

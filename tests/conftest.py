@@ -27,11 +27,7 @@ if sys.dont_write_bytecode:
 threads.prepare_environment()
 
 from asolab import config
-from asolab.data import load_data
 
-# One torch thread per test process (tiny tensors gain nothing from more), registered
-# like every asolab process so that runs started beside the suite leave it its core.
-threads.acquire(1)
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 TINY = {
@@ -80,6 +76,15 @@ def _shared_tmp(tmp_path_factory) -> Path:
     """A folder every xdist worker of this session sees (the session's own with -n 0)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One torch thread per test process (tiny tensors gain nothing from more), registered
+    like every asolab process so that runs started beside the suite leave it its core.
+    A fixture, not done at import: xdist's controller, which runs no test, loads this file
+    too, and importing torch there (2 s) would delay the workers' start."""
+    threads.acquire(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -184,6 +189,10 @@ def tiny_cfg() -> config.ExperimentConfig:
 
 @pytest.fixture(scope="session")
 def digits():
+    # imported here, not above: xdist's controller loads this file too, and the data
+    # loaders' torch and scikit-learn (2.3 s) would delay the workers' start
+    from asolab.data import load_data
+
     return load_data(config.DataConfig(), seed=0)
 
 

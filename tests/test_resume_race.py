@@ -148,7 +148,8 @@ def test_two_machines_resuming_one_run_at_once_one_refuses_and_no_step_is_writte
     try:
         for race in range(RACES):
             last = race == RACES - 1  # the last one finishes the run
-            order = json.dumps([run_id, server, time.time() + 1.0, -1 if last else race + 2])
+            # both start at one instant, 0.3 s on: time enough for both to read the order
+            order = json.dumps([run_id, server, time.time() + 0.3, -1 if last else race + 2])
             for m in machines:
                 m.stdin.write(order + "\n")
                 m.stdin.flush()

@@ -537,39 +537,39 @@ def test_time_budget_alone(tmp_path: Path) -> None:
 
 
 def test_failed_workers_end_with_an_error_and_keep_the_others_trials(
-    tmp_path: Path, capsys: pytest.CaptureFixture, forked_workers: list
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    forked_workers: list,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     file = write_study(tmp_path, "crash", ONE_SHORT_RANDOM_TRIAL + SPACE)
     killed: list[int] = []
+    start = study_run.start_worker  # forked_workers' start
 
-    def kill_worker_0() -> None:  # as the OOM killer would
-        deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            for worker in list(forked_workers):
-                cmd = worker.args
-                if cmd[cmd.index("--worker") + 1] == "0":
-                    worker.send_signal(signal.SIGKILL)
-                    killed.append(worker.pid)
-            time.sleep(0.05)
+    def start_and_kill_worker_0(cmd, gpu, **popen):
+        """Worker 0 is killed as it starts, as the OOM killer would, before it draws a
+        trial: a thread that polled for it (every 50 ms) sometimes found it a trial in, on
+        a loaded machine, and the study then rightly failed and retried that trial."""
+        proc = start(cmd, gpu, **popen)
+        if cmd[cmd.index("--worker") + 1] == "0":
+            proc.send_signal(signal.SIGKILL)
+            killed.append(proc.pid)
+        return proc
 
-    killer = threading.Thread(target=kill_worker_0)
-    killer.start()
+    monkeypatch.setattr(study_run, "start_worker", start_and_kill_worker_0)
     s = stores(tmp_path)
-    try:
-        code = main(
-            [
-                "study",
-                str(file),
-                "--workers",
-                "2",
-                "--storage",
-                s["storage_url"],
-                "--tracking-uri",
-                s["tracking_uri"],
-            ]
-        )
-    finally:
-        killer.join()
+    code = main(
+        [
+            "study",
+            str(file),
+            "--workers",
+            "2",
+            "--storage",
+            s["storage_url"],
+            "--tracking-uri",
+            s["tracking_uri"],
+        ]
+    )
     assert killed
     assert code == 2
     captured = capsys.readouterr()

@@ -131,11 +131,12 @@ def test_tensors_replaced_without_torchs_registration_hooks_get_a_new_pair():
     x = torch.randn(2, 4, 6, 6, requires_grad=True)
     graphs(op, x)
     old = tuple(op.parameters())
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
         op.to(memory_format=torch.channels_last)  # new Parameter objects, unannounced
     finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(False)
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
     assert not any(a is b for a, b in zip(old, op.parameters()))
     graphs(op, x)
     assert graphs.captures == 2 and _same(capture.params[-1], tuple(op.parameters()))

@@ -227,8 +227,13 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
             + ["growth", "study", "variants", "steps", "graphed", "workers"],
             "ok",
         ),
-        # without CUDA, speed.cuda_graphs changes nothing: these would repeat a run
-        **dict.fromkeys(["digits_graphs_on", "cifar_shape_graphs_on"], "skipped"),
+        # without CUDA, speed.cuda_graphs and the autotuning scope change nothing: these
+        # would repeat a run
+        **dict.fromkeys(
+            ["digits_graphs_on", "cifar_shape_graphs_on"]
+            + ["digits_autotune_training", "digits_autotune_final"],
+            "skipped",
+        ),
     }
     steps = sections["steps"]
     assert (

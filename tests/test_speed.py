@@ -133,3 +133,61 @@ def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():
     proc = processes.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-800:]
     assert "test accuracy" in proc.stdout
+
+
+def _flags_seen(scope: str) -> list[tuple[bool, bool, bool, bool]]:
+    """A tiny CPU run whose Speed is told it runs on CUDA (so that it sets cuDNN's switch,
+    which the CPU's kernels ignore): per stem convolution, (cuDNN timing on, a full
+    training batch, gradients on, in the final stage)."""
+    cfg = config.load(
+        None,
+        [
+            *TINY,
+            "search.final_epochs=1",
+            "data.batch_size=32",
+            "data.train_subset=80",  # 2 full batches and a last one of 16
+            "tracking.enabled=false",
+        ],
+    )
+    runner = Runner(cfg)
+    speed = config.SpeedConfig(cudnn_benchmark_scope=scope)
+    runner.speed = Speed(speed, torch.device("cuda"), cfg.data.batch_size)
+    seen = []
+
+    def record(_module, inputs, _out):
+        final = runner.state.position.cycle == cfg.search.cycles
+        full = len(inputs[0]) == cfg.data.batch_size
+        seen.append((torch.backends.cudnn.benchmark, full, torch.is_grad_enabled(), final))
+
+    hook = runner.net.stem.register_forward_hook(record)
+    before = torch.backends.cudnn.benchmark
+    try:
+        runner.run()
+    finally:
+        hook.remove()
+        torch.backends.cudnn.benchmark = before
+    return seen
+
+
+def test_cudnn_benchmark_scope_times_only_the_steps_it_names():
+    """``speed.cudnn_benchmark_scope``: "training" times the full batches of training
+    steps, "final" only the final stage's; evaluation, BatchNorm recalibration and an
+    epoch's last batch take cuDNN's heuristics; with autotuning off nothing is timed."""
+    for scope, timed in [
+        ("training", lambda full, grad, final: full and grad),
+        ("final", lambda full, grad, final: full and grad and final),
+    ]:
+        seen = _flags_seen(scope)
+        assert {on for on, *_ in seen} == {True, False}, scope  # both kinds ran
+        assert [on for on, *_ in seen] == [timed(*rest) for _, *rest in seen], scope
+    before = torch.backends.cudnn.benchmark
+    try:
+        off = config.SpeedConfig(cudnn_benchmark=False, cudnn_benchmark_scope="training")
+        speed = Speed(off, torch.device("cuda"), 32)
+        with speed.timed_steps(32):
+            assert not torch.backends.cudnn.benchmark
+        speed.enter_final_stage()
+        with speed.timed_steps(32):
+            assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.backends.cudnn.benchmark = before

@@ -367,6 +367,17 @@ class SpeedConfig:
             "steady steps run up to 1.4x faster"
         ),
     )
+    cudnn_benchmark_scope: str = field(
+        "all",
+        choices=Registered("asolab.runner.speed", "BENCHMARK_SCOPES"),
+        help=(
+            "which convolutions cuDNN times when speed.cudnn_benchmark is on: all (every "
+            "shape) | training (the full batches of training steps; evaluation, an epoch's "
+            "last batch and probes take cuDNN's heuristics) | final (the final stage's full "
+            "batches only); a short search meets most shapes once: the default digits run "
+            "convolves 155 input shapes forward, 31 of them in full training batches"
+        ),
+    )
     compile: str = field(
         "off",
         choices=Registered("asolab.runner.speed", "COMPILE_MODES"),

@@ -19,6 +19,14 @@ pays for timing the new shapes. Measured on an H100 at the DARTS-like size
 steady steps with autotuning and 1.0 without, after a deepen 2.75 and 1.1; but
 the steady step after the deepen took 48 ms with it and 68 ms without. So it
 stays on in every phase: a growth costs under 3 steady steps and is paid once.
+But a short run meets most of its shapes once: on an H100 the default digits run
+took 41 s in a fresh process and 5-8 s when run again in the same one. Of the
+155 input shapes it convolves forward, 31 come in full training batches; the
+rest are evaluation (the whole split at once), an epoch's last batch and probes.
+``speed.cudnn_benchmark_scope`` says which are timed: ``all``, ``training``
+(full batches of training steps; the rest take cuDNN's heuristics) or ``final``
+(the final stage's full batches only). ``bench/gpu_check.py`` runs the three
+side by side, each in a fresh process.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
@@ -31,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -59,6 +67,15 @@ AUTOCAST: dict[str, torch.dtype | None] = {
 }
 
 
+# speed.cudnn_benchmark_scope: the steps whose convolutions cuDNN times (the rest use its
+# heuristics), with speed.cudnn_benchmark on
+BENCHMARK_SCOPES: dict[str, str] = {
+    "all": "every convolution, wherever it runs",
+    "training": "training steps of full batches",
+    "final": "the final stage's training steps of full batches",
+}
+
+
 def build_network(
     spec: ArchSpec, device: torch.device, layout: torch.memory_format
 ) -> SearchNetwork:
@@ -81,7 +98,11 @@ def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:
 class Speed:
     """The run's precision and kernel settings on its device."""
 
-    def __init__(self, cfg: SpeedConfig, device: torch.device) -> None:
+    def __init__(
+        self, cfg: SpeedConfig, device: torch.device, batch_size: int | None = None
+    ) -> None:
+        """``batch_size``: the run's training batch, the one ``cudnn_benchmark_scope``'s
+        ``training`` and ``final`` time (None: every batch a training step sees)."""
         self.device = device
         dtype = AUTOCAST[cfg.autocast]
         if dtype is torch.float16 and device.type != "cuda":
@@ -96,8 +117,34 @@ class Speed:
         self.compile_mode = COMPILE_MODES[cfg.compile]
         # CUDA graphs need CUDA; elsewhere the setting changes nothing
         self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
+        # cuDNN's timing: for every convolution (scope "all"), or only inside timed_steps,
+        # for full training batches (scope "training" from the start, "final" from
+        # enter_final_stage); off CUDA nothing here touches cuDNN's switch
+        self._scope = cfg.cudnn_benchmark_scope
+        self._tunes = device.type == "cuda" and cfg.cudnn_benchmark
+        self.timed_batch = batch_size
+        self._timing = self._tunes and self._scope == "training"  # timed_steps times now
         if device.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+            torch.backends.cudnn.benchmark = self._tunes and self._scope == "all"
+
+    def enter_final_stage(self) -> None:
+        """The final stage starts: with ``cudnn_benchmark_scope = "final"`` its full
+        training batches are timed from here on."""
+        if self._scope == "final":
+            self._timing = self._tunes
+
+    @contextlib.contextmanager
+    def timed_steps(self, batch: int) -> Iterator[None]:
+        """A training step of ``batch`` images: under it cuDNN times new convolution shapes
+        where ``cudnn_benchmark_scope`` says so (a no-op under scope ``all`` and off CUDA)."""
+        if not self._timing or self.timed_batch not in (None, batch):
+            yield
+            return
+        torch.backends.cudnn.benchmark = True
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.benchmark = False
 
     def compiled(self, net: nn.Module) -> nn.Module:
         """``net`` compiled as ``speed.compile`` says, or else run through CUDA graphs as

@@ -15,29 +15,31 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_autotune_training`` and ``digits_autotune_final`` the same with
    ``speed.cudnn_benchmark_scope = "training"`` and ``"final"``;
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
-3. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
-   copy ``--fashion-dir`` names), same figures;
+3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
+   batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
+   and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
+   and GPU busy from torch.profiler;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
    ``cifar_shape_graphs_on`` the same with ``speed.cuda_graphs = true``;
-5. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
-   and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
-6. ``study``         a 2-worker study on one GPU (both workers given the same device);
-7. ``variants``      W-training images/s at the CIFAR-like shape: eager fp32 vs
-   ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved;
-8. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
-   batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
-   and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
-   and GPU busy from torch.profiler;
-9. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: W-retraining's
+5. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: W-retraining's
    step replayed as a CUDA graph pair against the eager step in the same process: ms
    per step, the first 5 steps (capture paid), kernels, GPU busy, peak memory, and the
    largest loss and weight differences after 5 steps from the same start (on the CPU
    the setting changes nothing: the same code runs eagerly);
+6. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
+   and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
+7. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
+   copy ``--fashion-dir`` names), same figures;
+8. ``study``         a 2-worker study on one GPU (both workers given the same device);
+9. ``variants``      W-training images/s at the CIFAR-like shape: eager fp32 vs
+   ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved;
 10. ``workers``      aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
 
-``--budget-s`` skips a section whose estimate no longer fits (a 10-minute call).
+They run in this order, the issue's targets first (the default run's time, the W-step,
+GPU busy at the CIFAR-like shape); ``--budget-s`` skips a section whose estimate no
+longer fits (a 10-minute call), so what was measured before comes last.
 
 The report lands in ``--out`` (default ``bench/results/gpu_check``) as
 ``report.md`` and ``report.json``; the Markdown is printed too.
@@ -583,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "digits_graphs_on": lambda: run_section(
             device, [*size["digits"], "speed.cuda_graphs=true"], repeats
         ),
-        "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
+        "steps": lambda: steps_section(device, args.smoke),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         "cifar_shape_graphs_on": lambda: cifar_section(
             device,
@@ -592,14 +594,14 @@ def main(argv: list[str] | None = None) -> int:
             workdir,
             repeats,
         ),
-        "growth": lambda: growth_section(device, *size["growth"]),
-        "study": lambda: study_section(device, workdir, *size["study"]),
-        "variants": lambda: variants_section(device, *size["variants"]),
-        "steps": lambda: steps_section(device, args.smoke),
         # the next lever for the W-step (the first H100: 2,600-2,800 kernels a step, GPU 18% busy)
         "graphed": lambda: gpu_steps.graphed_section(
             device, 2 if args.smoke else 64, 2 if args.smoke else 20
         ),
+        "growth": lambda: growth_section(device, *size["growth"]),
+        "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
+        "study": lambda: study_section(device, workdir, *size["study"]),
+        "variants": lambda: variants_section(device, *size["variants"]),
         "workers": lambda: gpu_steps.workers_section(device, *size["workers"]),
     }
     report = {

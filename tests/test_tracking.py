@@ -800,6 +800,8 @@ def test_stopped_inside_the_final_stage_resumes_there_exactly_once(store, tmp_pa
     figures of an uninterrupted run."""
     overrides = [
         *TINY,
+        "search.cycles=1",  # the stage is what is stopped: one short cycle before it will do
+        "search.w_epochs=1",
         "search.final_epochs=3",
         "search.checkpoint_minutes=0",
         f"tracking.tracking_uri={store}",

@@ -42,7 +42,8 @@ GPU busy at the CIFAR-like shape); ``--budget-s`` skips a section whose estimate
 longer fits (a 10-minute call), so what was measured before comes last.
 
 The report lands in ``--out`` (default ``bench/results/gpu_check``) as
-``report.md`` and ``report.json``; the Markdown is printed too.
+``report.md`` and ``report.json``; the Markdown is printed too, and opens with the
+digits runs side by side (seconds, and images/s per phase).
 """
 
 from __future__ import annotations
@@ -478,6 +479,22 @@ def sizes(smoke: bool) -> dict:
     }
 
 
+def digits_runs(sections: dict) -> list[str]:
+    """The default digits run under each setting, one row each: the figures that choose
+    ``speed.cudnn_benchmark``'s scope (and say whether the default run fits its 20 s)."""
+    runs = {n: s for n, s in sections.items() if n.startswith("digits") and s["status"] == "ok"}
+    if not runs:
+        return []
+    phases = ("w_train", "alpha", "retrain", "final")
+    rows = [
+        [n, f"{s['seconds']:.1f}", f"{s['other_seconds']:.1f}"]
+        + [f"{s['images_per_sec'].get(p, 0):.0f}" for p in phases]
+        for n, s in runs.items()
+    ]
+    head = ["run", "s", "outside loops s", *(f"{p} img/s" for p in phases)]
+    return ["## digits runs side by side", "", "```", table(head, rows), "```", ""]
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# asolab GPU check: {report['device']} ({report['device_info'] or 'no GPU'})",
@@ -485,6 +502,7 @@ def markdown(report: dict) -> str:
         f"torch {report['torch']}, {report['when']}, {report['seconds']:.0f} s in all"
         + (" (smoke sizes)" if report["smoke"] else ""),
         "",
+        *digits_runs(report["sections"]),
     ]
     for name, section in report["sections"].items():
         lines.append(

@@ -258,7 +258,14 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert sections["study"]["trial_runs"] == 2
     assert set(sections["variants"]) >= {"eager", "bf16", "channels_last"}
     assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))
-    assert (tmp_path / "report.md").read_text().startswith("# asolab GPU check: cpu")
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# asolab GPU check: cpu")
+    # the digits runs side by side, one row each (the scoped ones need CUDA)
+    side = md.split("## digits runs side by side")[1].split("## ")[0]
+    assert [r.split()[0] for r in side.splitlines() if r.startswith("digits")] == [
+        "digits",
+        "digits_autotune_off",
+    ]
     assert lines[-1].startswith("report: ")
 
 

@@ -122,7 +122,7 @@ class Speed:
         # enter_final_stage); off CUDA nothing here touches cuDNN's switch
         self._scope = cfg.cudnn_benchmark_scope
         self._tunes = device.type == "cuda" and cfg.cudnn_benchmark
-        self.timed_batch = batch_size
+        self._timed_batch = batch_size
         self._timing = self._tunes and self._scope == "training"  # timed_steps times now
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = self._tunes and self._scope == "all"
@@ -137,7 +137,7 @@ class Speed:
     def timed_steps(self, batch: int) -> Iterator[None]:
         """A training step of ``batch`` images: under it cuDNN times new convolution shapes
         where ``cudnn_benchmark_scope`` says so (a no-op under scope ``all`` and off CUDA)."""
-        if not self._timing or self.timed_batch not in (None, batch):
+        if not self._timing or self._timed_batch not in (None, batch):
             yield
             return
         torch.backends.cudnn.benchmark = True

@@ -12,8 +12,8 @@ Sections (each records its figures, or the error that stopped it):
    (training and inference), seconds per phase's loops and outside them, GPU
    utilisation sampled with nvidia-smi during W-training, peak CUDA memory;
    ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
-   ``digits_autotune_training`` and ``digits_autotune_final`` the same with
-   ``speed.cudnn_benchmark_scope = "training"`` and ``"final"``;
+   ``digits_autotune_all`` the same with ``speed.cudnn_benchmark_scope = "all"``
+   (the default, ``"full-batch"``, times the full batches' shapes only);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
    batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
@@ -374,8 +374,7 @@ ESTIMATE_S = {
     "device_tests": 30,
     "digits": 45,
     "digits_autotune_off": 45,
-    "digits_autotune_training": 45,
-    "digits_autotune_final": 45,
+    "digits_autotune_all": 45,
     "digits_graphs_on": 45,
     "cifar_shape_graphs_on": 40,
     "fashion": 70,
@@ -525,18 +524,14 @@ def markdown(report: dict) -> str:
 # cuDNN's timing and loading of every kernel (on an H100 the default run took 41 s first,
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
-    {"digits", "digits_autotune_off", "digits_autotune_training", "digits_autotune_final"}
-    | {"digits_graphs_on", "fashion"}
+    {"digits", "digits_autotune_off", "digits_autotune_all", "digits_graphs_on", "fashion"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
 
 # runs that differ from another section's only by a setting that changes nothing off
 # CUDA (speed.cuda_graphs, speed.cudnn_benchmark_scope): elsewhere they would repeat it
-CUDA_ONLY = frozenset(
-    {"digits_graphs_on", "cifar_shape_graphs_on"}
-    | {"digits_autotune_training", "digits_autotune_final"}
-)
+CUDA_ONLY = frozenset({"digits_graphs_on", "cifar_shape_graphs_on", "digits_autotune_all"})
 
 
 def fresh_section(name: str, argv: list[str] | None) -> dict:
@@ -592,12 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         "digits_autotune_off": lambda: run_section(
             device, [*size["digits"], "speed.cudnn_benchmark=false"], repeats
         ),
-        # cuDNN times only the full training batches, or only the final stage's
-        "digits_autotune_training": lambda: run_section(
-            device, [*size["digits"], "speed.cudnn_benchmark_scope=training"], repeats
-        ),
-        "digits_autotune_final": lambda: run_section(
-            device, [*size["digits"], "speed.cudnn_benchmark_scope=final"], repeats
+        # cuDNN times every shape, not only the full batches' as the default does
+        "digits_autotune_all": lambda: run_section(
+            device, [*size["digits"], "speed.cudnn_benchmark_scope=all"], repeats
         ),
         # the same run with CUDA graphs of the fixed phases (opt-in)
         "digits_graphs_on": lambda: run_section(

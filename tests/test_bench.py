@@ -230,8 +230,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # without CUDA, speed.cuda_graphs and the autotuning scope change nothing: these
         # would repeat a run
         **dict.fromkeys(
-            ["digits_graphs_on", "cifar_shape_graphs_on"]
-            + ["digits_autotune_training", "digits_autotune_final"],
+            ["digits_graphs_on", "cifar_shape_graphs_on", "digits_autotune_all"],
             "skipped",
         ),
     }

@@ -8,8 +8,11 @@ naming the memory needed and the knobs, exit status 2, and the run resumes.
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 from mlflow import MlflowClient
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from asolab import config
 from asolab.cli import main
@@ -135,59 +138,87 @@ def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():
     assert "test accuracy" in proc.stdout
 
 
-def _flags_seen(scope: str) -> list[tuple[bool, bool, bool, bool]]:
+class _PlanCache(TorchDispatchMode):
+    """cuDNN's plan cache as torch keeps it: one plan per operation (forward, backward
+    data, backward filter) and shapes, timed or taken from the heuristics as
+    ``torch.backends.cudnn.benchmark`` said at its first sight (the switch is not in the
+    key). ``calls``: per convolution, (of a full batch, its plan timed)."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch, self.timed, self.calls = batch, {}, []
+
+    def _see(self, op: str, x: torch.Tensor, w: torch.Tensor, conv: tuple) -> None:
+        key = (op, tuple(x.shape), x.stride(), tuple(w.shape), conv)
+        timed = self.timed.setdefault(key, torch.backends.cudnn.benchmark)
+        self.calls.append((len(x) == self.batch, timed))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        aten = torch.ops.aten
+        if func is aten.convolution.default:
+            x, w, _bias, *conv = args
+            self._see("forward", x, w, tuple(map(str, conv)))
+        elif func is aten.convolution_backward.default:
+            _grad, x, w, _bias_sizes, *conv, mask = args
+            for op, wanted in zip(("data", "filter"), mask[:2]):
+                if wanted:
+                    self._see(op, x, w, tuple(map(str, conv)))
+        return func(*args, **(kwargs or {}))
+
+
+def _plans_seen(speed_cfg: config.SpeedConfig) -> _PlanCache:
     """A tiny CPU run whose Speed is told it runs on CUDA (so that it sets cuDNN's switch,
-    which the CPU's kernels ignore): per stem convolution, (cuDNN timing on, a full
-    training batch, gradients on, in the final stage)."""
+    which the CPU's kernels ignore), through the plan cache above. Evaluation and
+    BatchNorm recalibration run full batches too, under no_grad, after too few steps to
+    have sampled every op: shapes a training step may meet only later."""
     cfg = config.load(
         None,
         [
             *TINY,
-            "search.final_epochs=1",
             "data.batch_size=32",
+            "data.eval_batch_size=32",
             "data.train_subset=80",  # 2 full batches and a last one of 16
             "tracking.enabled=false",
         ],
     )
     runner = Runner(cfg)
-    speed = config.SpeedConfig(cudnn_benchmark_scope=scope)
-    runner.speed = Speed(speed, torch.device("cuda"), cfg.data.batch_size)
-    seen = []
-
-    def record(_module, inputs, _out):
-        final = runner.state.position.cycle == cfg.search.cycles
-        full = len(inputs[0]) == cfg.data.batch_size
-        seen.append((torch.backends.cudnn.benchmark, full, torch.is_grad_enabled(), final))
-
-    hook = runner.net.stem.register_forward_hook(record)
+    runner.speed = Speed(speed_cfg, torch.device("cuda"), cfg.data.batch_size)
+    runner.speed.watch(runner.net)
+    cache = _PlanCache(cfg.data.batch_size)
     before = torch.backends.cudnn.benchmark
     try:
-        runner.run()
+        with cache:
+            runner.run()
     finally:
-        hook.remove()
         torch.backends.cudnn.benchmark = before
-    return seen
+    return cache
 
 
-def test_cudnn_benchmark_scope_times_only_the_steps_it_names():
-    """``speed.cudnn_benchmark_scope``: "training" times the full batches of training
-    steps, "final" only the final stage's; evaluation, BatchNorm recalibration and an
-    epoch's last batch take cuDNN's heuristics; with autotuning off nothing is timed."""
-    for scope, timed in [
-        ("training", lambda full, grad, final: full and grad),
-        ("final", lambda full, grad, final: full and grad and final),
-    ]:
-        seen = _flags_seen(scope)
-        assert {on for on, *_ in seen} == {True, False}, scope  # both kinds ran
-        assert [on for on, *_ in seen] == [timed(*rest) for _, *rest in seen], scope
+def test_cudnn_benchmark_scope_full_batch_times_every_full_batch_plan_and_no_other():
+    """``speed.cudnn_benchmark_scope = "full-batch"``: every convolution of a full batch,
+    training, evaluation or recalibration, forward or backward, runs a plan cuDNN timed,
+    whichever came first; no plan of another batch size is timed. "all" times every
+    plan, and autotuning off none."""
+    cache = _plans_seen(config.SpeedConfig(cudnn_benchmark_scope="full-batch"))
+    assert {full for full, _ in cache.calls} == {True, False}  # both kinds ran
+    assert [timed for _, timed in cache.calls] == [full for full, _ in cache.calls]
+    assert len(cache.timed) > sum(cache.timed.values()) > 0
+    cuda = torch.device("cuda")
     before = torch.backends.cudnn.benchmark
     try:
-        off = config.SpeedConfig(cudnn_benchmark=False, cudnn_benchmark_scope="training")
-        speed = Speed(off, torch.device("cuda"), 32)
-        with speed.timed_steps(32):
-            assert not torch.backends.cudnn.benchmark
-        speed.enter_final_stage()
-        with speed.timed_steps(32):
-            assert not torch.backends.cudnn.benchmark
+        for scope_cfg, switch in [
+            (config.SpeedConfig(cudnn_benchmark_scope="all"), True),
+            (config.SpeedConfig(cudnn_benchmark=False), False),
+        ]:
+            net = torch.nn.Conv2d(1, 1, 1)
+            Speed(scope_cfg, cuda, 32).watch(net)
+            assert torch.backends.cudnn.benchmark is switch and not net._forward_pre_hooks
+        # the hook is the batch size's alone: a pickled (or deep-copied) network keeps it
+        # without dragging the run's Speed along
+        watched = Speed(config.SpeedConfig(), cuda, 32).watch(torch.nn.Conv2d(1, 1, 1))
+        clone = pickle.loads(pickle.dumps(watched))
+        for batch in (32, 3):
+            clone(torch.zeros(batch, 1, 2, 2))
+            assert torch.backends.cudnn.benchmark is (batch == 32)
     finally:
         torch.backends.cudnn.benchmark = before

@@ -103,6 +103,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self.weight_opt, self.alpha_opt = steps.optimizers(self.net, cfg.search)
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
         self.speed = Speed(cfg.speed, self.device, cfg.data.batch_size)
+        self.speed.watch(self.net)
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: dict[str, Any] | None = None

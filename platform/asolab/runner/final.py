@@ -22,7 +22,7 @@ class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
 
     reads = frozenset(
-        {"_elapsed", "_started", "cfg", "data", "device", "net", "speed", "state", "weight_opt"}
+        {"_elapsed", "_started", "cfg", "data", "device", "net", "state", "weight_opt"}
     )
 
     def choose_final_genotype(self) -> Genotype:
@@ -58,7 +58,6 @@ class FinalStage(Part):
         ``search.checkpoint_minutes`` old: a kill then costs at most that plus one epoch.
         With ``search.budget_minutes``, the first epoch's time fits the stage's length."""
         step = self._genotype_step()
-        self.speed.enter_final_stage()
         while (e := self.state.position.stage_epoch) < self.final_epochs:
             start = time.perf_counter()
             self._epoch(FINAL, e, self.data.full_train, step, lambda: self.state.genotype)

@@ -17,16 +17,23 @@ algorithm per input shape on first sight, so the first step after a growth step
 pays for timing the new shapes. Measured on an H100 at the DARTS-like size
 (``bench/gpu_steps.py``, growth section): the first step after a widen cost 2.5
 steady steps with autotuning and 1.0 without, after a deepen 2.75 and 1.1; but
-the steady step after the deepen took 48 ms with it and 68 ms without. So it
-stays on in every phase: a growth costs under 3 steady steps and is paid once.
+the steady step after the deepen took 48 ms with it and 68 ms without. So the
+training batches are timed in every phase: a growth costs under 3 steady steps.
 But a short run meets most of its shapes once: on an H100 the default digits run
-took 41 s in a fresh process and 5-8 s when run again in the same one. Of the
-155 input shapes it convolves forward, 31 come in full training batches; the
-rest are evaluation (the whole split at once), an epoch's last batch and probes.
-``speed.cudnn_benchmark_scope`` says which are timed: ``all``, ``training``
-(full batches of training steps; the rest take cuDNN's heuristics) or ``final``
-(the final stage's full batches only). ``bench/gpu_check.py`` runs the three
-side by side, each in a fresh process.
+took 41 s in a fresh process and 5-8 s when run again in the same one.
+
+cuDNN keeps one plan per operation and shape for the whole process, whether it
+was timed or taken from its heuristics (``benchmark`` is not in torch's cache
+key): a shape's first sight decides. So the scope is a rule on shapes, which
+the batch size is part of. ``speed.cudnn_benchmark_scope = "full-batch"`` (the
+default) times convolutions of ``data.batch_size`` images, wherever they first
+run, and leaves the rest to the heuristics: evaluation chunks, an epoch's last
+batch, probes. The switch is set at each network's forward pass, from its
+batch, and stays for that pass's backward. In the default digits run that times
+92 of the 271 plans (forward, backward-data, backward-filter) and every one of
+the 56,555 convolutions of full training batches runs a timed plan, as with
+``"all"``, which times every plan. ``bench/gpu_check.py`` runs the scopes and
+autotuning off side by side, each in a fresh process.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
@@ -38,8 +45,9 @@ replays the fixed network's forward and backward as CUDA graphs instead
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -67,13 +75,17 @@ AUTOCAST: dict[str, torch.dtype | None] = {
 }
 
 
-# speed.cudnn_benchmark_scope: the steps whose convolutions cuDNN times (the rest use its
+# speed.cudnn_benchmark_scope: which convolutions cuDNN times (the rest take its
 # heuristics), with speed.cudnn_benchmark on
 BENCHMARK_SCOPES: dict[str, str] = {
-    "all": "every convolution, wherever it runs",
-    "training": "training steps of full batches",
-    "final": "the final stage's training steps of full batches",
+    "full-batch": "convolutions of full training batches, wherever they first run",
+    "all": "every convolution",
 }
+
+
+def _time_if_full(full_batch: int, _net: nn.Module, args: tuple) -> None:
+    """cuDNN times this forward pass's new shapes (and its backward's) only for a full batch."""
+    torch.backends.cudnn.benchmark = len(args[0]) == full_batch
 
 
 def build_network(
@@ -101,8 +113,8 @@ class Speed:
     def __init__(
         self, cfg: SpeedConfig, device: torch.device, batch_size: int | None = None
     ) -> None:
-        """``batch_size``: the run's training batch, the one ``cudnn_benchmark_scope``'s
-        ``training`` and ``final`` time (None: every batch a training step sees)."""
+        """``batch_size``: the run's training batch, the one ``cudnn_benchmark_scope =
+        "full-batch"`` times (None: every convolution is timed, as under ``"all"``)."""
         self.device = device
         dtype = AUTOCAST[cfg.autocast]
         if dtype is torch.float16 and device.type != "cuda":
@@ -117,45 +129,35 @@ class Speed:
         self.compile_mode = COMPILE_MODES[cfg.compile]
         # CUDA graphs need CUDA; elsewhere the setting changes nothing
         self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
-        # cuDNN's timing: for every convolution (scope "all"), or only inside timed_steps,
-        # for full training batches (scope "training" from the start, "final" from
-        # enter_final_stage); off CUDA nothing here touches cuDNN's switch
-        self._scope = cfg.cudnn_benchmark_scope
-        self._tunes = device.type == "cuda" and cfg.cudnn_benchmark
-        self._timed_batch = batch_size
-        self._timing = self._tunes and self._scope == "training"  # timed_steps times now
+        # cuDNN's timing: on for good (scope "all"), or set per forward pass by watch()'s
+        # hook from its batch (scope "full-batch"); off CUDA nothing here touches the switch
+        tunes = device.type == "cuda" and cfg.cudnn_benchmark
+        scope = cfg.cudnn_benchmark_scope
+        self._per_batch = tunes and scope == "full-batch" and batch_size is not None
+        self._full_batch = batch_size
         if device.type == "cuda":
-            torch.backends.cudnn.benchmark = self._tunes and self._scope == "all"
+            torch.backends.cudnn.benchmark = tunes and not self._per_batch
 
-    def enter_final_stage(self) -> None:
-        """The final stage starts: with ``cudnn_benchmark_scope = "final"`` its full
-        training batches are timed from here on."""
-        if self._scope == "final":
-            self._timing = self._tunes
-
-    @contextlib.contextmanager
-    def timed_steps(self, batch: int) -> Iterator[None]:
-        """A training step of ``batch`` images: under it cuDNN times new convolution shapes
-        where ``cudnn_benchmark_scope`` says so (a no-op under scope ``all`` and off CUDA)."""
-        if not self._timing or self._timed_batch not in (None, batch):
-            yield
-            return
-        torch.backends.cudnn.benchmark = True
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.benchmark = False
+    def watch(self, net: nn.Module) -> nn.Module:
+        """``net``, whose forward passes set cuDNN's timing from their batch where
+        ``cudnn_benchmark_scope = "full-batch"`` says so: on for ``batch_size`` images,
+        off for any other number. The switch stays as set for that pass's backward."""
+        if self._per_batch:
+            # a function of the batch size alone: copies and pickles of net stay plain
+            net.register_forward_pre_hook(functools.partial(_time_if_full, self._full_batch))
+        return net
 
     def compiled(self, net: nn.Module) -> nn.Module:
         """``net`` compiled as ``speed.compile`` says, or else run through CUDA graphs as
         ``speed.cuda_graphs`` says (the same parameters either way, so optimizers and
-        checkpoints see no difference), or ``net`` itself."""
+        checkpoints see no difference), or ``net`` itself; :meth:`watch`-ed either way."""
         if self.compile_mode is None:
-            return net if self.graphs is None else Graphed(net, self.graphs)
+            return self.watch(net if self.graphs is None else Graphed(net, self.graphs))
         mode = self.compile_mode
         if mode == "reduce-overhead" and self.device.type != "cuda":
             mode = "default"  # CUDA graphs are what it adds; elsewhere plain compile
-        return torch.compile(net, mode=mode)
+        # the hook on the compiled wrapper runs eagerly, before the compiled forward
+        return self.watch(torch.compile(net, mode=mode))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward pass's precision (a no-op with ``autocast = "off"``)."""

@@ -81,10 +81,9 @@ def weight_step(
     """One SGD step of the weights: ``net(x, plans)`` on the supernet, ``net(x)`` on a
     fixed network (``plans`` None). Returns ``(loss, correct)`` as device tensors."""
     args = () if plans is None else (plans,)
-    with speed.timed_steps(len(y)):
-        loss, logits = speed.forward_loss(net, x, y, *args)
-        clip = _params(opt) if math.isfinite(max_norm) else []  # inf: no norm to compute
-        speed.step(loss, opt, clip, max_norm)
+    loss, logits = speed.forward_loss(net, x, y, *args)
+    clip = _params(opt) if math.isfinite(max_norm) else []  # inf: no norm to compute
+    speed.step(loss, opt, clip, max_norm)
     return loss.detach(), (logits.argmax(1) == y).sum()
 
 
@@ -98,7 +97,6 @@ def alpha_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One Adam step of the alphas along a straight-through Gumbel sample."""
     plans = net.sample_plans(tau, differentiable=True)  # fp32, outside autocast
-    with speed.timed_steps(len(y)):
-        loss, logits = speed.forward_loss(net, x, y, plans)
-        speed.step(loss, opt)
+    loss, logits = speed.forward_loss(net, x, y, plans)
+    speed.step(loss, opt)
     return loss.detach(), (logits.argmax(1) == y).sum()

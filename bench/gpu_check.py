@@ -499,7 +499,8 @@ def markdown(report: dict) -> str:
         f"# asolab GPU check: {report['device']} ({report['device_info'] or 'no GPU'})",
         "",
         f"torch {report['torch']}, {report['when']}, {report['seconds']:.0f} s in all"
-        + (" (smoke sizes)" if report["smoke"] else ""),
+        + (" (smoke sizes)" if report["smoke"] else "")
+        + ("" if report.get("bytecode_written", True) else "; no bytecode written"),
         "",
         *digits_runs(report["sections"]),
     ]
@@ -618,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "device_info": describe_device(device),
         "torch": torch.__version__,
+        # false: each fresh process compiles the modules it imports again (gpu_prepare.py)
+        "bytecode_written": not sys.dont_write_bytecode,
         "smoke": args.smoke,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},

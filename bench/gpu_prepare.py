@@ -115,11 +115,18 @@ def fashion_subset(dest: Path, train_images: int) -> None:
 
 
 def device_command(out: Path) -> str:
-    """The command for the device tool (run from the repository root, ``out`` carried)."""
+    """The command for the device tool (run from the repository root, ``out`` carried).
+
+    The wheels go in uncompiled (quicker to install), and Python is let write each
+    module's bytecode on its first import. On the H100 (2026-11-27) a default run
+    profiled in a fresh process, after a whole ``gpu_check``, still compiled the source
+    of 968 modules, 3.4 s of its 41 s: the bytecode had not been kept, a cost a user's
+    ``pip install`` (which compiles) never pays. ``gpu_check``'s report says whether
+    Python wrote bytecode (``bytecode_written``)."""
     rel = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     return (
         "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-        f"--target /tmp/site {rel}/whl/*.whl || exit 3; "
+        f"--target /tmp/site {rel}/whl/*.whl || exit 3; unset PYTHONDONTWRITEBYTECODE; "
         "export PYTHONPATH=/tmp/site:$PWD/platform PYTHONUNBUFFERED=1; nvidia-smi -L; "
         f"python3 bench/gpu_check.py --fashion-dir {rel}/fashion-mnist --out $OUT "
         "2>&1 | tee $OUT/log.txt"

@@ -292,6 +292,8 @@ def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):
     cmd = prep.device_command(BENCH.parent / ".gpu")
     assert "--no-index" in cmd and ".gpu/whl/*.whl" in cmd and "--out $OUT" in cmd
     assert "--fashion-dir .gpu/fashion-mnist" in cmd and len(cmd) < 2000  # the tool's limit
+    # fresh processes import compiled modules, as after a user's pip install
+    assert cmd.index("unset PYTHONDONTWRITEBYTECODE") < cmd.index("gpu_check.py")
 
 
 _BENCH_AT = """

@@ -14,6 +14,8 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
    ``digits_autotune_all`` the same with ``speed.cudnn_benchmark_scope = "all"``
    (the default, ``"full-batch"``, times the full batches' shapes only);
+   ``digits_autotune_limit3`` the default with cuDNN timing at most 3 algorithms a
+   shape (``torch.backends.cudnn.benchmark_limit``, torch's default 10);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
    batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
@@ -375,6 +377,7 @@ ESTIMATE_S = {
     "digits": 45,
     "digits_autotune_off": 45,
     "digits_autotune_all": 45,
+    "digits_autotune_limit3": 45,
     "digits_graphs_on": 45,
     "cifar_shape_graphs_on": 40,
     "fashion": 70,
@@ -525,14 +528,28 @@ def markdown(report: dict) -> str:
 # cuDNN's timing and loading of every kernel (on an H100 the default run took 41 s first,
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
-    {"digits", "digits_autotune_off", "digits_autotune_all", "digits_graphs_on", "fashion"}
+    {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
+    | {"digits_graphs_on", "fashion"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
 
 # runs that differ from another section's only by a setting that changes nothing off
-# CUDA (speed.cuda_graphs, speed.cudnn_benchmark_scope): elsewhere they would repeat it
-CUDA_ONLY = frozenset({"digits_graphs_on", "cifar_shape_graphs_on", "digits_autotune_all"})
+# CUDA (speed.cuda_graphs, cuDNN's scope and limit): elsewhere they would repeat it
+CUDA_ONLY = frozenset(
+    {"digits_graphs_on", "cifar_shape_graphs_on"}
+    | {"digits_autotune_all", "digits_autotune_limit3"}
+)
+
+
+def with_benchmark_limit(limit: int, section: Callable[[], dict]) -> dict:
+    """``section``'s figures with cuDNN timing at most ``limit`` algorithms per shape."""
+    before = torch.backends.cudnn.benchmark_limit
+    torch.backends.cudnn.benchmark_limit = limit
+    try:
+        return {**section(), "cudnn_benchmark_limit": limit}
+    finally:
+        torch.backends.cudnn.benchmark_limit = before
 
 
 def fresh_section(name: str, argv: list[str] | None) -> dict:
@@ -591,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
         # cuDNN times every shape, not only the full batches' as the default does
         "digits_autotune_all": lambda: run_section(
             device, [*size["digits"], "speed.cudnn_benchmark_scope=all"], repeats
+        ),
+        # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels
+        "digits_autotune_limit3": lambda: with_benchmark_limit(
+            3, lambda: run_section(device, size["digits"], repeats)
         ),
         # the same run with CUDA graphs of the fixed phases (opt-in)
         "digits_graphs_on": lambda: run_section(

@@ -230,7 +230,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # without CUDA, speed.cuda_graphs and the autotuning scope change nothing: these
         # would repeat a run
         **dict.fromkeys(
-            ["digits_graphs_on", "cifar_shape_graphs_on", "digits_autotune_all"],
+            ["digits_graphs_on", "cifar_shape_graphs_on"]
+            + ["digits_autotune_all", "digits_autotune_limit3"],
             "skipped",
         ),
     }
@@ -266,6 +267,15 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         "digits_autotune_off",
     ]
     assert lines[-1].startswith("report: ")
+    # the CUDA-only limit section's wrapper: the limit holds inside and is put back
+    import torch
+
+    limit = torch.backends.cudnn.benchmark_limit
+    inside = bench_module("gpu_check").with_benchmark_limit(
+        3, lambda: {"limit": torch.backends.cudnn.benchmark_limit}
+    )
+    assert inside == {"limit": 3, "cudnn_benchmark_limit": 3} != {"limit": limit}
+    assert torch.backends.cudnn.benchmark_limit == limit
 
 
 def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):

@@ -18,9 +18,8 @@ Sections (each records its figures, or the error that stopped it):
    shape (``torch.backends.cudnn.benchmark_limit``, torch's default 10);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
-   batch 64 and 256, the alpha step, W-retraining with ``speed.compile`` off, default
-   and reduce-overhead (compile time paid in an epoch), each with CUDA kernels per step
-   and GPU busy from torch.profiler;
+   batch 64 and 256 (and 64 contiguous), the alpha step and eager W-retraining, each
+   with CUDA kernels per step and GPU busy from torch.profiler;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
@@ -30,6 +29,10 @@ Sections (each records its figures, or the error that stopped it):
    per step, the first 5 steps (capture paid), kernels, GPU busy, peak memory, and the
    largest loss and weight differences after 5 steps from the same start (on the CPU
    the setting changes nothing: the same code runs eagerly);
+   ``compile_default`` and ``compile_reduce_overhead``: W-retraining with
+   ``speed.compile`` so set, the compile paid in an epoch of 2,560 images (CUDA only;
+   on the last H100 "default" had not compiled after 170 s, so they run last among
+   the new figures, within what the budget has left);
 6. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
 7. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
@@ -41,7 +44,9 @@ Sections (each records its figures, or the error that stopped it):
 
 They run in this order, the issue's targets first (the default run's time, the W-step,
 GPU busy at the CIFAR-like shape); ``--budget-s`` skips a section whose estimate no
-longer fits (a 10-minute call), so what was measured before comes last.
+longer fits (a 10-minute call), so what was measured before comes last. A section in
+a fresh process is stopped when the budget runs out, and the report is rewritten after
+every section: a call cut short still leaves what it finished.
 
 The report lands in ``--out`` (default ``bench/results/gpu_check``) as
 ``report.md`` and ``report.json``; the Markdown is printed too, and opens with the
@@ -56,6 +61,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -385,22 +391,24 @@ ESTIMATE_S = {
     "growth": 15,
     "study": 60,
     "variants": 20,
-    "steps": 200,
+    "steps": 120,
     "graphed": 30,
+    # tried with whatever is left: how long compiling takes is the figure
+    "compile_default": 60,
+    "compile_reduce_overhead": 60,
     "workers": 90,
 }
 
 
 def steps_section(device: torch.device, smoke: bool) -> dict:
     """The DARTS-like size's steps (bench/gpu_steps.py), kernels and GPU busy with them."""
-    modes = ("off",) if smoke else ("off", "default", "reduce-overhead")
     return {
         "w_step": gpu_steps.w_step_section(
             device, (2,) if smoke else (64, 256), 2 if smoke else 20
         ),
         "alpha_step": gpu_steps.alpha_section(device, 2 if smoke else 64, 2 if smoke else 20),
         "retrain": gpu_steps.retrain_section(
-            device, 2 if smoke else 64, 8 if smoke else 2560, modes
+            device, 2 if smoke else 64, 8 if smoke else 2560, ("off",)
         ),
     }
 
@@ -529,7 +537,7 @@ def markdown(report: dict) -> str:
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
     {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
-    | {"digits_graphs_on", "fashion"}
+    | {"digits_graphs_on", "fashion", "compile_default", "compile_reduce_overhead"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
@@ -540,6 +548,11 @@ CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on"}
     | {"digits_autotune_all", "digits_autotune_limit3"}
 )
+
+# sections that only measure how long torch.compile takes and what it gives: on 2 CPU
+# cores it would take minutes of CI (W-retraining's compiled network is tested in
+# tests/test_step_cost.py), so they run on CUDA only
+COMPILE_ONLY = frozenset({"compile_default", "compile_reduce_overhead"})
 
 
 def with_benchmark_limit(limit: int, section: Callable[[], dict]) -> dict:
@@ -552,20 +565,40 @@ def with_benchmark_limit(limit: int, section: Callable[[], dict]) -> dict:
         torch.backends.cudnn.benchmark_limit = before
 
 
-def fresh_section(name: str, argv: list[str] | None) -> dict:
-    """Section ``name`` run by this script in a fresh process; its figures as it wrote them."""
+def fresh_section(name: str, argv: list[str] | None, deadline_s: float) -> dict:
+    """Section ``name`` run by this script in a fresh process, stopped after ``deadline_s``;
+    its figures as it wrote them."""
     args = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, __file__, *args, "--same-process", "--out", out, "--budget-s", "1e9"]
         cmd += ["--skip", ",".join(n for n in ESTIMATE_S if n != name)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        # a session of its own: a stop takes its children too (compile workers, nvidia-smi)
+        pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+        with subprocess.Popen(cmd, start_new_session=True, **pipes) as proc:
+            try:
+                _, err = proc.communicate(timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                stop = f"stopped after {deadline_s:.0f} s, what the budget had left"
+                raise RuntimeError(stop) from None
         report = Path(out) / "report.json"
         if not report.exists():
-            raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-1500:]}")
+            raise RuntimeError(f"exit {proc.returncode}: {err[-1500:]}")
         section = json.loads(report.read_text())["sections"][name]
     if section["status"] != "ok":
         raise RuntimeError(section.get("error", "failed"))
     return {k: v for k, v in section.items() if k not in ("status", "seconds_total")}
+
+
+def write_report(out: Path, report: dict, seconds: float) -> str:
+    """``report.json`` and ``report.md`` in ``out`` as they stand; the Markdown."""
+    report["seconds"] = seconds
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    text = markdown(report)
+    (out / "report.md").write_text(text + "\n")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,9 +659,13 @@ def main(argv: list[str] | None = None) -> int:
             workdir,
             repeats,
         ),
-        # the next lever for the W-step (the first H100: 2,600-2,800 kernels a step, GPU 18% busy)
+        # W-retraining's step as a CUDA graph pair against the eager one
         "graphed": lambda: gpu_steps.graphed_section(
             device, 2 if args.smoke else 64, 2 if args.smoke else 20
+        ),
+        "compile_default": lambda: gpu_steps.retrain_section(device, 64, 2560, ("default",)),
+        "compile_reduce_overhead": lambda: gpu_steps.retrain_section(
+            device, 64, 2560, ("reduce-overhead",)
         ),
         "growth": lambda: growth_section(device, *size["growth"]),
         "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
@@ -654,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             if name in skip:
                 report["sections"][name] = {"status": "skipped", "error": "--skip"}
                 continue
-            if name in CUDA_ONLY and device.type != "cuda":
+            if name in CUDA_ONLY | COMPILE_ONLY and device.type != "cuda":
                 report["sections"][name] = {"status": "skipped", "error": "needs CUDA"}
                 continue
             left = args.budget_s - (time.perf_counter() - start)
@@ -664,21 +701,19 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             try:
                 fresh = name in FRESH and device.type == "cuda" and not args.same_process
-                section = {"status": "ok", **(fresh_section(name, argv) if fresh else fn())}
+                figures = fresh_section(name, argv, max(left, 1.0)) if fresh else fn()
+                section = {"status": "ok", **figures}
             except Exception as exc:  # recorded in the report: one section does not stop the rest
                 section = {"status": "failed", "error": f"{exc}\n{traceback.format_exc()[-2000:]}"}
             section["seconds_total"] = time.perf_counter() - t0
             report["sections"][name] = section
             print(f"{name}: {section['status']} ({section['seconds_total']:.1f} s)", flush=True)
+            write_report(Path(args.out), report, time.perf_counter() - start)
     finally:
         gpu_steps.QUICK = False
         shutil.rmtree(workdir, ignore_errors=True)
-    report["seconds"] = time.perf_counter() - start
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    text = markdown(report)
-    (out / "report.md").write_text(text + "\n")
+    text = write_report(out, report, time.perf_counter() - start)
     print(text)
     print(f"report: {out / 'report.md'} and {out / 'report.json'}")
     failed = [n for n, s in report["sections"].items() if s["status"] == "failed"]

@@ -231,7 +231,9 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # would repeat a run
         **dict.fromkeys(
             ["digits_graphs_on", "cifar_shape_graphs_on"]
-            + ["digits_autotune_all", "digits_autotune_limit3"],
+            + ["digits_autotune_all", "digits_autotune_limit3"]
+            # and torch.compile's minutes would be CI's (tests/test_step_cost.py compiles)
+            + ["compile_default", "compile_reduce_overhead"],
             "skipped",
         ),
     }
@@ -276,6 +278,17 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     )
     assert inside == {"limit": 3, "cudnn_benchmark_limit": 3} != {"limit": limit}
     assert torch.backends.cudnn.benchmark_limit == limit
+
+
+def test_gpu_check_stops_a_fresh_section_when_the_budget_runs_out():
+    """A section in a fresh process (on a GPU) past what the budget has left is stopped,
+    with its children, and recorded as such: the call still returns what it finished."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stopped after 1 s, what the budget had left"):
+        bench_module("gpu_check").fresh_section("digits", ["--smoke", "--device", "cpu"], 1.0)
+    assert time.perf_counter() - start < 10
 
 
 def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):

@@ -142,16 +142,20 @@ class _PlanCache(TorchDispatchMode):
     """cuDNN's plan cache as torch keeps it: one plan per operation (forward, backward
     data, backward filter) and shapes, timed or taken from the heuristics as
     ``torch.backends.cudnn.benchmark`` said at its first sight (the switch is not in the
-    key). ``calls``: per convolution, (of a full batch, its plan timed)."""
+    key). ``calls``: per convolution, (of a full batch, its plan timed, in a training
+    step: gradients on, or a backward pass)."""
 
     def __init__(self, batch: int) -> None:
         super().__init__()
         self.batch, self.timed, self.calls = batch, {}, []
 
     def _see(self, op: str, x: torch.Tensor, w: torch.Tensor, conv: tuple) -> None:
-        key = (op, tuple(x.shape), x.stride(), tuple(w.shape), conv)
+        # torch's key also holds the layout the convolution runs in; the test's network
+        # runs in one (contiguous: 4 channels on the CPU), so the shapes are the key here
+        key = (op, tuple(x.shape), tuple(w.shape), conv)
         timed = self.timed.setdefault(key, torch.backends.cudnn.benchmark)
-        self.calls.append((len(x) == self.batch, timed))
+        training = torch.is_grad_enabled() or op != "forward"
+        self.calls.append((len(x) == self.batch, timed, training))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         aten = torch.ops.aten
@@ -169,8 +173,8 @@ class _PlanCache(TorchDispatchMode):
 def _plans_seen(speed_cfg: config.SpeedConfig) -> _PlanCache:
     """A tiny CPU run whose Speed is told it runs on CUDA (so that it sets cuDNN's switch,
     which the CPU's kernels ignore), through the plan cache above. Evaluation and
-    BatchNorm recalibration run full batches too, under no_grad, after too few steps to
-    have sampled every op: shapes a training step may meet only later."""
+    BatchNorm recalibration run full batches too, under no_grad, and a widen makes new
+    shapes that the growth's evaluation meets before W-retraining's steps do."""
     cfg = config.load(
         None,
         [
@@ -178,6 +182,7 @@ def _plans_seen(speed_cfg: config.SpeedConfig) -> _PlanCache:
             "data.batch_size=32",
             "data.eval_batch_size=32",
             "data.train_subset=80",  # 2 full batches and a last one of 16
+            "growth.policy=widen",
             "tracking.enabled=false",
         ],
     )
@@ -200,8 +205,11 @@ def test_cudnn_benchmark_scope_full_batch_times_every_full_batch_plan_and_no_oth
     whichever came first; no plan of another batch size is timed. "all" times every
     plan, and autotuning off none."""
     cache = _plans_seen(config.SpeedConfig(cudnn_benchmark_scope="full-batch"))
-    assert {full for full, _ in cache.calls} == {True, False}  # both kinds ran
-    assert [timed for _, timed in cache.calls] == [full for full, _ in cache.calls]
+    assert {full for full, *_ in cache.calls} == {True, False}  # both kinds ran
+    # a training step's full batch runs a timed plan even where evaluation met its shape
+    # first (timing per step, as before, left the grown cell's forward on heuristics)
+    assert all(timed for full, timed, training in cache.calls if full and training)
+    assert [timed for _, timed, _ in cache.calls] == [full for full, *_ in cache.calls]
     assert len(cache.timed) > sum(cache.timed.values()) > 0
     cuda = torch.device("cuda")
     before = torch.backends.cudnn.benchmark

@@ -211,6 +211,18 @@ def test_growth_digits(capsys):
 
 
 @pytest.mark.slow
+def test_cudnn_plans(capsys):
+    """bench/cudnn_plans.py --smoke: a row per scope; "all" times every plan, autotuning
+    off none, and full-batch some, with every full training batch on a timed plan."""
+    lines = _run(capsys, "cudnn_plans", ["--smoke"])
+    rows = {r.split()[0]: [int(v) for v in r.split()[1:]] for r in lines[1:4]}
+    assert set(rows) == {"all", "full-batch", "off"}
+    plans = rows["all"][0]
+    assert rows["all"][1] == plans and rows["off"][1] == 0 < rows["full-batch"][1] < plans
+    assert rows["full-batch"][3] == 0 < rows["full-batch"][2]  # no training call on heuristics
+    assert lines[-1].startswith("full-batch times") and lines[-1].endswith("(smoke run)")
+
+
 def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     """bench/gpu_check.py --smoke --device cpu: every section runs and the report is written."""
     import json

@@ -11,14 +11,16 @@ from __future__ import annotations
 import pickle
 
 import torch
+from bench_scripts import bench_module
 from mlflow import MlflowClient
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from asolab import config
 from asolab.cli import main
 from asolab.runner import Runner, cycle
 from asolab.runner.speed import Speed, build_network
 from asolab.tracking import layout as L
+
+cudnn_plans = bench_module("cudnn_plans")
 
 TINY = [
     "device=cpu",
@@ -138,73 +140,16 @@ def test_a_four_channel_run_on_one_thread_completes_with_channels_last_on():
     assert "test accuracy" in proc.stdout
 
 
-class _PlanCache(TorchDispatchMode):
-    """cuDNN's plan cache as torch keeps it: one plan per operation (forward, backward
-    data, backward filter) and shapes, timed or taken from the heuristics as
-    ``torch.backends.cudnn.benchmark`` said at its first sight (the switch is not in the
-    key). ``calls``: per convolution, (of a full batch, its plan timed, in a training
-    step: gradients on, or a backward pass)."""
-
-    def __init__(self, batch: int) -> None:
-        super().__init__()
-        self.batch, self.timed, self.calls = batch, {}, []
-
-    def _see(self, op: str, x: torch.Tensor, w: torch.Tensor, conv: tuple) -> None:
-        # torch's key also holds the layout the convolution runs in; the test's network
-        # runs in one (contiguous: 4 channels on the CPU), so the shapes are the key here
-        key = (op, tuple(x.shape), tuple(w.shape), conv)
-        timed = self.timed.setdefault(key, torch.backends.cudnn.benchmark)
-        training = torch.is_grad_enabled() or op != "forward"
-        self.calls.append((len(x) == self.batch, timed, training))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        aten = torch.ops.aten
-        if func is aten.convolution.default:
-            x, w, _bias, *conv = args
-            self._see("forward", x, w, tuple(map(str, conv)))
-        elif func is aten.convolution_backward.default:
-            _grad, x, w, _bias_sizes, *conv, mask = args
-            for op, wanted in zip(("data", "filter"), mask[:2]):
-                if wanted:
-                    self._see(op, x, w, tuple(map(str, conv)))
-        return func(*args, **(kwargs or {}))
-
-
-def _plans_seen(speed_cfg: config.SpeedConfig) -> _PlanCache:
-    """A tiny CPU run whose Speed is told it runs on CUDA (so that it sets cuDNN's switch,
-    which the CPU's kernels ignore), through the plan cache above. Evaluation and
-    BatchNorm recalibration run full batches too, under no_grad, and a widen makes new
-    shapes that the growth's evaluation meets before W-retraining's steps do."""
-    cfg = config.load(
-        None,
-        [
-            *TINY,
-            "data.batch_size=32",
-            "data.eval_batch_size=32",
-            "data.train_subset=80",  # 2 full batches and a last one of 16
-            "growth.policy=widen",
-            "tracking.enabled=false",
-        ],
-    )
-    runner = Runner(cfg)
-    runner.speed = Speed(speed_cfg, torch.device("cuda"), cfg.data.batch_size)
-    runner.speed.watch(runner.net)
-    cache = _PlanCache(cfg.data.batch_size)
-    before = torch.backends.cudnn.benchmark
-    try:
-        with cache:
-            runner.run()
-    finally:
-        torch.backends.cudnn.benchmark = before
-    return cache
-
-
 def test_cudnn_benchmark_scope_full_batch_times_every_full_batch_plan_and_no_other():
     """``speed.cudnn_benchmark_scope = "full-batch"``: every convolution of a full batch,
     training, evaluation or recalibration, forward or backward, runs a plan cuDNN timed,
     whichever came first; no plan of another batch size is timed. "all" times every
     plan, and autotuning off none."""
-    cache = _plans_seen(config.SpeedConfig(cudnn_benchmark_scope="full-batch"))
+    # a tiny run through a model of cuDNN's plan cache (bench/cudnn_plans.py), evaluating
+    # in full batches and widening: the growth's evaluation meets the grown cell's
+    # shapes before W-retraining's steps do
+    full_batch = config.SpeedConfig(cudnn_benchmark_scope="full-batch")
+    cache = cudnn_plans.plans_seen(full_batch, cudnn_plans.TINY)
     assert {full for full, *_ in cache.calls} == {True, False}  # both kinds ran
     # a training step's full batch runs a timed plan even where evaluation met its shape
     # first (timing per step, as before, left the grown cell's forward on heuristics)

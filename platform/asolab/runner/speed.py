@@ -32,7 +32,8 @@ batch, probes. The switch is set at each network's forward pass, from its
 batch, and stays for that pass's backward. In the default digits run that times
 92 of the 271 plans (forward, backward-data, backward-filter) and every one of
 the 56,555 convolutions of full training batches runs a timed plan, as with
-``"all"``, which times every plan. ``bench/gpu_check.py`` runs the scopes and
+``"all"``, which times every plan (``bench/cudnn_plans.py``, a model of the
+cache on the CPU). ``bench/gpu_check.py`` runs the scopes and
 autotuning off side by side, each in a fresh process.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final

@@ -16,6 +16,8 @@ Sections (each records its figures, or the error that stopped it):
    (the default, ``"full-batch"``, times the full batches' shapes only);
    ``digits_autotune_limit3`` the default with cuDNN timing at most 3 algorithms a
    shape (``torch.backends.cudnn.benchmark_limit``, torch's default 10);
+   ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
+   W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
    batch 64 and 256 (and 64 contiguous), the alpha step and eager W-retraining, each
@@ -384,6 +386,7 @@ ESTIMATE_S = {
     "digits_autotune_off": 45,
     "digits_autotune_all": 45,
     "digits_autotune_limit3": 45,
+    "digits_contiguous": 45,
     "digits_graphs_on": 45,
     "cifar_shape_graphs_on": 40,
     "fashion": 70,
@@ -537,16 +540,18 @@ def markdown(report: dict) -> str:
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
     {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
-    | {"digits_graphs_on", "fashion", "compile_default", "compile_reduce_overhead"}
+    | {"digits_contiguous", "digits_graphs_on", "fashion"}
+    | {"compile_default", "compile_reduce_overhead"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
 
 # runs that differ from another section's only by a setting that changes nothing off
-# CUDA (speed.cuda_graphs, cuDNN's scope and limit): elsewhere they would repeat it
+# CUDA (speed.cuda_graphs, cuDNN's scope and limit), or whose question is a GPU's (the
+# layout's BatchNorm kernels; bench/final_speed.py weighs layouts on the CPU)
 CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on"}
-    | {"digits_autotune_all", "digits_autotune_limit3"}
+    | {"digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"}
 )
 
 # sections that only measure how long torch.compile takes and what it gives: on 2 CPU
@@ -645,6 +650,10 @@ def main(argv: list[str] | None = None) -> int:
         # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels
         "digits_autotune_limit3": lambda: with_benchmark_limit(
             3, lambda: run_section(device, size["digits"], repeats)
+        ),
+        # the same run in the contiguous layout: other BatchNorm and convolution kernels
+        "digits_contiguous": lambda: run_section(
+            device, [*size["digits"], "speed.channels_last=false"], repeats
         ),
         # the same run with CUDA graphs of the fixed phases (opt-in)
         "digits_graphs_on": lambda: run_section(

@@ -243,7 +243,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # would repeat a run
         **dict.fromkeys(
             ["digits_graphs_on", "cifar_shape_graphs_on"]
-            + ["digits_autotune_all", "digits_autotune_limit3"]
+            + ["digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"]
             # and torch.compile's minutes would be CI's (tests/test_step_cost.py compiles)
             + ["compile_default", "compile_reduce_overhead"],
             "skipped",

@@ -546,18 +546,16 @@ FRESH = frozenset(
 )
 
 
-# runs that differ from another section's only by a setting that changes nothing off
-# CUDA (speed.cuda_graphs, cuDNN's scope and limit), or whose question is a GPU's (the
-# layout's BatchNorm kernels; bench/final_speed.py weighs layouts on the CPU)
+# sections skipped off CUDA: runs that differ from another section's only by a setting
+# that changes nothing there (speed.cuda_graphs, cuDNN's scope and limit) or whose
+# question is a GPU's (the layout's BatchNorm kernels; bench/final_speed.py weighs
+# layouts on the CPU), and torch.compile's, minutes of CI on 2 cores
+# (tests/test_step_cost.py compiles W-retraining's network)
 CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on"}
     | {"digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"}
+    | {"compile_default", "compile_reduce_overhead"}
 )
-
-# sections that only measure how long torch.compile takes and what it gives: on 2 CPU
-# cores it would take minutes of CI (W-retraining's compiled network is tested in
-# tests/test_step_cost.py), so they run on CUDA only
-COMPILE_ONLY = frozenset({"compile_default", "compile_reduce_overhead"})
 
 
 def with_benchmark_limit(limit: int, section: Callable[[], dict]) -> dict:
@@ -700,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             if name in skip:
                 report["sections"][name] = {"status": "skipped", "error": "--skip"}
                 continue
-            if name in CUDA_ONLY | COMPILE_ONLY and device.type != "cuda":
+            if name in CUDA_ONLY and device.type != "cuda":
                 report["sections"][name] = {"status": "skipped", "error": "needs CUDA"}
                 continue
             left = args.budget_s - (time.perf_counter() - start)

@@ -34,19 +34,10 @@ from asolab.runner.speed import Speed
 # the tiny run of --smoke (and of tests/test_speed.py): 2 full batches of 32 and a last
 # one of 16; evaluation in full batches too, and a widen, whose evaluation meets the
 # grown cell's shapes before W-retraining's steps do
-TINY = [
-    "threads=1",
-    "space.init_channels=4",
-    "search.cycles=1",
-    "search.w_epochs=1",
-    "search.alpha_epochs=1",
-    "search.retrain_epochs=1",
-    "search.final_epochs=0",
-    "data.train_subset=80",
-    "data.batch_size=32",
-    "data.eval_batch_size=32",
-    "growth.policy=widen",
-]
+TINY = ["threads=1", "space.init_channels=4", "search.cycles=1", "search.final_epochs=0"]
+TINY += ["search.w_epochs=1", "search.alpha_epochs=1", "search.retrain_epochs=1"]
+TINY += ["data.train_subset=80", "data.batch_size=32", "data.eval_batch_size=32"]
+TINY += ["growth.policy=widen"]
 
 SCOPES = {
     "all": config.SpeedConfig(cudnn_benchmark_scope="all"),

@@ -210,7 +210,6 @@ def test_growth_digits(capsys):
     assert lines[-1].startswith("supernet params")
 
 
-@pytest.mark.slow
 def test_cudnn_plans(capsys):
     """bench/cudnn_plans.py --smoke: a row per scope; "all" times every plan, autotuning
     off none, and full-batch some, with every full training batch on a timed plan."""
@@ -223,6 +222,7 @@ def test_cudnn_plans(capsys):
     assert lines[-1].startswith("full-batch times") and lines[-1].endswith("(smoke run)")
 
 
+@pytest.mark.slow
 def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     """bench/gpu_check.py --smoke --device cpu: every section runs and the report is written."""
     import json

@@ -633,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
     start = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
+    out = Path(args.out)
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"], repeats),
@@ -715,11 +716,10 @@ def main(argv: list[str] | None = None) -> int:
             section["seconds_total"] = time.perf_counter() - t0
             report["sections"][name] = section
             print(f"{name}: {section['status']} ({section['seconds_total']:.1f} s)", flush=True)
-            write_report(Path(args.out), report, time.perf_counter() - start)
+            write_report(out, report, time.perf_counter() - start)
     finally:
         gpu_steps.QUICK = False
         shutil.rmtree(workdir, ignore_errors=True)
-    out = Path(args.out)
     text = write_report(out, report, time.perf_counter() - start)
     print(text)
     print(f"report: {out / 'report.md'} and {out / 'report.json'}")

@@ -239,8 +239,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
             + ["growth", "study", "variants", "steps", "graphed", "workers"],
             "ok",
         ),
-        # without CUDA, speed.cuda_graphs and the autotuning scope change nothing: these
-        # would repeat a run
+        # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
+        # question
         **dict.fromkeys(
             ["digits_graphs_on", "cifar_shape_graphs_on"]
             + ["digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"]

@@ -133,19 +133,18 @@ class Speed:
         # cuDNN's timing: on for good (scope "all"), or set per forward pass by watch()'s
         # hook from its batch (scope "full-batch"); off CUDA nothing here touches the switch
         tunes = device.type == "cuda" and cfg.cudnn_benchmark
-        scope = cfg.cudnn_benchmark_scope
-        self._per_batch = tunes and scope == "full-batch" and batch_size is not None
-        self._full_batch = batch_size
+        per_batch = tunes and cfg.cudnn_benchmark_scope == "full-batch"
+        self._timed_batch = batch_size if per_batch else None  # None: watch() adds no hook
         if device.type == "cuda":
-            torch.backends.cudnn.benchmark = tunes and not self._per_batch
+            torch.backends.cudnn.benchmark = tunes and self._timed_batch is None
 
     def watch(self, net: nn.Module) -> nn.Module:
         """``net``, whose forward passes set cuDNN's timing from their batch where
         ``cudnn_benchmark_scope = "full-batch"`` says so: on for ``batch_size`` images,
         off for any other number. The switch stays as set for that pass's backward."""
-        if self._per_batch:
+        if self._timed_batch is not None:
             # a function of the batch size alone: copies and pickles of net stay plain
-            net.register_forward_pre_hook(functools.partial(_time_if_full, self._full_batch))
+            net.register_forward_pre_hook(functools.partial(_time_if_full, self._timed_batch))
         return net
 
     def compiled(self, net: nn.Module) -> nn.Module:

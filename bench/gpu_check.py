@@ -22,6 +22,10 @@ Sections (each records its figures, or the error that stopped it):
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
    batch 64 and 256 (and 64 contiguous), the alpha step and eager W-retraining, each
    with CUDA kernels per step and GPU busy from torch.profiler;
+   ``op_costs`` the ops a W-step launches most, one by one at its first cell's shape:
+   microseconds per call forward and forward + backward, in both layouts, with the
+   alternatives (the pointwise convolution as a matrix multiply, BatchNorm without
+   running statistics) and the host's floor per op: where a host-bound step's time goes;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
@@ -395,6 +399,7 @@ ESTIMATE_S = {
     "study": 60,
     "variants": 20,
     "steps": 120,
+    "op_costs": 20,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
     "compile_default": 60,
@@ -463,6 +468,7 @@ def sizes(smoke: bool) -> dict:
             ],
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "infer_repeats": 1,  # and no warm-up
+            "op_costs": (2, 4, 8, 1),  # batch, channels, image, calls
             "growth": (4, 2),  # channels; steps: the first and one steady
             "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
             "variants": (4, 16, 1, 0),  # one interleaved repeat, no warm-up
@@ -485,6 +491,7 @@ def sizes(smoke: bool) -> dict:
             (12800, 2000),  # 40 W-training batches of 256 per epoch
         ),
         "infer_repeats": 10,
+        "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
         "growth": (16, 4),
         "study": (4, 300),
         "variants": (16, 256, 20),
@@ -508,6 +515,24 @@ def digits_runs(sections: dict) -> list[str]:
     return ["## digits runs side by side", "", "```", table(head, rows), "```", ""]
 
 
+def op_costs_table(section: dict) -> str:
+    """The op_costs section as a table: one row per op and layout, microseconds per call
+    (kernels and GPU busy from the profiler, on CUDA only)."""
+    rows = []
+    for name, v in section.items():
+        if isinstance(v, dict):
+            kernels = f"{v['kernels_per_step']:.1f}" if "kernels_per_step" in v else "-"
+            busy = f"{100 * v['gpu_busy']:.0f}%" if "gpu_busy" in v else "-"
+            times = [f"{v['forward_us']:.0f}", f"{v['forward_backward_us']:.0f}"]
+            rows.append([name, *times, kernels, busy])
+    head = ["op, layout", "forward us", "fwd+bwd us", "kernels fwd+bwd", "GPU busy"]
+    return (
+        f"{table(head, rows)}\n"
+        f"floor: {section['floor_us']:.1f} us a call (one elementwise op on one number)\n"
+        f"1x1 as matmul against the convolution: {section['matmul_max_diff']:.1e} (relative)"
+    )
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# asolab GPU check: {report['device']} ({report['device_info'] or 'no GPU'})",
@@ -527,6 +552,9 @@ def markdown(report: dict) -> str:
             lines += ["```", section.get("error", ""), "```", ""]
             continue
         body = {k: v for k, v in section.items() if k not in ("status", "seconds_total")}
+        if name == "op_costs":
+            lines += ["```", op_costs_table(body), "```", ""]
+            continue
         if name == "variants":
             rows = [(k, v["images_per_sec"]) for k, v in body.items()]
             lines += ["```", table(["variant", "W-train images/s"], rows), "```", ""]
@@ -659,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             device, [*size["digits"], "speed.cuda_graphs=true"], repeats
         ),
         "steps": lambda: steps_section(device, args.smoke),
+        "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         "cifar_shape_graphs_on": lambda: cifar_section(
             device,

@@ -19,7 +19,9 @@ Sections (``bench/gpu_check.py`` runs them too; each records its figures or its 
 - ``workers``: aggregate W-step images/s of 1, 2 and 4 processes sharing the GPU;
 - ``graphed``: W-retraining's step with ``speed.cuda_graphs`` on and off, and how
   closely the two agree (``gpu_check.py``'s section of that name);
-- ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds.
+- ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds;
+- ``op_costs``: microseconds per call of each op a W-step launches most, forward and
+  forward + backward, both layouts, with alternatives (``gpu_check.py``'s section).
 
 ``--budget-s`` skips a section whose estimate would not fit in what is left.
 Works on older checkouts (no ``runner/steps.py``): the "before" of a before/after pair.
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import step_cost as sc
 import torch
+import torch.nn.functional as F
 
 from asolab import config
 from asolab.evolution import morphism
@@ -57,6 +60,7 @@ ESTIMATE = {
     "default_run": 90,
     "profile": 20,
     "graphed": 60,
+    "op_costs": 20,
 }
 
 
@@ -314,6 +318,90 @@ def growth_section(device: torch.device, batch: int) -> dict:
     return out
 
 
+def pointwise_as_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A 1x1 convolution as one matrix multiply over the channels-last view (N,H,W,C) of
+    ``x``: no copy in that layout, and cuBLAS, not cuDNN, with the convolution's weight."""
+    return F.linear(x.permute(0, 2, 3, 1), weight.flatten(1)).permute(0, 3, 1, 2)
+
+
+def _op_kinds(channels: int, device: torch.device) -> dict[str, Callable]:
+    """The ops a W-step launches most, as the search network calls them in a training
+    step (``space/ops.py``: functional calls, BatchNorm without affine parameters), each
+    a function of the input; their weights require gradients as in a step."""
+
+    def weight(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
+
+    c = channels
+    pw, dw3, dw5 = weight(c, c, 1, 1), weight(c, 1, 3, 3), weight(c, 1, 5, 5)
+    mean, var = torch.zeros(c, device=device), torch.ones(c, device=device)
+    return {
+        "relu": F.relu,
+        "add": lambda x: x + x,
+        "conv_1x1": lambda x: F.conv2d(x, pw),
+        "conv_1x1_as_matmul": lambda x: pointwise_as_matmul(x, pw),
+        "dw_conv_3x3": lambda x: F.conv2d(x, dw3, padding=1, groups=c),
+        "dw_conv_5x5": lambda x: F.conv2d(x, dw5, padding=2, groups=c),
+        "dw_conv_3x3_dilated": lambda x: F.conv2d(x, dw3, padding=2, dilation=2, groups=c),
+        "batch_norm": lambda x: F.batch_norm(x, mean, var, None, None, True, 0.1, 1e-5),
+        # without running statistics: the statistics and normalisation kernels only
+        "batch_norm_no_running": lambda x: F.batch_norm(x, None, None, training=True),
+        "max_pool_3x3": lambda x: F.max_pool2d(x, 3, 1, 1),
+        "avg_pool_3x3": lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+    }
+
+
+def op_costs_section(
+    device: torch.device, batch: int, channels: int, image: int, calls: int
+) -> dict:
+    """Where a host-bound step's time goes, op by op: microseconds per call of each op a
+    W-step launches most (:func:`_op_kinds`), forward (autograd recording, as in a step)
+    and forward + backward, in each layout, at the DARTS-like first cell's shape
+    (``batch`` x ``channels`` x ``image`` x ``image``); CUDA kernels per call and GPU busy
+    from the profiler. A step bound by the host costs about the sum of its ops' figures,
+    so the table says which op to make cheaper and whether an alternative is: the
+    pointwise convolution as a matrix multiply, BatchNorm in the other layout or without
+    running statistics. ``floor_us``: one elementwise op on one number, the cost of any
+    op on this host. ``matmul_max_diff``: the matrix multiply against the convolution,
+    outputs and gradients, relative (TF32 convolutions on a GPU differ more)."""
+    one = torch.zeros(1, device=device)
+    out: dict = {"floor_us": 1e6 * timed(lambda: one.add(1), device, calls, warmup=5)}
+    for layout in (torch.channels_last, torch.contiguous_format):
+        name = "channels_last" if layout is torch.channels_last else "contiguous"
+        x = torch.randn(batch, channels, image, image, device=device)
+        x = x.contiguous(memory_format=layout).requires_grad_()
+        for op, fn in _op_kinds(channels, device).items():
+            if op == "conv_1x1_as_matmul" and layout is not torch.channels_last:
+                continue  # the permuted view is not contiguous there: linear would copy
+            grad = torch.ones_like(fn(x))
+
+            def both(fn=fn, x=x, grad=grad) -> None:
+                x.grad = None
+                fn(x).backward(grad)
+
+            out[f"{op} {name}"] = {
+                "forward_us": 1e6 * timed(lambda fn=fn, x=x: fn(x), device, calls, warmup=5),
+                "forward_backward_us": 1e6 * timed(both, device, calls, warmup=5),
+                **profiled(both, device),
+            }
+    out["matmul_max_diff"] = _matmul_diff(batch, channels, image, device)
+    return out
+
+
+def _matmul_diff(batch: int, channels: int, image: int, device: torch.device) -> float:
+    """Largest difference between a pointwise convolution and its matrix multiply, over
+    the outputs, the input gradients and the weight gradients from one input, each
+    relative to the convolution's largest value."""
+    x = torch.randn(batch, channels, image, image, device=device)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    weight = torch.randn(channels, channels, 1, 1, device=device).requires_grad_()
+    results = []
+    for fn in (F.conv2d, pointwise_as_matmul):
+        y = fn(x, weight)
+        results.append((y.detach(), *torch.autograd.grad(y, (x, weight), torch.ones_like(y))))
+    return max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(*results, strict=True))
+
+
 def worker(device: torch.device, batch: int, seconds: float) -> None:
     """One of several processes on one GPU: W-steps for ``seconds``; prints images/s."""
     cfg, net, wopt, _, speed, x, y = _setup(device, batch)
@@ -416,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         "default_run": lambda: default_run_section(device, smoke),
         "profile": lambda: profile_section(device, 2 if smoke else 64, args.out),
         "graphed": lambda: graphed_section(device, 2 if smoke else 64, 2 if smoke else 20),
+        "op_costs": lambda: op_costs_section(
+            device, *((2, 4, 8, 1) if smoke else (64, 16, 32, 30))
+        ),
     }
     wanted = [s for s in args.sections.split(",") if s]
     report: dict = {"before": sc.BEFORE, "device": str(device), "torch": torch.__version__}

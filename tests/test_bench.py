@@ -236,7 +236,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert {n: s["status"] for n, s in sections.items()} == {
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
-            + ["growth", "study", "variants", "steps", "graphed", "workers"],
+            + ["growth", "study", "variants", "steps", "op_costs", "graphed", "workers"],
             "ok",
         ),
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
@@ -255,6 +255,13 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         and steps["retrain"]["off"]["ms_per_step"] > 0
     )
     assert sections["workers"]["1_workers"]["images_per_s"] > 0
+    # every op a W-step launches most, in both layouts (the matrix multiply in one), and
+    # the pointwise convolution's matrix multiply computes what the convolution does
+    ops = sections["op_costs"]
+    assert len([k for k in ops if k.endswith(" contiguous")]) == 10
+    assert ops["conv_1x1_as_matmul channels_last"]["forward_backward_us"] > 0
+    assert "conv_1x1_as_matmul contiguous" not in ops and ops["floor_us"] > 0
+    assert ops["matmul_max_diff"] < 1e-5
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
     assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed
@@ -280,6 +287,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         "digits",
         "digits_autotune_off",
     ]
+    assert "conv_1x1_as_matmul channels_last" in md.split("## op_costs")[1].split("## ")[0]
     assert lines[-1].startswith("report: ")
     # the CUDA-only limit section's wrapper: the limit holds inside and is put back
     import torch

@@ -26,6 +26,10 @@ Sections (each records its figures, or the error that stopped it):
    microseconds per call forward and forward + backward, in both layouts, with the
    alternatives (the pointwise convolution as a matrix multiply, BatchNorm without
    running statistics) and the host's floor per op: where a host-bound step's time goes;
+   ``cond_graph`` whether one CUDA graph can run a sampled step whatever path is drawn:
+   a cell's 14 edges whose choices are a device tensor and whose ops are ``torch.cond``
+   branches, compiled with ``backend="cudagraphs"`` (conditional nodes), against the
+   eager step of the drawn ops: ms per step, compile seconds, equality;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
@@ -48,9 +52,10 @@ Sections (each records its figures, or the error that stopped it):
    ``speed.autocast = "bf16"`` vs ``speed.channels_last``, interleaved;
 10. ``workers``      aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
 
-They run in this order, the issue's targets first (the default run's time, the W-step,
-GPU busy at the CIFAR-like shape); ``--budget-s`` skips a section whose estimate no
-longer fits (a 10-minute call), so what was measured before comes last. A section in
+They run in this order (but ``growth`` right after ``cifar_shape``), the issue's
+targets first (the default run's time, the W-step, GPU busy at the CIFAR-like shape);
+``--budget-s`` skips a section whose estimate no longer fits (a 10-minute call), so
+what was measured before comes last. A section in
 a fresh process is stopped when the budget runs out, and the report is rewritten after
 every section: a call cut short still leaves what it finished.
 
@@ -400,6 +405,7 @@ ESTIMATE_S = {
     "variants": 20,
     "steps": 120,
     "op_costs": 20,
+    "cond_graph": 60,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
     "compile_default": 60,
@@ -469,6 +475,7 @@ def sizes(smoke: bool) -> dict:
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "infer_repeats": 1,  # and no warm-up
             "op_costs": (2, 4, 8, 1),  # batch, channels, image, calls
+            "cond_graph": (2, 4, 8, 2, 1),  # batch, channels, image, edges, steps
             "growth": (4, 2),  # channels; steps: the first and one steady
             "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
             "variants": (4, 16, 1, 0),  # one interleaved repeat, no warm-up
@@ -492,6 +499,7 @@ def sizes(smoke: bool) -> dict:
         ),
         "infer_repeats": 10,
         "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
+        "cond_graph": (64, 16, 32, 14, 20),  # a cell's 14 edges at that shape
         "growth": (16, 4),
         "study": (4, 300),
         "variants": (16, 256, 20),
@@ -569,7 +577,7 @@ def markdown(report: dict) -> str:
 FRESH = frozenset(
     {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
     | {"digits_contiguous", "digits_graphs_on", "fashion"}
-    | {"compile_default", "compile_reduce_overhead"}
+    | {"compile_default", "compile_reduce_overhead", "cond_graph"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
@@ -688,7 +696,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
+        "cond_graph": lambda: gpu_steps.cond_graph_section(device, *size["cond_graph"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
+        # after a growth, cuDNN meets new shapes (its scope decides which it times)
+        "growth": lambda: growth_section(device, *size["growth"]),
         "cifar_shape_graphs_on": lambda: cifar_section(
             device,
             [*size["cifar_shape"][0], "speed.cuda_graphs=true"],
@@ -704,7 +715,6 @@ def main(argv: list[str] | None = None) -> int:
         "compile_reduce_overhead": lambda: gpu_steps.retrain_section(
             device, 64, 2560, ("reduce-overhead",)
         ),
-        "growth": lambda: growth_section(device, *size["growth"]),
         "fashion": lambda: run_section(device, [*size["fashion"], *fashion_dir], repeats),
         "study": lambda: study_section(device, workdir, *size["study"]),
         "variants": lambda: variants_section(device, *size["variants"]),

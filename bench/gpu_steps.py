@@ -21,7 +21,9 @@ Sections (``bench/gpu_check.py`` runs them too; each records its figures or its 
   closely the two agree (``gpu_check.py``'s section of that name);
 - ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds;
 - ``op_costs``: microseconds per call of each op a W-step launches most, forward and
-  forward + backward, both layouts, with alternatives (``gpu_check.py``'s section).
+  forward + backward, both layouts, with alternatives (``gpu_check.py``'s section);
+- ``cond_graph``: a cell's edges as ``torch.cond`` branches in one CUDA graph, whatever
+  path is drawn, against the eager step (``gpu_check.py``'s section).
 
 ``--budget-s`` skips a section whose estimate would not fit in what is left.
 Works on older checkouts (no ``runner/steps.py``): the "before" of a before/after pair.
@@ -61,6 +63,7 @@ ESTIMATE = {
     "profile": 20,
     "graphed": 60,
     "op_costs": 20,
+    "cond_graph": 60,
 }
 
 
@@ -402,6 +405,106 @@ def _matmul_diff(batch: int, channels: int, image: int, device: torch.device) ->
     return max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(*results, strict=True))
 
 
+def _cond_block(channels: int, edges: int, device: torch.device):
+    """A chain of ``edges`` edges, each one of three candidate ops (a separable
+    convolution, max pooling, skip; BatchNorm without running statistics, which
+    ``torch.cond`` cannot update inside a branch): the eager step's loss on a host path,
+    the same loss with each edge's choice a device index and ``torch.cond`` branches,
+    and the weights."""
+
+    def weight(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(x, None, None, training=True)
+
+    def candidates(dw: torch.Tensor, pw: torch.Tensor) -> list[Callable]:
+        return [
+            lambda x: norm(F.conv2d(F.conv2d(F.relu(x), dw, padding=1, groups=channels), pw)),
+            lambda x: norm(F.max_pool2d(x, 3, 1, 1)),
+            lambda x: x.clone(),  # a branch may not return its input itself
+        ]
+
+    weights = [(weight(channels, 1, 3, 3), weight(channels, channels, 1, 1)) for _ in range(edges)]
+    ops = [candidates(dw, pw) for dw, pw in weights]
+
+    def eager(x: torch.Tensor, path: list[int]) -> torch.Tensor:
+        for e, k in enumerate(path):
+            x = x + ops[e][k](x)
+        return x.square().mean()
+
+    def conditional(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        for e, (first, second, third) in enumerate(ops):
+            i = index[e]
+
+            def rest(h, i=i, second=second, third=third):
+                return torch.cond(i == 1, second, third, (h,))
+
+            x = x + torch.cond(i == 0, first, rest, (x,))
+        return x.square().mean()
+
+    return eager, conditional, [w for pair in weights for w in pair]
+
+
+def cond_graph_section(
+    device: torch.device, batch: int, channels: int, image: int, edges: int, steps: int
+) -> dict:
+    """Whether one CUDA graph can run a sampled step whatever path is drawn: a chain of
+    ``edges`` edges (:func:`_cond_block`) whose choices are a device tensor and whose
+    candidate ops are ``torch.cond`` branches, compiled with ``backend="cudagraphs"``
+    (torch captures the branches as conditional nodes), against the eager step that
+    runs the drawn ops. A fresh path every step for both. Figures: ms per step, kernels
+    and GPU busy, the compile and capture paid in the first 3 steps, and the largest
+    loss and gradient differences over 3 paths (the unsampled ops' zero gradients
+    against none). Off CUDA the compiled function runs without graphs: the equality
+    still holds, the times mean nothing."""
+    eager, conditional, weights = _cond_block(channels, edges, device)
+    # the block's input requires gradients, as a cell's does (and a path of skips then
+    # still has a backward pass)
+    x = torch.randn(batch, channels, image, image, device=device, requires_grad=True)
+    draw = torch.Generator().manual_seed(0)
+
+    def eager_step() -> None:
+        path = torch.randint(0, 3, (edges,), generator=draw).tolist()
+        eager(x, path).backward()
+        for w in (x, *weights):
+            w.grad = None
+
+    compiled = torch.compile(conditional, backend="cudagraphs")
+
+    def cond_step() -> None:
+        compiled(x, torch.randint(0, 3, (edges,), device=device)).backward()
+        for w in (x, *weights):
+            w.grad = None
+
+    start = time.perf_counter()
+    for _ in range(3):
+        cond_step()
+    sync(device)
+    first = time.perf_counter() - start
+    out = {}
+    for name, fn in (("eager", eager_step), ("cond_graph", cond_step)):
+        seconds = timed(fn, device, steps, warmup=3)
+        out[name] = {"ms_per_step": 1e3 * seconds, **profiled(fn, device)}
+    loss_diff, grad_diff = 0.0, 0.0
+    for path in torch.randint(0, 3, (3, edges), generator=draw).tolist():
+        a = eager(x, path)
+        ga = torch.autograd.grad(a, weights, allow_unused=True, materialize_grads=True)
+        b = compiled(x, torch.tensor(path, device=device))
+        gb = torch.autograd.grad(b, weights)
+        loss_diff = max(loss_diff, (a - b).abs().item())
+        scale = max(g.abs().max().item() for g in ga) or 1.0
+        grad_diff = max(grad_diff, *((g - h).abs().max().item() / scale for g, h in zip(ga, gb)))
+    return {
+        "edges": edges,
+        **out,
+        "speedup": out["eager"]["ms_per_step"] / out["cond_graph"]["ms_per_step"],
+        "first_3_steps_s": first,
+        "max_loss_diff": loss_diff,
+        "max_grad_diff_rel": grad_diff,
+    }
+
+
 def worker(device: torch.device, batch: int, seconds: float) -> None:
     """One of several processes on one GPU: W-steps for ``seconds``; prints images/s."""
     cfg, net, wopt, _, speed, x, y = _setup(device, batch)
@@ -506,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         "graphed": lambda: graphed_section(device, 2 if smoke else 64, 2 if smoke else 20),
         "op_costs": lambda: op_costs_section(
             device, *((2, 4, 8, 1) if smoke else (64, 16, 32, 30))
+        ),
+        "cond_graph": lambda: cond_graph_section(
+            device, *((2, 4, 8, 2, 1) if smoke else (64, 16, 32, 14, 20))
         ),
     }
     wanted = [s for s in args.sections.split(",") if s]

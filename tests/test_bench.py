@@ -236,7 +236,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert {n: s["status"] for n, s in sections.items()} == {
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
-            + ["growth", "study", "variants", "steps", "op_costs", "graphed", "workers"],
+            + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
+            + ["workers"],
             "ok",
         ),
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
@@ -262,6 +263,11 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert ops["conv_1x1_as_matmul channels_last"]["forward_backward_us"] > 0
     assert "conv_1x1_as_matmul contiguous" not in ops and ops["floor_us"] > 0
     assert ops["matmul_max_diff"] < 1e-5
+    # the torch.cond chain computes the eager path's loss and gradients (off CUDA the
+    # same compiled function, without graphs)
+    cond = sections["cond_graph"]
+    assert cond["max_loss_diff"] == 0 and cond["max_grad_diff_rel"] == 0, cond
+    assert cond["edges"] == 2 and cond["cond_graph"]["ms_per_step"] > 0
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
     assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed

@@ -456,8 +456,9 @@ def cond_graph_section(
     runs the drawn ops. A fresh path every step for both. Figures: ms per step, kernels
     and GPU busy, the compile and capture paid in the first 3 steps, and the largest
     loss and gradient differences over 3 paths (the unsampled ops' zero gradients
-    against none). Off CUDA the compiled function runs without graphs: the equality
-    still holds, the times mean nothing."""
+    against none); ``cudagraph_skips``, the graphs torch declined to capture (then the
+    compiled function ran without them, and the log says why). Off CUDA it runs without
+    graphs: the equality still holds, the times mean nothing."""
     eager, conditional, weights = _cond_block(channels, edges, device)
     # the block's input requires gradients, as a cell's does (and a path of skips then
     # still has a backward pass)
@@ -471,6 +472,11 @@ def cond_graph_section(
             w.grad = None
 
     compiled = torch.compile(conditional, backend="cudagraphs")
+    # where torch cannot capture (a CPU tensor, a torch without conditional nodes) the
+    # backend runs the compiled graphs without CUDA graphs and counts a skip
+    from torch._dynamo.utils import counters
+
+    skips = counters["inductor"]["cudagraph_skips"]
 
     def cond_step() -> None:
         compiled(x, torch.randint(0, 3, (edges,), device=device)).backward()
@@ -497,6 +503,7 @@ def cond_graph_section(
         grad_diff = max(grad_diff, *((g - h).abs().max().item() / scale for g, h in zip(ga, gb)))
     return {
         "edges": edges,
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
         **out,
         "speedup": out["eager"]["ms_per_step"] / out["cond_graph"]["ms_per_step"],
         "first_3_steps_s": first,

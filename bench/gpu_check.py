@@ -26,10 +26,11 @@ Sections (each records its figures, or the error that stopped it):
    microseconds per call forward and forward + backward, in both layouts, with the
    alternatives (the pointwise convolution as a matrix multiply, BatchNorm without
    running statistics) and the host's floor per op: where a host-bound step's time goes;
-   ``cond_graph`` whether one CUDA graph can run a sampled step whatever path is drawn:
-   a cell's 14 edges whose choices are a device tensor and whose ops are ``torch.cond``
-   branches, compiled with ``backend="cudagraphs"`` (conditional nodes), against the
-   eager step of the drawn ops: ms per step, compile seconds, equality;
+   ``cond_graph`` whether a CUDA graph per cell can run a sampled step whatever path is
+   drawn: two cells of 14 edges whose choices are a device tensor and whose ops are
+   ``torch.cond`` branches, one cell function compiled with ``backend="cudagraphs"``
+   (conditional nodes) for both, against the eager step of the drawn ops: ms per step,
+   compile seconds, equality;
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
@@ -500,7 +501,7 @@ def sizes(smoke: bool) -> dict:
         ),
         "infer_repeats": 10,
         "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
-        "cond_graph": (64, 16, 32, 14, 20),  # a cell's 14 edges at that shape
+        "cond_graph": (64, 16, 32, 14, 20),  # cells of 14 edges at that shape
         "growth": (16, 4),
         "study": (4, 300),
         "variants": (16, 256, 20),

@@ -22,8 +22,8 @@ Sections (``bench/gpu_check.py`` runs them too; each records its figures or its 
 - ``default_run``: the README's ``asolab run`` (digits) on the device, wall seconds;
 - ``op_costs``: microseconds per call of each op a W-step launches most, forward and
   forward + backward, both layouts, with alternatives (``gpu_check.py``'s section);
-- ``cond_graph``: a cell's edges as ``torch.cond`` branches in one CUDA graph, whatever
-  path is drawn, against the eager step (``gpu_check.py``'s section).
+- ``cond_graph``: two cells' edges as ``torch.cond`` branches, a CUDA graph per cell
+  whatever path is drawn, against the eager step (``gpu_check.py``'s section).
 
 ``--budget-s`` skips a section whose estimate would not fit in what is left.
 Works on older checkouts (no ``runner/steps.py``): the "before" of a before/after pair.
@@ -405,83 +405,99 @@ def _matmul_diff(batch: int, channels: int, image: int, device: torch.device) ->
     return max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(*results, strict=True))
 
 
-def _cond_block(channels: int, edges: int, device: torch.device):
-    """A chain of ``edges`` edges, each one of three candidate ops (a separable
-    convolution, max pooling, skip; BatchNorm without running statistics, which
-    ``torch.cond`` cannot update inside a branch): the eager step's loss on a host path,
-    the same loss with each edge's choice a device index and ``torch.cond`` branches,
-    and the weights."""
-
-    def weight(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
+def _candidates(dw: torch.Tensor, pw: torch.Tensor) -> list[Callable]:
+    """An edge's three candidate ops: a separable convolution, max pooling and skip, with
+    BatchNorm without running statistics (``torch.cond`` cannot update those inside a
+    branch). A branch may not return its input itself, hence skip's copy."""
 
     def norm(x: torch.Tensor) -> torch.Tensor:
         return F.batch_norm(x, None, None, training=True)
 
-    def candidates(dw: torch.Tensor, pw: torch.Tensor) -> list[Callable]:
-        return [
-            lambda x: norm(F.conv2d(F.conv2d(F.relu(x), dw, padding=1, groups=channels), pw)),
-            lambda x: norm(F.max_pool2d(x, 3, 1, 1)),
-            lambda x: x.clone(),  # a branch may not return its input itself
-        ]
+    def sep(x: torch.Tensor) -> torch.Tensor:
+        return norm(F.conv2d(F.conv2d(F.relu(x), dw, padding=1, groups=x.shape[1]), pw))
 
-    weights = [(weight(channels, 1, 3, 3), weight(channels, channels, 1, 1)) for _ in range(edges)]
-    ops = [candidates(dw, pw) for dw, pw in weights]
+    return [sep, lambda x: norm(F.max_pool2d(x, 3, 1, 1)), lambda x: x.clone()]
 
-    def eager(x: torch.Tensor, path: list[int]) -> torch.Tensor:
-        for e, k in enumerate(path):
-            x = x + ops[e][k](x)
-        return x.square().mean()
 
-    def conditional(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        for e, (first, second, third) in enumerate(ops):
-            i = index[e]
+def cond_cell(x: torch.Tensor, index: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    """A cell of edges in a chain, each edge's op chosen by ``index`` on the device with
+    ``torch.cond``; its weights are arguments, so one compiled cell serves every cell of
+    the same shapes (a depthwise and a pointwise weight an edge)."""
+    for e in range(len(weights) // 2):
+        first, second, third = _candidates(weights[2 * e], weights[2 * e + 1])
+        i = index[e]
 
-            def rest(h, i=i, second=second, third=third):
-                return torch.cond(i == 1, second, third, (h,))
+        def rest(h, i=i, second=second, third=third):
+            return torch.cond(i == 1, second, third, (h,))
 
-            x = x + torch.cond(i == 0, first, rest, (x,))
-        return x.square().mean()
+        x = x + torch.cond(i == 0, first, rest, (x,))
+    return x
 
-    return eager, conditional, [w for pair in weights for w in pair]
+
+def eager_cell(x: torch.Tensor, path: list[int], *weights: torch.Tensor) -> torch.Tensor:
+    """The same cell as a step runs it today: the drawn op of each edge, chosen on the host."""
+    for e, k in enumerate(path):
+        x = x + _candidates(weights[2 * e], weights[2 * e + 1])[k](x)
+    return x
 
 
 def cond_graph_section(
     device: torch.device, batch: int, channels: int, image: int, edges: int, steps: int
 ) -> dict:
-    """Whether one CUDA graph can run a sampled step whatever path is drawn: a chain of
-    ``edges`` edges (:func:`_cond_block`) whose choices are a device tensor and whose
-    candidate ops are ``torch.cond`` branches, compiled with ``backend="cudagraphs"``
-    (torch captures the branches as conditional nodes), against the eager step that
-    runs the drawn ops. A fresh path every step for both. Figures: ms per step, kernels
-    and GPU busy, the compile and capture paid in the first 3 steps, and the largest
-    loss and gradient differences over 3 paths (the unsampled ops' zero gradients
-    against none); ``cudagraph_skips``, the graphs torch declined to capture (then the
-    compiled function ran without them, and the log says why). Off CUDA it runs without
-    graphs: the equality still holds, the times mean nothing."""
-    eager, conditional, weights = _cond_block(channels, edges, device)
+    """Whether one CUDA graph per cell can run a sampled step whatever path is drawn: two
+    cells of ``edges`` edges (:func:`cond_cell`), their choices a device tensor and their
+    candidate ops ``torch.cond`` branches, one cell function compiled with
+    ``backend="cudagraphs"`` (torch captures the branches as conditional nodes) and
+    called for both cells, against the eager step that runs the drawn ops
+    (:func:`eager_cell`). A fresh path every step for both. Figures: ms per step,
+    kernels and GPU busy, the compile and capture paid in the first 3 steps, and the
+    largest loss and gradient differences over 3 paths (the unsampled ops' zero
+    gradients against none); ``cudagraph_skips``, the graphs torch declined to capture
+    (then the compiled function ran without them, and the log says why); ``compiles``,
+    the graphs torch traced (1: the second cell reused the first's). Off CUDA it runs
+    without graphs: the equality still holds, the times mean nothing."""
+    from torch._dynamo.utils import counters
+
+    def weight(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
+
+    def cell_weights() -> list[torch.Tensor]:  # a depthwise and a pointwise weight an edge
+        c = channels
+        return [w for _ in range(edges) for w in (weight(c, 1, 3, 3), weight(c, c, 1, 1))]
+
+    cells = [cell_weights(), cell_weights()]
+    weights = [w for cell in cells for w in cell]
     # the block's input requires gradients, as a cell's does (and a path of skips then
     # still has a backward pass)
     x = torch.randn(batch, channels, image, image, device=device, requires_grad=True)
     draw = torch.Generator().manual_seed(0)
 
-    def eager_step() -> None:
-        path = torch.randint(0, 3, (edges,), generator=draw).tolist()
-        eager(x, path).backward()
+    def eager(path: list[int]) -> torch.Tensor:
+        h = x
+        for c, cell in enumerate(cells):
+            h = eager_cell(h, path[c * edges : (c + 1) * edges], *cell)
+        return h.square().mean()
+
+    compiled = torch.compile(cond_cell, backend="cudagraphs")
+    skips, graphs = counters["inductor"]["cudagraph_skips"], counters["stats"]["unique_graphs"]
+
+    def conditional(index: torch.Tensor) -> torch.Tensor:
+        h = x
+        for c, cell in enumerate(cells):
+            h = compiled(h, index[c * edges : (c + 1) * edges], *cell)
+        return h.square().mean()
+
+    def clear() -> None:
         for w in (x, *weights):
             w.grad = None
 
-    compiled = torch.compile(conditional, backend="cudagraphs")
-    # where torch cannot capture (a CPU tensor, a torch without conditional nodes) the
-    # backend runs the compiled graphs without CUDA graphs and counts a skip
-    from torch._dynamo.utils import counters
-
-    skips = counters["inductor"]["cudagraph_skips"]
+    def eager_step() -> None:
+        eager(torch.randint(0, 3, (2 * edges,), generator=draw).tolist()).backward()
+        clear()
 
     def cond_step() -> None:
-        compiled(x, torch.randint(0, 3, (edges,), device=device)).backward()
-        for w in (x, *weights):
-            w.grad = None
+        conditional(torch.randint(0, 3, (2 * edges,), device=device)).backward()
+        clear()
 
     start = time.perf_counter()
     for _ in range(3):
@@ -493,16 +509,18 @@ def cond_graph_section(
         seconds = timed(fn, device, steps, warmup=3)
         out[name] = {"ms_per_step": 1e3 * seconds, **profiled(fn, device)}
     loss_diff, grad_diff = 0.0, 0.0
-    for path in torch.randint(0, 3, (3, edges), generator=draw).tolist():
-        a = eager(x, path)
+    for path in torch.randint(0, 3, (3, 2 * edges), generator=draw).tolist():
+        a = eager(path)
         ga = torch.autograd.grad(a, weights, allow_unused=True, materialize_grads=True)
-        b = compiled(x, torch.tensor(path, device=device))
+        b = conditional(torch.tensor(path, device=device))
         gb = torch.autograd.grad(b, weights)
         loss_diff = max(loss_diff, (a - b).abs().item())
         scale = max(g.abs().max().item() for g in ga) or 1.0
         grad_diff = max(grad_diff, *((g - h).abs().max().item() / scale for g, h in zip(ga, gb)))
     return {
-        "edges": edges,
+        "edges_per_cell": edges,
+        "cells": len(cells),
+        "compiles": counters["stats"]["unique_graphs"] - graphs,
         "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
         **out,
         "speedup": out["eager"]["ms_per_step"] / out["cond_graph"]["ms_per_step"],

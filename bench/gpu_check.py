@@ -1,6 +1,6 @@
 """One prepared check of asolab on a GPU: one command, one Markdown + JSON report.
 
-    python bench/gpu_check.py                      # on a CUDA machine, about 4-6 minutes
+    python bench/gpu_check.py                      # on a CUDA machine: its 560 s budget, ~9.5 min
     python bench/gpu_check.py --smoke --device cpu # CI: every section at a tiny size
     python bench/gpu_prepare.py                    # for a bare GPU machine with no network
 

@@ -147,9 +147,10 @@ def test_cudnn_benchmark_scope_full_batch_times_every_full_batch_plan_and_no_oth
     plan, and autotuning off none."""
     # a tiny run through a model of cuDNN's plan cache (bench/cudnn_plans.py), evaluating
     # in full batches and widening: the growth's evaluation meets the grown cell's
-    # shapes before W-retraining's steps do
+    # shapes before W-retraining's steps do; and a second cycle, whose W-training runs
+    # the grown supernet (a new module, which must be watched as the first was)
     full_batch = config.SpeedConfig(cudnn_benchmark_scope="full-batch")
-    cache = cudnn_plans.plans_seen(full_batch, cudnn_plans.TINY)
+    cache = cudnn_plans.plans_seen(full_batch, [*cudnn_plans.TINY, "search.cycles=2"])
     assert {full for full, *_ in cache.calls} == {True, False}  # both kinds ran
     # a training step's full batch runs a timed plan even where evaluation met its shape
     # first (timing per step, as before, left the grown cell's forward on heuristics)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class Mutating(Part):
     """Mutation and growth adoption (a Runner part)."""
 
-    reads = frozenset({"_layout", "cfg", "data", "state"})
+    reads = frozenset({"_layout", "cfg", "data", "speed", "state"})
     writes = frozenset({"alpha_opt", "net", "spec", "weight_opt"})
 
     def mutate_phase(self) -> None:
@@ -111,8 +111,10 @@ class Mutating(Part):
         expressed on the grown network (deepen renumbers own-alpha cells)."""
         old = self.net
         # New modules (a wider op, a new cell) take the run's layout; .to keeps the
-        # parameter objects, so the optimizers' remapping below still finds them.
-        self.net, self.spec = with_layout(morph.net, self._layout), morph.spec
+        # parameter objects, so the optimizers' remapping below still finds them. The grown
+        # network is a new module: it gets the run's cuDNN timing hook as the first did.
+        self.net = self.speed.watch(with_layout(morph.net, self._layout))
+        self.spec = morph.spec
         self.weight_opt = steps.with_momentum_buffers(
             morphism.remap_optimizer(self.weight_opt, old, self.net.weight_parameters(), morph)
         )

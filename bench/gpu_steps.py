@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -327,14 +328,16 @@ def pointwise_as_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.permute(0, 2, 3, 1), weight.flatten(1)).permute(0, 3, 1, 2)
 
 
+def _weight(device: torch.device, *shape: int) -> torch.Tensor:
+    """A small random weight on ``device`` that requires gradients, as a step's do."""
+    return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
+
+
 def _op_kinds(channels: int, device: torch.device) -> dict[str, Callable]:
     """The ops a W-step launches most, as the search network calls them in a training
     step (``space/ops.py``: functional calls, BatchNorm without affine parameters), each
     a function of the input; their weights require gradients as in a step."""
-
-    def weight(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
-
+    weight = functools.partial(_weight, device)
     c = channels
     pw, dw3, dw5 = weight(c, c, 1, 1), weight(c, 1, 3, 3), weight(c, 1, 5, 5)
     mean, var = torch.zeros(c, device=device), torch.ones(c, device=device)
@@ -458,12 +461,9 @@ def cond_graph_section(
     without graphs: the equality still holds, the times mean nothing."""
     from torch._dynamo.utils import counters
 
-    def weight(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device).mul_(0.1).requires_grad_()
-
     def cell_weights() -> list[torch.Tensor]:  # a depthwise and a pointwise weight an edge
-        c = channels
-        return [w for _ in range(edges) for w in (weight(c, 1, 3, 3), weight(c, c, 1, 1))]
+        c, w = channels, functools.partial(_weight, device)
+        return [t for _ in range(edges) for t in (w(c, 1, 3, 3), w(c, c, 1, 1))]
 
     cells = [cell_weights(), cell_weights()]
     weights = [w for cell in cells for w in cell]
@@ -472,20 +472,18 @@ def cond_graph_section(
     x = torch.randn(batch, channels, image, image, device=device, requires_grad=True)
     draw = torch.Generator().manual_seed(0)
 
-    def eager(path: list[int]) -> torch.Tensor:
+    def block(cell_fn: Callable, choices) -> torch.Tensor:
+        """The two cells' loss, each cell given its slice of ``choices`` (a host path for
+        the eager cell, a device index for the conditional one)."""
         h = x
         for c, cell in enumerate(cells):
-            h = eager_cell(h, path[c * edges : (c + 1) * edges], *cell)
+            h = cell_fn(h, choices[c * edges : (c + 1) * edges], *cell)
         return h.square().mean()
 
     compiled = torch.compile(cond_cell, backend="cudagraphs")
     skips, graphs = counters["inductor"]["cudagraph_skips"], counters["stats"]["unique_graphs"]
-
-    def conditional(index: torch.Tensor) -> torch.Tensor:
-        h = x
-        for c, cell in enumerate(cells):
-            h = compiled(h, index[c * edges : (c + 1) * edges], *cell)
-        return h.square().mean()
+    eager = functools.partial(block, eager_cell)
+    conditional = functools.partial(block, compiled)
 
     def clear() -> None:
         for w in (x, *weights):

@@ -8,7 +8,9 @@ unreachable tracking server, a diverging loss) ends with one line on stderr,
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -283,6 +285,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         say("asolab: interrupted; everything recorded so far is kept")
         return exc.status if isinstance(exc, (Terminated, RunStopped)) else 130
+
+
+# The status the process ends with once every exit handler has run (None: a normal exit)
+_status: list[int | None] = [None]
+
+
+def console() -> NoReturn:
+    """The ``asolab`` command (the console script): :func:`main`, then an exit without the
+    interpreter's teardown.
+
+    A normal exit frees every module and object of torch, MLflow and Optuna one by one,
+    with everything already recorded: 1.7 s of a tiny tracked ``asolab run``'s 11.7 s on
+    2 cores of an Intel Xeon (``bench/exit_cost.py``). So :func:`_exit_now`, registered first and
+    hence run last, ends the process once the exit has done the rest as usual: threads
+    joined, then every handler registered while the command ran (MLflow's,
+    multiprocessing's, temporary folders', asolab's own). An uncaught exception exits
+    normally, with its traceback.
+    """
+    atexit.register(_exit_now)
+    try:
+        status = main()
+    except SystemExit as exc:  # argparse: --help, --version (0), a usage error (2)
+        if exc.code is None or isinstance(exc.code, int):
+            _status[0] = exc.code or 0
+        raise
+    _status[0] = status
+    sys.exit(status)
+
+
+def _exit_now() -> None:
+    """The last exit handler: flush what was written and end the process (see
+    :func:`console`). Logging registered its handler before this one, so it is shut down
+    here. A failed flush of the output gives status 120, as Python's own exit does."""
+    status = _status[0]
+    if status is None:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`asolab compare | head`)
+            status = status or 120
+    os._exit(status & 0xFF)
 
 
 if __name__ == "__main__":

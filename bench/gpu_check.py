@@ -30,7 +30,7 @@ Sections (each records its figures, or the error that stopped it):
    drawn: two cells of 14 edges whose choices are a device tensor and whose ops are
    ``torch.cond`` branches, one cell function compiled with ``backend="cudagraphs"``
    (conditional nodes) for both, against the eager step of the drawn ops: ms per step,
-   compile seconds, equality;
+   compile seconds, equality; again with the weights marked static (no input copies);
 4. ``cifar_shape``   a run at a CIFAR-like shape (3x32x32, 10 classes, batch 256) on
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
@@ -407,7 +407,7 @@ ESTIMATE_S = {
     "variants": 20,
     "steps": 120,
     "op_costs": 20,
-    "cond_graph": 60,
+    "cond_graph": 90,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
     "compile_default": 60,

@@ -279,6 +279,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert (cond["cells"], cond["edges_per_cell"], cond["compiles"]) == (2, 2, 1), cond
     assert cond["cond_graph"]["ms_per_step"] > 0
     assert cond["cudagraph_skips"] > 0  # no CUDA graph captured off CUDA, and it says so
+    # compiled again with its weights marked static: traced once more, the same numbers
+    assert cond["cond_graph_static"]["compiles"] == 1 and cond["speedup_static"] > 0, cond
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
     assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed

@@ -204,9 +204,9 @@ def test_every_benchmark_documents_itself(name):
 
 
 def test_exit_cost(capsys):
-    """bench/exit_cost.py --smoke: both exits of a bad config, with the same status (2)."""
+    """bench/exit_cost.py --smoke: both exits of a bad command, with the same status (2)."""
     lines = _run(capsys, "exit_cost", ["--smoke"])
-    assert lines[0].startswith("a bad config, exit status 2;")
+    assert lines[0].startswith("a bad command, exit status 2;")
     assert [line.split()[0] for line in lines[3:5]] == ["console", "full"]
     assert lines[-1].startswith("the console script's exit saves") and "(smoke run)" in lines[-1]
 

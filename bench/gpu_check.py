@@ -407,7 +407,7 @@ ESTIMATE_S = {
     "variants": 20,
     "steps": 120,
     "op_costs": 20,
-    "cond_graph": 90,
+    "cond_graph": 75,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
     "compile_default": 60,

@@ -117,3 +117,25 @@ def test_the_asolab_command_ends_after_every_exit_handler_without_the_teardown(l
     assert proc.returncode == status, proc.stderr[-2000:]
     assert proc.stdout.split() == out, proc.stdout
     assert ("RuntimeError: bug" in proc.stderr) == (status == 1), proc.stderr[-2000:]
+
+
+def test_python_m_asolab_is_the_asolab_command():
+    """``python -m asolab`` (how study workers start) is the console script: same parser,
+    same exit (a usage error: one line, status 2)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "asolab", "nonesuch"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("asolab: error: argument command: invalid choice: 'nonesuch'")
+    code = (
+        "import runpy, asolab.cli as c\n"
+        "c.console = lambda: print('console')\n"
+        "runpy.run_module('asolab')"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+        == "console\n"
+    )

@@ -409,7 +409,7 @@ def _run_workers(
         cmd = [
             sys.executable,
             "-m",
-            "asolab.cli",
+            "asolab",  # the command's own exit (asolab.cli.console)
             "study",
             cfg.source,
             "--worker",

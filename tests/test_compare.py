@@ -879,3 +879,21 @@ def test_runs_on_different_data_sets_are_compared_apart(
     assert main(["compare", "--tracking-uri", uri, "--experiment", "cmp-data", "--all"]) == 0
     every = capsys.readouterr().out
     assert every.count("operation frequencies") == 3 and every.count("distinct genotypes:") == 3
+
+
+def test_compare_into_a_pipe_whose_reader_closed_ends_without_a_traceback(
+    store, monkeypatch, capsys
+):
+    """``asolab compare | head``: once the reader is gone, the command stops quietly with
+    status 141, as a tool the closed pipe killed."""
+    import os
+    import sys
+
+    uri, _, _ = store
+    read, write = os.pipe()
+    os.close(read)
+    # line-buffered: each line is written at once, as a long output meets the pipe midway
+    with open(write, "w", buffering=1) as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert main(["compare", "--tracking-uri", uri]) == 141
+    assert capsys.readouterr().err == ""

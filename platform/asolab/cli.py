@@ -252,6 +252,26 @@ def _silence() -> None:
     os.close(devnull)
 
 
+# The status when the output's reader closed the pipe early, without a traceback: that of
+# a tool the closed pipe killed (128 + SIGPIPE), as the shell reports it
+PIPE_CLOSED = 141
+
+
+def _reader_gone(stream: object) -> bool:
+    """Whether ``stream`` is a pipe whose reader closed it (POLLERR on its write end)."""
+    import select
+
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's capture), closed
+        return False
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def _store_failure(exc: Exception, args: argparse.Namespace) -> Exception | None:
     """The one-line error for a full, read-only or corrupt store (None for other errors)."""
     from .tracking.health import store_failure
@@ -277,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, user_errors()):
             say(f"asolab: error: {exc}")
             return 2
+        if isinstance(exc, BrokenPipeError) and _reader_gone(sys.stdout):
+            _silence()  # `asolab compare | head`: the reader had what it wanted
+            return PIPE_CLOSED
         failure = _store_failure(exc, args)
         if failure is None:
             raise
@@ -317,7 +340,8 @@ def console() -> NoReturn:
 def _exit_now() -> None:
     """The last exit handler: flush what was written and end the process (see
     :func:`console`). Logging registered its handler before this one, so it is shut down
-    here. A failed flush of the output gives status 120, as Python's own exit does."""
+    here. A flush into a pipe whose reader is gone gives :data:`PIPE_CLOSED`, another
+    failed flush 120, as Python's own exit does."""
     status = _status[0]
     if status is None:
         return
@@ -325,7 +349,9 @@ def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`asolab compare | head`)
+        except BrokenPipeError:  # `asolab compare | head`, its last lines
+            status = status or PIPE_CLOSED
+        except (OSError, ValueError):
             status = status or 120
     os._exit(status & 0xFF)
 

@@ -549,7 +549,9 @@ def markdown(report: dict) -> str:
         "",
         f"torch {report['torch']}, {report['when']}, {report['seconds']:.0f} s in all"
         + (" (smoke sizes)" if report["smoke"] else "")
-        + ("" if report.get("bytecode_written", True) else "; no bytecode written"),
+        + ("" if report.get("bytecode_written", True) else "; no bytecode written")
+        + f"; CUDA {report.get('cuda_version')}, conditional nodes "
+        + ("yes" if report.get("conditional_nodes") else "no"),
         "",
         *digits_runs(report["sections"]),
     ]
@@ -729,6 +731,10 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         # false: each fresh process compiles the modules it imports again (gpu_prepare.py)
         "bytecode_written": not sys.dont_write_bytecode,
+        # whether this torch can capture torch.cond as CUDA graph conditional nodes (what
+        # cond_graph tries; the CUDA toolkit must be 12.4 or newer as well)
+        "cuda_version": torch.version.cuda,
+        "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"),
         "smoke": args.smoke,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},

@@ -26,6 +26,12 @@ Sections (each records its figures, or the error that stopped it):
    microseconds per call forward and forward + backward, in both layouts, with the
    alternatives (the pointwise convolution as a matrix multiply, BatchNorm without
    running statistics) and the host's floor per op: where a host-bound step's time goes;
+   ``switched_step`` the product's sampled W-step against the same step with each edge's
+   op chosen on the device (a ``torch.cond`` per candidate op, BatchNorm statistics
+   blended in outside the branches, the undrawn ops' gradients dropped from the host's
+   path), the network compiled whole with ``backend="cudagraphs"``, at the DARTS-like
+   first cell (14 edges): ms per step, kernels, compile seconds, and one step of each
+   from one start (loss, weights, running statistics, momentum);
    ``cond_graph`` whether a CUDA graph per cell can run a sampled step whatever path is
    drawn: two cells of 14 edges whose choices are a device tensor and whose ops are
    ``torch.cond`` branches, one cell function compiled with ``backend="cudagraphs"``
@@ -407,6 +413,7 @@ ESTIMATE_S = {
     "variants": 20,
     "steps": 120,
     "op_costs": 20,
+    "switched_step": 60,
     "cond_graph": 75,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
@@ -477,6 +484,7 @@ def sizes(smoke: bool) -> dict:
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "infer_repeats": 1,  # and no warm-up
             "op_costs": (2, 4, 8, 1),  # batch, channels, image, calls
+            "switched_step": (2, 1, 1, 1),  # batch, cells, nodes, steps
             "cond_graph": (2, 4, 8, 2, 1),  # batch, channels, image, edges, steps
             "growth": (4, 2),  # channels; steps: the first and one steady
             "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
@@ -501,6 +509,7 @@ def sizes(smoke: bool) -> dict:
         ),
         "infer_repeats": 10,
         "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
+        "switched_step": (64, 1, 4, 20),  # the DARTS-like first cell: 14 edges, 16 channels
         "cond_graph": (64, 16, 32, 14, 20),  # cells of 14 edges at that shape
         "growth": (16, 4),
         "study": (4, 300),
@@ -581,7 +590,7 @@ def markdown(report: dict) -> str:
 FRESH = frozenset(
     {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
     | {"digits_contiguous", "digits_graphs_on", "fashion"}
-    | {"compile_default", "compile_reduce_overhead", "cond_graph"}
+    | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
@@ -696,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
+        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cond_graph": lambda: gpu_steps.cond_graph_section(device, *size["cond_graph"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)

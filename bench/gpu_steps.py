@@ -557,6 +557,205 @@ def cond_graph_section(
     }
 
 
+def _batch_norm_pure(bn: torch.nn.BatchNorm2d, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """BatchNorm in training mode writing no buffer: its output, and the batch's mean and
+    unbiased variance, which the running statistics move towards (outside the branch)."""
+    y = F.batch_norm(x, None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+    var, mean = torch.var_mean(x.detach().float(), dim=(0, 2, 3), correction=1)
+    return y, [mean, var]
+
+
+def _pure(op: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """A built-in op's training forward, as ``space/ops.py`` runs it, writing no buffer:
+    its output and the statistics of its BatchNorms, in ``op.modules()`` order."""
+    from asolab.space import ops
+
+    if isinstance(op, ops.SepConv):
+        y, first = _pure(op[0], x)
+        y, second = _pure(op[1], y)
+        return y, first + second
+    if isinstance(op, ops.DilConv):
+        _, depthwise, pointwise, bn = op
+        return _batch_norm_pure(bn, ops._conv(pointwise, ops._conv(depthwise, F.relu(x))))
+    if isinstance(op, ops.Pool):
+        return _batch_norm_pure(op.bn, op.pool(x))
+    if isinstance(op, ops.FactorizedReduce):
+        x = F.relu(x)
+        shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
+        both = torch.cat([ops._conv(op.conv_1, x), ops._conv(op.conv_2, shifted)], dim=1)
+        return _batch_norm_pure(op.bn, both)
+    if isinstance(op, ops.Identity):
+        return x.clone(), []  # a branch may not return its input itself
+    raise TypeError(f"no pure form for {type(op).__name__}")
+
+
+def _norms(op: torch.nn.Module) -> list[torch.nn.BatchNorm2d]:
+    return [m for m in op.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+
+
+def _switched_edge(edge, ops: list[int], choice: torch.Tensor, x: torch.Tensor, stride: int):
+    """The edge's sampled op, chosen on the device: one ``torch.cond`` per candidate op, its
+    other branch zeros of the output's shape, the outputs summed (a chain of nested conds
+    traced about five times slower on the CPU); then the chosen op's BatchNorm statistics
+    blended into its running ones, the other ops' left as they are (weight 0)."""
+    norms = {i: _norms(edge.ops[i]) for i in ops}
+    width = 2 * max(len(n) for n in norms.values())
+    n, c, h, w = x.shape
+    shape = (n, c, (h + stride - 1) // stride, (w + stride - 1) // stride)
+
+    def branch(i: int) -> Callable:
+        def run(h: torch.Tensor):
+            y, stats = _pure(edge.ops[i], h)
+            stats = stats + [y.new_zeros(c, dtype=torch.float32)] * (width - len(stats))
+            return y, torch.stack(stats)
+
+        return run
+
+    def zeros(h: torch.Tensor):
+        return h.new_zeros(shape), h.new_zeros(width, c, dtype=torch.float32)
+
+    out = stats = None
+    for i in ops:
+        y, st = torch.cond(choice == i, branch(i), zeros, (x,))
+        out = y if out is None else out + y
+        stats = st if stats is None else stats + st
+    stats = stats.detach()
+    for i in ops:
+        weight = (choice == i).float()
+        for b, bn in enumerate(norms[i]):
+            bn.running_mean.lerp_(stats[2 * b], weight * bn.momentum)
+            bn.running_var.lerp_(stats[2 * b + 1], weight * bn.momentum)
+    return out
+
+
+def switched_forward(net, x: torch.Tensor, choices: dict, ops: list[int]) -> torch.Tensor:
+    """The supernet's forward pass along ``choices`` (each cell type's edge choices, a
+    device tensor), every edge switched on the device (:func:`_switched_edge`); no growth
+    branches or gates (the DARTS-like network has none)."""
+    from asolab.space.cells import edge_index
+    from asolab.space.spec import edge_stride
+
+    s0 = s1 = net.stem(x)
+    for i, cell in enumerate(net.cells):
+        chosen = choices[net.spec.alpha_key(i)]
+        states = [cell.preprocess0(s0), cell.preprocess1(s1)]
+        for k in range(cell.steps):
+            node = None
+            for j in range(k + 2):
+                e = edge_index(k, j)
+                stride = edge_stride(cell.reduction, j)
+                y = _switched_edge(cell.edges[e], ops, chosen[e], states[j], stride)
+                node = y if node is None else node + y
+            states.append(node)
+        s0, s1 = s1, torch.cat(states[2:], dim=1)
+    return net.classifier(net.pool(s1).flatten(1))
+
+
+def _differences(net, twin, opt, twin_opt) -> dict:
+    """Largest differences between two networks and their SGD states, each relative to the
+    first one's largest value: weights, BatchNorm running statistics, momentum buffers."""
+
+    def rel(pairs) -> float:
+        pairs = [(a.float(), b.float()) for a, b in pairs if a.is_floating_point()]
+        pairs = [(a, b) for a, b in pairs if torch.isfinite(a).all()]  # 'none''s -inf mask
+        scale = max((a.abs().max().item() for a, _ in pairs), default=0.0) or 1.0
+        return max(((a - b).abs().max().item() for a, b in pairs), default=0.0) / scale
+
+    momentum = [
+        (opt.state[p]["momentum_buffer"], twin_opt.state[q]["momentum_buffer"])
+        for p, q in zip(net.weight_parameters(), twin.weight_parameters())
+    ]
+    return {
+        "weight_diff_rel": rel(zip(net.parameters(), twin.parameters())),
+        "running_stats_diff_rel": rel(zip(net.buffers(), twin.buffers())),
+        "momentum_diff_rel": rel(momentum),
+    }
+
+
+def switched_section(
+    device: torch.device, batch: int, layers: int, steps_: int, timed_steps: int
+) -> dict:
+    """The product's sampled W-step against the same step with every edge switched on the
+    device (:func:`switched_forward`), the network compiled whole with
+    ``backend="cudagraphs"`` (the branches conditional nodes), at the DARTS-like size cut to
+    ``layers`` cells of ``steps_`` nodes. The switched step sets the gradients of the ops
+    the host's path did not draw to None before clipping and SGD, so it moves what the
+    product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
+    and capture in its first 3 steps; the graphs traced and skipped; and from one start,
+    one step of each along the same path: the loss, the weights, the BatchNorm running
+    statistics and the momentum buffers, their largest relative differences."""
+    import copy
+
+    from torch._dynamo.utils import counters
+
+    overrides = {"space.layers": layers, "space.steps": steps_}
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch, overrides=overrides)
+    clip, ops = cfg.search.grad_clip, net.trainable_ops()
+    if any(cell.branch_specs for cell in net.cells) or len(net.gates):
+        raise ValueError("switched_forward has no growth branches or gates")
+    twin = copy.deepcopy(net)
+    twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
+    wopt = sc.steps.with_momentum_buffers(wopt)
+    sample = _sampler(net)
+    # each edge's op modules' parameters, to drop the gradients of those not drawn
+    owned = [
+        [[list(e.ops[i].parameters()) for i in range(len(e.ops))] for e in c.edges]
+        for c in twin.cells
+    ]
+    compiled = torch.compile(switched_forward, backend="cudagraphs")
+    before = {
+        k: counters[g][k] for g, k in (("stats", "unique_graphs"), ("inductor", "cudagraph_skips"))
+    }
+
+    def switched_step(plans) -> torch.Tensor:
+        choices = {
+            k: torch.tensor([c[0][0] for c in plan], device=device) for k, plan in plans.items()
+        }
+        with speed.autocast():
+            logits = compiled(twin, x, choices, ops)
+        loss = F.cross_entropy(logits.float(), y)
+        twin_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for c in range(len(twin.cells)):
+            for e, choice in enumerate(plans[twin.spec.alpha_key(c)]):
+                for i in ops:
+                    if i != choice[0][0]:
+                        for param in owned[c][e][i]:
+                            param.grad = None
+        params = [p for g in twin_opt.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, clip, foreach=twin_opt.defaults.get("foreach"))
+        twin_opt.step()
+        return loss.detach()
+
+    # one step of each from one start, along one path: the equivalence
+    path = sample()
+    eager_loss = sc.steps.weight_step(net, speed, wopt, x, y, path, clip)[0]
+    start = time.perf_counter()
+    switched_loss = switched_step(path)
+    sync(device)
+    out = {"cells": len(net.cells), "edges": sum(len(c.edges) for c in net.cells)}
+    out["loss_diff"] = (eager_loss - switched_loss).abs().item()
+    out.update(_differences(net, twin, wopt, twin_opt))
+    for _ in range(2):
+        switched_step(sample())
+    sync(device)
+    first = time.perf_counter() - start
+    eager = lambda: sc.steps.weight_step(net, speed, wopt, x, y, sample(), clip)  # noqa: E731
+    switched = lambda: switched_step(sample())  # noqa: E731
+    for name, fn in (("eager", eager), ("switched", switched)):
+        seconds = timed(fn, device, timed_steps, warmup=3)
+        out[name] = {
+            "ms_per_step": 1e3 * seconds,
+            "images_per_s": batch / seconds,
+            **profiled(fn, device),
+        }
+    out["speedup"] = out["eager"]["ms_per_step"] / out["switched"]["ms_per_step"]
+    out["first_3_steps_s"] = first
+    out["compiles"] = counters["stats"]["unique_graphs"] - before["unique_graphs"]
+    out["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - before["cudagraph_skips"]
+    return out
+
+
 def worker(device: torch.device, batch: int, seconds: float) -> None:
     """One of several processes on one GPU: W-steps for ``seconds``; prints images/s."""
     cfg, net, wopt, _, speed, x, y = _setup(device, batch)

@@ -246,7 +246,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
-            + ["workers"],
+            + ["workers", "switched_step"],
             "ok",
         ),
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
@@ -281,6 +281,12 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert cond["cudagraph_skips"] > 0  # no CUDA graph captured off CUDA, and it says so
     # compiled again with its weights marked static: traced once more, the same numbers
     assert cond["cond_graph_static"]["compiles"] == 1 and cond["speedup_static"] > 0, cond
+    # the W-step with every edge switched on the device moves what the product's step moves:
+    # the same loss, weights and momentum, running statistics to rounding; one trace
+    switched = sections["switched_step"]
+    assert switched["loss_diff"] < 1e-6 and switched["weight_diff_rel"] < 1e-6, switched
+    assert switched["momentum_diff_rel"] < 1e-6 and switched["running_stats_diff_rel"] < 1e-5
+    assert (switched["edges"], switched["compiles"]) == (2, 1) and switched["speedup"] > 0
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
     assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed

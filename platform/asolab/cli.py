@@ -329,7 +329,7 @@ def console() -> NoReturn:
     atexit.register(_exit_now)
     try:
         status = main()
-    except SystemExit as exc:  # argparse: --help, --version (0), a usage error (2)
+    except SystemExit as exc:  # argparse: --help (0), a usage error (2)
         if exc.code is None or isinstance(exc.code, int):
             _status[0] = exc.code or 0
         raise
@@ -348,7 +348,8 @@ def _exit_now() -> None:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None without a console (pythonw)
+                stream.flush()
         except BrokenPipeError:  # `asolab compare | head`, its last lines
             status = status or PIPE_CLOSED
         except (OSError, ValueError):

@@ -673,12 +673,12 @@ def _differences(net, twin, opt, twin_opt) -> dict:
 
 
 def switched_section(
-    device: torch.device, batch: int, layers: int, steps_: int, timed_steps: int
+    device: torch.device, batch: int, layers: int, nodes: int, timed_steps: int
 ) -> dict:
     """The product's sampled W-step against the same step with every edge switched on the
     device (:func:`switched_forward`), the network compiled whole with
     ``backend="cudagraphs"`` (the branches conditional nodes), at the DARTS-like size cut to
-    ``layers`` cells of ``steps_`` nodes. The switched step sets the gradients of the ops
+    ``layers`` cells of ``nodes`` nodes. The switched step sets the gradients of the ops
     the host's path did not draw to None before clipping and SGD, so it moves what the
     product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
     and capture in its first 3 steps; the graphs traced and skipped; and from one start,
@@ -688,7 +688,7 @@ def switched_section(
 
     from torch._dynamo.utils import counters
 
-    overrides = {"space.layers": layers, "space.steps": steps_}
+    overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, overrides=overrides)
     clip, ops = cfg.search.grad_clip, net.trainable_ops()
     if any(cell.branch_specs for cell in net.cells) or len(net.gates):

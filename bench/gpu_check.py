@@ -744,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         # false: each fresh process compiles the modules it imports again (gpu_prepare.py)
         "bytecode_written": not sys.dont_write_bytecode,
         # whether this torch can capture torch.cond as CUDA graph conditional nodes (what
-        # cond_graph tries; the CUDA toolkit must be 12.4 or newer as well)
+        # switched_step and cond_graph try; the CUDA toolkit must be 12.4 or newer as well)
         "cuda_version": torch.version.cuda,
         "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"),
         "smoke": args.smoke,

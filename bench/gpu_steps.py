@@ -444,6 +444,23 @@ def eager_cell(x: torch.Tensor, path: list[int], *weights: torch.Tensor) -> torc
     return x
 
 
+def _compile_counts() -> dict[str, int]:
+    """torch.compile's counters the conditional sections report, under their names there:
+    graphs traced, graphs cudagraphs declined to capture, and the inputs a replay copies
+    into the graph's own buffers (summed over recordings)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "compiles": counters["stats"]["unique_graphs"],
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+        "inputs_copied": counters["inductor"]["cudagraph_recorded_non_static_inputs"],
+    }
+
+
+def _counts_since(before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before[k] for k, v in _compile_counts().items()}
+
+
 def cond_graph_section(
     device: torch.device, batch: int, channels: int, image: int, edges: int, steps: int
 ) -> dict:
@@ -455,16 +472,14 @@ def cond_graph_section(
     (:func:`eager_cell`). A fresh path every step for both. Figures: ms per step,
     kernels and GPU busy, the compile and capture paid in the first 3 steps, and the
     largest loss and gradient differences over 3 paths (the unsampled ops' zero
-    gradients against none); ``cudagraph_skips``, the graphs torch declined to capture
-    (then the compiled function ran without them, and the log says why); ``compiles``,
-    the graphs torch traced (1: the second cell reused the first's); ``inputs_copied``,
-    the inputs a replay copies into the graph's own buffers, summed over recordings.
+    gradients against none); :func:`_compile_counts` (``cudagraph_skips``: then the
+    compiled function ran without graphs, and the log says why; ``compiles`` 1: the
+    second cell reused the first's trace).
 
     ``cond_graph_static`` compiles it again with the weights marked as fixed addresses
     (``torch._dynamo.mark_static_address``, as a module's parameters are): no copies,
     but one recording per cell, since the two cells' weights live apart. Off CUDA it
     runs without graphs: the equality still holds, the times mean nothing."""
-    from torch._dynamo.utils import counters
 
     def cell_weights() -> list[torch.Tensor]:  # a depthwise and a pointwise weight an edge
         c, w = channels, functools.partial(_weight, device)
@@ -498,14 +513,7 @@ def cond_graph_section(
         torch._dynamo.reset()
         for w in weights if static else ():
             torch._dynamo.mark_static_address(w)
-        before = {
-            k: counters[group][k]
-            for group, k in (
-                ("inductor", "cudagraph_skips"),
-                ("stats", "unique_graphs"),
-                ("inductor", "cudagraph_recorded_non_static_inputs"),
-            )
-        }
+        before = _compile_counts()
         conditional = functools.partial(block, torch.compile(cond_cell, backend="cudagraphs"))
 
         def cond_step() -> None:
@@ -521,10 +529,7 @@ def cond_graph_section(
             "ms_per_step": 1e3 * timed(cond_step, device, steps, warmup=3),
             **profiled(cond_step, device),
             "first_3_steps_s": first,
-            "compiles": counters["stats"]["unique_graphs"] - before["unique_graphs"],
-            "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - before["cudagraph_skips"],
-            "inputs_copied": counters["inductor"]["cudagraph_recorded_non_static_inputs"]
-            - before["cudagraph_recorded_non_static_inputs"],
+            **_counts_since(before),
         }
         return figures, conditional
 
@@ -681,12 +686,11 @@ def switched_section(
     ``layers`` cells of ``nodes`` nodes. The switched step sets the gradients of the ops
     the host's path did not draw to None before clipping and SGD, so it moves what the
     product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
-    and capture in its first 3 steps; the graphs traced and skipped; and from one start,
+    and capture in its first 3 steps; the graphs traced and skipped and the inputs copied
+    per replay (:func:`_compile_counts`); and from one start,
     one step of each along the same path: the loss, the weights, the BatchNorm running
     statistics and the momentum buffers, their largest relative differences."""
     import copy
-
-    from torch._dynamo.utils import counters
 
     overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, overrides=overrides)
@@ -694,8 +698,8 @@ def switched_section(
     if any(cell.branch_specs for cell in net.cells) or len(net.gates):
         raise ValueError("switched_forward has no growth branches or gates")
     twin = copy.deepcopy(net)
+    # setup's optimizer has a momentum buffer per parameter already (steps.optimizers)
     twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
-    wopt = sc.steps.with_momentum_buffers(wopt)
     sample = _sampler(net)
     # each edge's op modules' parameters, to drop the gradients of those not drawn
     owned = [
@@ -703,9 +707,7 @@ def switched_section(
         for c in twin.cells
     ]
     compiled = torch.compile(switched_forward, backend="cudagraphs")
-    before = {
-        k: counters[g][k] for g, k in (("stats", "unique_graphs"), ("inductor", "cudagraph_skips"))
-    }
+    before = _compile_counts()
 
     def switched_step(plans) -> torch.Tensor:
         choices = {
@@ -751,8 +753,7 @@ def switched_section(
         }
     out["speedup"] = out["eager"]["ms_per_step"] / out["switched"]["ms_per_step"]
     out["first_3_steps_s"] = first
-    out["compiles"] = counters["stats"]["unique_graphs"] - before["unique_graphs"]
-    out["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - before["cudagraph_skips"]
+    out.update(_counts_since(before))
     return out
 
 

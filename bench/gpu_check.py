@@ -32,6 +32,9 @@ Sections (each records its figures, or the error that stopped it):
    path), the network compiled whole with ``backend="cudagraphs"``, at the DARTS-like
    first cell (14 edges): ms per step, kernels, compile seconds, and one step of each
    from one start (loss, weights, running statistics, momentum);
+   ``switched_edges`` the same at the whole DARTS-like size (8 cells, 112 edges, the
+   issue's W-step target), each edge compiled alone: one trace per edge shape and stride
+   (5), a graph pair per edge, the sums between them eager;
    ``cond_graph`` whether a CUDA graph per cell can run a sampled step whatever path is
    drawn: two cells of 14 edges whose choices are a device tensor and whose ops are
    ``torch.cond`` branches, one cell function compiled with ``backend="cudagraphs"``
@@ -415,6 +418,7 @@ ESTIMATE_S = {
     "steps": 120,
     "op_costs": 20,
     "switched_step": 90,
+    "switched_edges": 100,
     "cond_graph": 75,
     "graphed": 30,
     # tried with whatever is left: how long compiling takes is the figure
@@ -486,6 +490,7 @@ def sizes(smoke: bool) -> dict:
             "infer_repeats": 1,  # and no warm-up
             "op_costs": (2, 4, 8, 1),  # batch, channels, image, calls
             "switched_step": (2, 1, 1, 1),  # batch, cells, nodes, steps
+            "switched_edges": (2, 1, 1, 1, True),  # and per edge
             "cond_graph": (2, 4, 8, 2, 1),  # batch, channels, image, edges, steps
             "growth": (4, 2),  # channels; steps: the first and one steady
             "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
@@ -511,6 +516,7 @@ def sizes(smoke: bool) -> dict:
         "infer_repeats": 10,
         "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
         "switched_step": (64, 1, 4, 20),  # the DARTS-like first cell: 14 edges, 16 channels
+        "switched_edges": (64, 8, 4, 20, True),  # the DARTS-like size: 112 edges
         "cond_graph": (64, 16, 32, 14, 20),  # cells of 14 edges at that shape
         "growth": (16, 4),
         "study": (4, 300),
@@ -592,6 +598,7 @@ FRESH = frozenset(
     {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
     | {"digits_contiguous", "digits_graphs_on", "fashion"}
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
+    | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on"}
 )
 
@@ -707,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
         "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
+        "switched_edges": lambda: gpu_steps.switched_section(device, *size["switched_edges"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),

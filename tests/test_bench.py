@@ -246,7 +246,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
-            + ["workers", "switched_step"],
+            + ["workers", "switched_step", "switched_edges"],
             "ok",
         ),
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
@@ -287,6 +287,11 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert switched["loss_diff"] < 1e-6 and switched["weight_diff_rel"] < 1e-6, switched
     assert switched["momentum_diff_rel"] < 1e-6 and switched["running_stats_diff_rel"] < 1e-5
     assert (switched["edges"], switched["compiles"]) == (2, 1) and switched["speedup"] > 0
+    # each edge compiled alone: the same step, both edges (one shape) from one trace
+    per_edge = sections["switched_edges"]
+    assert per_edge["loss_diff"] < 1e-6 and per_edge["weight_diff_rel"] < 1e-6, per_edge
+    assert per_edge["momentum_diff_rel"] < 1e-5 and per_edge["running_stats_diff_rel"] < 1e-5
+    assert (per_edge["edges"], per_edge["compiles"]) == (2, 1) and per_edge["speedup"] > 0
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]
     assert graphed["on"]["captures"] == 0 and graphed["on"]["ms_per_step"] > 0, graphed

@@ -64,8 +64,9 @@ Sections (each records its figures, or the error that stopped it):
 
 They run in the order of the list above, the issue's targets first (the default
 run's time, the W-step, GPU busy at the CIFAR-like shape), except that ``growth``
-comes right after ``cifar_shape``, and ``cond_graph`` (``switched_step``'s toy), then
-``digits_autotune_limit3`` (a lever) after ``cifar_shape_graphs_on``. ``--budget-s``
+comes right after ``cifar_shape``, ``switched_edges`` before ``switched_step``, and
+``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
+``cifar_shape_graphs_on``. ``--budget-s``
 skips a section whose estimate no longer fits (a 10-minute call), so what was measured
 before comes last. A section in
 a fresh process is stopped when the budget runs out, and the report is rewritten after
@@ -713,8 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
-        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
+        # the W-step target's size first: the lever the product would ship
         "switched_edges": lambda: gpu_steps.switched_section(device, *size["switched_edges"]),
+        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),

@@ -715,7 +715,10 @@ def main(argv: list[str] | None = None) -> int:
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
         # the W-step target's size first: the lever the product would ship
-        "switched_edges": lambda: gpu_steps.switched_section(device, *size["switched_edges"]),
+        # channels-last everywhere (CUDA's layout): the branches must agree on strides
+        "switched_edges": lambda: gpu_steps.switched_section(
+            device, *size["switched_edges"], layout=torch.channels_last
+        ),
         "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)

@@ -607,17 +607,22 @@ def _switched_edge(edge, ops: list[int], choice: torch.Tensor, x: torch.Tensor, 
     width = 2 * max(len(n) for n in norms.values())
     n, c, h, w = x.shape
     shape = (n, c, (h + stride - 1) // stride, (w + stride - 1) // stride)
+    # both branches must return the same strides: the output takes the input's layout
+    layout = torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        layout = torch.channels_last
 
     def branch(i: int) -> Callable:
         def run(h: torch.Tensor):
             y, stats = _pure(edge.ops[i], h)
             stats = stats + [y.new_zeros(c, dtype=torch.float32)] * (width - len(stats))
-            return y, torch.stack(stats)
+            return y.contiguous(memory_format=layout), torch.stack(stats)
 
         return run
 
     def zeros(h: torch.Tensor):
-        return h.new_zeros(shape), h.new_zeros(width, c, dtype=torch.float32)
+        y = torch.empty(shape, dtype=h.dtype, device=h.device, memory_format=layout).zero_()
+        return y, h.new_zeros(width, c, dtype=torch.float32)
 
     out = stats = None
     for i in ops:
@@ -688,6 +693,7 @@ def switched_section(
     nodes: int,
     timed_steps: int,
     per_edge: bool = False,
+    layout: torch.memory_format | None = None,
 ) -> dict:
     """The product's sampled W-step against the same step with every edge switched on the
     device (:func:`switched_forward`), the network compiled whole with
@@ -696,7 +702,8 @@ def switched_section(
     (:func:`_switched_edge`, a graph pair per edge, the sums between them eager), so one
     trace serves every edge of a shape and stride: at the whole DARTS-like size 5 traces
     for 112 edges, where compiling the network whole traces every edge (on a 2-core Intel
-    Xeon 6 s an edge, ten minutes for that size). The switched step sets the gradients of the ops
+    Xeon 6 s an edge, ten minutes for that size). ``layout``: the network's (default
+    :func:`_setup`'s: channels-last on CUDA). The switched step sets the gradients of the ops
     the host's path did not draw to None before clipping and SGD, so it moves what the
     product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
     and capture in its first 3 steps; the graphs traced and skipped and the inputs copied
@@ -706,7 +713,7 @@ def switched_section(
     import copy
 
     overrides = {"space.layers": layers, "space.steps": nodes}
-    cfg, net, wopt, _, speed, x, y = _setup(device, batch, overrides=overrides)
+    cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
     clip, ops = cfg.search.grad_clip, net.trainable_ops()
     if any(cell.branch_specs for cell in net.cells) or len(net.gates):
         raise ValueError("switched_forward has no growth branches or gates")

@@ -287,10 +287,12 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert switched["loss_diff"] < 1e-6 and switched["weight_diff_rel"] < 1e-6, switched
     assert switched["momentum_diff_rel"] < 1e-6 and switched["running_stats_diff_rel"] < 1e-5
     assert (switched["edges"], switched["compiles"]) == (2, 1) and switched["speedup"] > 0
-    # each edge compiled alone: the same step, both edges (one shape) from one trace
+    # each edge compiled alone, channels-last (a branch of zeros must take the op's
+    # strides): the same step, both edges (one shape) from one trace; the momentum (one
+    # step's gradients) to the rounding of channels-last kernels (2e-5 seen)
     per_edge = sections["switched_edges"]
     assert per_edge["loss_diff"] < 1e-6 and per_edge["weight_diff_rel"] < 1e-6, per_edge
-    assert per_edge["momentum_diff_rel"] < 1e-5 and per_edge["running_stats_diff_rel"] < 1e-5
+    assert per_edge["momentum_diff_rel"] < 1e-4 and per_edge["running_stats_diff_rel"] < 1e-5
     assert (per_edge["edges"], per_edge["compiles"]) == (2, 1) and per_edge["speedup"] > 0
     # on the CPU speed.cuda_graphs changes nothing: the same eager steps, the same numbers
     graphed = sections["graphed"]

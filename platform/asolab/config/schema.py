@@ -397,6 +397,17 @@ class SpeedConfig:
             "that process's CUDA random numbers unusable; ignored where speed.compile is on"
         ),
     )
+    sampled_graphs: bool = field(
+        False,
+        help=(
+            "run W-training's sampled step with every edge's op chosen on the device (a "
+            "torch.cond branch per candidate op), each edge compiled once per shape and, on "
+            "CUDA, replayed as CUDA graphs whatever path is drawn; the same step as the eager "
+            "one to rounding; built-in ops only (a run with others trains eagerly and says "
+            "so); off by default until measured on a GPU; off CUDA it runs without graphs, "
+            "slower than the eager step"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,10 @@ autotuning off side by side, each in a fresh process.
 
 ``speed.compile`` compiles the fixed network of W-retraining and the final
 stage (:class:`~asolab.space.fixed.FixedNetwork`); the supernet's sampled steps
-change path every step and run eagerly. ``speed.cuda_graphs`` (CUDA only, opt-in)
-replays the fixed network's forward and backward as CUDA graphs instead
+change path every step and run eagerly, unless ``speed.sampled_graphs`` switches
+W-training's edges on the device (:mod:`asolab.space.switched`, opt-in).
+``speed.cuda_graphs`` (CUDA only, opt-in) replays the fixed network's forward and
+backward as CUDA graphs instead
 (:mod:`asolab.runner.graphs`); with ``speed.compile`` on, it is compiled, not graphed.
 """
 
@@ -48,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -57,6 +59,7 @@ import torch.nn.functional as F
 from ..config import SpeedConfig
 from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
+from ..space.switched import SwitchedEdges, unswitchable
 from .graphs import CudaGraphs, Graphed
 
 log = logging.getLogger(__name__)
@@ -130,6 +133,14 @@ class Speed:
         self.compile_mode = COMPILE_MODES[cfg.compile]
         # CUDA graphs need CUDA; elsewhere the setting changes nothing
         self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
+        self._switched = SwitchedEdges(device) if cfg.sampled_graphs else None
+        self._refused: set[str] = set()  # why a network was not switched, said once each
+        if self._switched is not None and device.type != "cuda":
+            log.warning(
+                "speed.sampled_graphs: no CUDA graphs on %s; the switched W-step runs "
+                "compiled without them, slower than the eager one",
+                device,
+            )
         # cuDNN's timing: on for good (scope "all"), or set per forward pass by watch()'s
         # hook from its batch (scope "full-batch"); off CUDA nothing here touches the switch
         tunes = device.type == "cuda" and cfg.cudnn_benchmark
@@ -159,6 +170,20 @@ class Speed:
         # the hook on the compiled wrapper runs eagerly, before the compiled forward
         return self.watch(torch.compile(net, mode=mode))
 
+    def switched(self, net: SearchNetwork) -> SwitchedEdges | None:
+        """What switches ``net``'s edges on the device in W-training, as
+        ``speed.sampled_graphs`` says: None where it is off, or where ``net`` has an op
+        without a branch form (a warning names it, once)."""
+        if self._switched is None:
+            return None
+        why = unswitchable(net)
+        if why is None:
+            return self._switched
+        if why not in self._refused:
+            self._refused.add(why)
+            log.warning("speed.sampled_graphs: W-training runs eagerly: %s", why)
+        return None
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward pass's precision (a no-op with ``autocast = "off"``)."""
         if self.dtype is None:
@@ -182,10 +207,14 @@ class Speed:
         optimizer: torch.optim.Optimizer,
         clip: Sequence[torch.Tensor] = (),
         max_norm: float = 0.0,
+        after_backward: Callable[[], None] | None = None,
     ) -> None:
-        """Backward and optimizer step, scaled for fp16 (gradients unscaled before clipping)."""
+        """Backward and optimizer step, scaled for fp16 (gradients unscaled before clipping);
+        ``after_backward`` runs between the two."""
         optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if after_backward is not None:
+            after_backward()
         if clip:
             self.scaler.unscale_(optimizer)
             # the optimizer's kernel choice: multi-tensor norms where its update is too

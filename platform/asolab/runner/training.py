@@ -3,6 +3,7 @@ evaluation, BatchNorm recalibration, and the training phases built from them."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -16,10 +17,15 @@ from ..space.fixed import FixedNetwork
 from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.sampling import FairPaths
+from ..space.switched import SwitchedEdges
 from . import steps
 from .events import EpochEnd
 from .parts import Part
 from .phases import ALPHA, BY_NAME, W_TRAIN
+
+# traces of one switched edge function a run may keep (speed.sampled_graphs): 5 edge
+# shapes at the DARTS-like size, and each widen or deepen may add some
+RECOMPILES = 64
 
 
 class Training(Part):
@@ -30,9 +36,15 @@ class Training(Part):
     )
 
     def weight_step(
-        self, x: torch.Tensor, y: torch.Tensor, plans: Plans | None, net: nn.Module | None = None
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        plans: Plans | None,
+        net: nn.Module | None = None,
+        switched: SwitchedEdges | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A weight step of the supernet along ``plans``, or of ``net`` (a fixed network)."""
+        """A weight step of the supernet along ``plans`` (its edges switched on the device
+        by ``switched``), or of ``net`` (a fixed network)."""
         return steps.weight_step(
             self.net if net is None else net,
             self.speed,
@@ -41,6 +53,7 @@ class Training(Part):
             y,
             plans,
             self.cfg.search.grad_clip,
+            switched,
         )
 
     def alpha_step(
@@ -138,15 +151,21 @@ class Training(Part):
         fair = FairPaths(self.net.trainable_ops()) if self.cfg.search.w_sampling == "fair" else None
 
         logits = self.net.path_logits()  # the alphas are frozen here: one host copy
+        switched = self.speed.switched(self.net)  # speed.sampled_graphs
 
         def step(x, y, tau):
             if fair is not None:
-                return self.weight_step(x, y, self.net.fair_plans(fair))
-            return self.weight_step(x, y, self.net.sample_path(logits, tau))
+                return self.weight_step(x, y, self.net.fair_plans(fair), switched=switched)
+            return self.weight_step(x, y, self.net.sample_path(logits, tau), switched=switched)
 
         epochs = BY_NAME[W_TRAIN].epochs(self.cfg.search, self.state.position.cycle)
-        for e in range(epochs):
-            self._epoch(W_TRAIN, e, self.data.train, step, self._derive_calibrated)
+        # a trace per edge shape: growth adds shapes over a run, past torch's 8 a function
+        traces = contextlib.nullcontext()
+        if switched is not None:
+            traces = torch._dynamo.config.patch(recompile_limit=RECOMPILES)
+        with traces:
+            for e in range(epochs):
+                self._epoch(W_TRAIN, e, self.data.train, step, self._derive_calibrated)
 
     def alpha_train(self) -> None:
         weights = self.net.weight_parameters()

@@ -12,7 +12,8 @@ relaxation (every op, softmax-weighted).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,7 +22,18 @@ from .ops import OPS, FactorizedReduce, ReLUConvBN, build_op
 from .spec import edge_stride
 
 Choice = tuple[int, torch.Tensor | None]
-Plan = Sequence[Sequence[Choice] | None]
+
+
+@dataclass(frozen=True)
+class Switched:
+    """A plan whose one op per edge is chosen on the device: ``choices[e]`` names edge
+    ``e``'s op, and ``run(edge, choice, x, stride)`` runs it (``space/switched.py``)."""
+
+    choices: torch.Tensor
+    run: Callable[..., torch.Tensor]
+
+
+Plan = Sequence[Sequence[Choice] | None] | Switched
 
 
 def edge_index(node: int, input_: int) -> int:
@@ -115,10 +127,15 @@ class SearchCell(nn.Module):
         for k in range(self.steps):
             node = None
             for j in range(k + 2):
-                choices = plan[edge_index(k, j)]
-                if choices:
-                    y = self.edges[edge_index(k, j)](states[j], choices)
-                    node = y if node is None else node + y
+                e = edge_index(k, j)
+                if isinstance(plan, Switched):
+                    stride = edge_stride(self.reduction, j)
+                    y = plan.run(self.edges[e], plan.choices[e], states[j], stride)
+                elif plan[e]:
+                    y = self.edges[e](states[j], plan[e])
+                else:
+                    continue
+                node = y if node is None else node + y
             if node is None:
                 raise ValueError(f"plan leaves node {k} of a cell without an input edge")
             for b, (bk, j, _) in enumerate(self.branch_specs):

@@ -27,6 +27,11 @@ from ..plugins import PluginError, Registry, qualname
 # BatchNorm's bookkeeping cost more there than the kernel they launch on a GPU.
 # The modules stay as they are (state-dict names, growth's rules, hooks); eval mode
 # runs them as modules, so forward hooks (FLOPs, memory probes) see every leaf.
+# Each built-in op's training pass is ``train_forward(x, bn)``, ``bn`` the BatchNorm
+# function: ``_bn`` in a step, one that writes no buffer where a step's graph may not
+# (``space/switched.py``, W-training with ``speed.sampled_graphs``).
+
+BatchNormFn = Callable[[nn.BatchNorm2d, torch.Tensor], torch.Tensor]
 
 
 def _conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -62,10 +67,11 @@ class ReLUConvBN(nn.Sequential):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        _, conv, bn = self
-        return _bn(bn, _conv(conv, F.relu(x)))
+        return self.train_forward(x) if self.training else super().forward(x)
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
+        _, conv, norm = self
+        return bn(norm, _conv(conv, F.relu(x)))
 
 
 class DilConv(nn.Sequential):
@@ -98,10 +104,11 @@ class DilConv(nn.Sequential):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        _, depthwise, pointwise, bn = self
-        return _bn(bn, _conv(pointwise, _conv(depthwise, F.relu(x))))
+        return self.train_forward(x) if self.training else super().forward(x)
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
+        _, depthwise, pointwise, norm = self
+        return bn(norm, _conv(pointwise, _conv(depthwise, F.relu(x))))
 
 
 class SepConv(nn.Sequential):
@@ -116,14 +123,18 @@ class SepConv(nn.Sequential):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
+        return self.train_forward(x) if self.training else super().forward(x)
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
         first, second = self
-        return DilConv.forward(second, DilConv.forward(first, x))
+        return DilConv.train_forward(second, DilConv.train_forward(first, x, bn), bn)
 
 
 class Identity(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
         return x
 
 
@@ -153,14 +164,17 @@ class FactorizedReduce(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, affine=affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            x = self.relu(x)
-            # The second path looks at odd pixels; padding keeps odd sizes aligned.
-            shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
-            return self.bn(torch.cat([self.conv_1(x), self.conv_2(shifted)], dim=1))
+        if self.training:
+            return self.train_forward(x)
+        x = self.relu(x)
+        # The second path looks at odd pixels; padding keeps odd sizes aligned.
+        shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
+        return self.bn(torch.cat([self.conv_1(x), self.conv_2(shifted)], dim=1))
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
         x = F.relu(x)
         shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
-        return _bn(self.bn, torch.cat([_conv(self.conv_1, x), _conv(self.conv_2, shifted)], dim=1))
+        return bn(self.bn, torch.cat([_conv(self.conv_1, x), _conv(self.conv_2, shifted)], dim=1))
 
 
 class Pool(nn.Module):
@@ -176,9 +190,10 @@ class Pool(nn.Module):
         self.bn = nn.BatchNorm2d(channels, affine=affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return self.bn(self.pool(x))
-        return _bn(self.bn, self.pool(x))
+        return self.train_forward(x) if self.training else self.bn(self.pool(x))
+
+    def train_forward(self, x: torch.Tensor, bn: BatchNormFn = _bn) -> torch.Tensor:
+        return bn(self.bn, self.pool(x))
 
 
 OpFactory = Callable[[int, int, bool], nn.Module]

@@ -1,0 +1,162 @@
+"""Edges switched on the device: a sampled W-step whose launches do not depend on the
+path (``speed.sampled_graphs``).
+
+A sampled W-step at the DARTS-like size launches about 2,400 small kernels, and an
+H100 sat 86% idle running them one by one (bench/README.md, "On a GPU"). A CUDA
+graph replays a captured sequence with one launch, but the sampled path, and with
+it the sequence, changes every step. Here every candidate op of an edge is a branch
+of a ``torch.cond`` taken when the edge's choice, a tensor on the device, names it:
+one sequence serves every path, and torch captures the branches as CUDA graph
+conditional nodes (``torch.compile`` with ``backend="cudagraphs"``). Each edge is
+compiled alone (:class:`SwitchedEdges`): a trace serves every edge of the same
+shapes, stride and op types (5 traces for the DARTS-like size's 112 edges).
+
+What the eager step does, the switched one does:
+
+- BatchNorm in a branch writes no buffer (a branch may not mutate its inputs): it
+  normalises with the batch's statistics and returns their mean and unbiased
+  variance; after the branches, each op's running statistics move towards them with
+  weight ``momentum`` if it was drawn and 0 if not (:func:`switched_edge`);
+- the ops the path did not draw get gradients of zeros from their branch; the step
+  sets them to None (:func:`drop_undrawn`), so clipping, weight decay and momentum
+  see exactly the eager step's gradients.
+
+On the CPU one step gives the eager step's loss, weights, momentum and running
+statistics to rounding (``tests/test_switched.py``). Only the built-in ops have a
+branch form (their ``train_forward`` with another BatchNorm function); a network
+with any other op, or with a BatchNorm averaging cumulatively, runs eagerly
+(:func:`unswitchable` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .cells import MixedOp, Switched
+from .network import Plans, SearchNetwork
+from .ops import DilConv, FactorizedReduce, Identity, Pool, SepConv
+
+# the ops with a branch form, and their BatchNorms in the order train_forward calls them
+# (that of ``modules()`` for each of these)
+BRANCH_OPS = (SepConv, DilConv, Pool, FactorizedReduce, Identity)
+
+
+def _norms(op: nn.Module) -> list[nn.BatchNorm2d]:
+    return [m for m in op.modules() if isinstance(m, nn.BatchNorm2d)]
+
+
+def pure_forward(op: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``op``'s training pass writing no buffer: its output, and for each of its
+    BatchNorms (in :func:`_norms` order) the batch's mean and unbiased variance."""
+    stats: list[torch.Tensor] = []
+
+    def batch_norm(bn: nn.BatchNorm2d, h: torch.Tensor) -> torch.Tensor:
+        var, mean = torch.var_mean(h.detach().float(), dim=(0, 2, 3), correction=1)
+        stats.extend((mean, var))
+        return F.batch_norm(h, None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+
+    y = op.train_forward(x, batch_norm)
+    return (y.clone() if y is x else y), stats  # a branch may not return its input
+
+
+def switched_edge(
+    edge: MixedOp, choice: torch.Tensor, x: torch.Tensor, stride: int, ops: tuple[int, ...]
+) -> torch.Tensor:
+    """The edge's op ``choice`` (a 0-d device tensor) names among ``ops``: one
+    ``torch.cond`` per op, its other branch zeros, the outputs summed (a chain of nested
+    conds traced five times slower); then the chosen op's BatchNorm statistics blended
+    into its running ones, the other ops' left as they are (weight 0)."""
+    norms = {i: _norms(edge.ops[i]) for i in ops}
+    width = 2 * max(len(n) for n in norms.values())
+    n, c, h, w = x.shape
+    shape = (n, c, (h + stride - 1) // stride, (w + stride - 1) // stride)
+    # both branches must return the same strides: the output takes the input's layout
+    layout = torch.contiguous_format
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        layout = torch.channels_last
+
+    def branch(i: int) -> Callable:
+        def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y, stats = pure_forward(edge.ops[i], h)
+            stats += [y.new_zeros(c, dtype=torch.float32)] * (width - len(stats))
+            return y.contiguous(memory_format=layout), torch.stack(stats)
+
+        return run
+
+    def zeros(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.empty(shape, dtype=h.dtype, device=h.device, memory_format=layout).zero_()
+        return y, h.new_zeros(width, c, dtype=torch.float32)
+
+    out = stats = None
+    for i in ops:
+        y, st = torch.cond(choice == i, branch(i), zeros, (x,))
+        out = y if out is None else out + y
+        stats = st if stats is None else stats + st
+    stats = stats.detach()
+    for i in ops:
+        weight = (choice == i).float()
+        for b, bn in enumerate(norms[i]):
+            bn.running_mean.lerp_(stats[2 * b], weight * bn.momentum)
+            bn.running_var.lerp_(stats[2 * b + 1], weight * bn.momentum)
+    return out
+
+
+def unswitchable(net: SearchNetwork) -> str | None:
+    """Why ``net``'s edges cannot be switched on the device, or None if they can."""
+    ops = net.trainable_ops()
+    for c, cell in enumerate(net.cells):
+        for e, edge in enumerate(cell.edges):
+            for i in ops:
+                op = edge.ops[i]
+                if type(op) not in BRANCH_OPS:
+                    where = f"{type(op).__name__}, cell {c} edge {e}"
+                    return f"op {net.spec.primitives[i]!r} ({where}) has no branch form"
+                for bn in _norms(op):
+                    if bn.momentum is None or not bn.track_running_stats:
+                        return f"a BatchNorm of op {net.spec.primitives[i]!r} averages cumulatively"
+    return None
+
+
+class SwitchedEdges:
+    """W-training's plans as device choices, run by :func:`switched_edge` compiled once
+    per edge shape: with ``backend="cudagraphs"`` on CUDA (the branches conditional
+    nodes), ``"aot_eager"`` elsewhere (the same step without graphs, for checking)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        backend = "cudagraphs" if device.type == "cuda" else "aot_eager"
+        # shapes fixed: a new shape is a new trace, not a dynamic one
+        self.run = torch.compile(switched_edge, backend=backend, dynamic=False)
+
+    def plans(self, net: SearchNetwork, plans: Plans) -> dict[str, Switched]:
+        """``plans`` (one op per edge, drawn on the host) as device choices."""
+        ops = tuple(net.trainable_ops())
+        run = functools.partial(self.run, ops=ops)
+        out = {}
+        for key, plan in plans.items():
+            index = [choices[0][0] for choices in plan]  # type: ignore[index]
+            out[key] = Switched(torch.tensor(index, device=self.device), run)
+        return out
+
+
+def undrawn_parameters(net: SearchNetwork, plans: Plans) -> Iterator[nn.Parameter]:
+    """The parameters of every candidate op ``plans`` did not draw."""
+    ops = net.trainable_ops()
+    for c, cell in enumerate(net.cells):
+        for edge, choices in zip(cell.edges, plans[net.spec.alpha_key(c)]):
+            drawn = choices[0][0]  # type: ignore[index]
+            for i in ops:
+                if i != drawn:
+                    yield from edge.ops[i].parameters()
+
+
+def drop_undrawn(net: SearchNetwork, plans: Plans) -> None:
+    """Set the gradients of the ops ``plans`` did not draw to None, as the eager step
+    leaves them (their branches gave zeros)."""
+    for p in undrawn_parameters(net, plans):
+        p.grad = None

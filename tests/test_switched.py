@@ -1,0 +1,125 @@
+"""``speed.sampled_graphs``: W-training's step with every edge switched on the device
+(``space/switched.py``) moves what the eager step moves, on the CPU (no graphs there:
+the same step compiled without them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import ONE_CYCLE
+
+from asolab import config
+from asolab.runner import steps
+from asolab.runner.speed import Speed, build_network
+from asolab.space.spec import ArchSpec
+from asolab.space.switched import SwitchedEdges, unswitchable
+
+CPU = torch.device("cpu")
+
+
+# a branch form of each built-in op kind (dil_conv's is sep_conv's half; skip_connect is a
+# FactorizedReduce at stride 2); fewer ops than the default space: a quicker trace
+SPACE = {
+    "space.init_channels": 4,
+    "space.primitives": ["none", "avg_pool_3x3", "skip_connect", "sep_conv_3x3"],
+}
+
+
+def _net(layout: torch.memory_format):
+    """Three cells (the middle one a reduction) of two nodes, 4 channels, and a growth
+    branch in the first cell, which runs outside the switched edges."""
+    cfg = config.load(None, {**SPACE, "space.layers": 3, "space.steps": 2})
+    spec = ArchSpec.from_config(cfg.space, 3, 10)
+    first = dataclasses.replace(spec.cells[0], branches=((1, 0, "sep_conv_3x3"),))
+    spec = dataclasses.replace(spec, cells=(first, *spec.cells[1:]))
+    torch.manual_seed(0)
+    net = build_network(spec, CPU, layout)
+    with torch.no_grad():  # an open gate, so that the branch's weights train too
+        net.cells[0].branch_gates[0].fill_(0.5)
+    return cfg, net
+
+
+def _rel(pairs) -> float:
+    pairs = [(a.float(), b.float()) for a, b in pairs if a.is_floating_point()]
+    pairs = [(a, b) for a, b in pairs if torch.isfinite(a).all()]  # 'none''s -inf mask
+    scale = max(a.abs().max().item() for a, _ in pairs) or 1.0
+    return max((a - b).abs().max().item() for a, b in pairs) / scale
+
+
+@pytest.mark.parametrize("layout", [torch.channels_last])  # CUDA's; contiguous in bench
+def test_a_switched_w_step_moves_what_the_eager_step_moves(layout):
+    """Two steps of each from one start, along the same two paths: the same losses, weights,
+    momentum buffers and BatchNorm running statistics (to rounding), and gradients on
+    exactly the parameters the eager step gives them (the ops drawn, the rest None)."""
+    cfg, eager = _net(layout)
+    _, switched_net = _net(layout)
+    speed, switched = Speed(cfg.speed, CPU), SwitchedEdges(CPU)
+    opts = [steps.optimizers(n, cfg.search)[0] for n in (eager, switched_net)]
+    x = torch.randn(4, 3, 16, 16).contiguous(memory_format=layout)
+    y = torch.randint(0, 10, (4,))
+    logits = eager.path_logits()
+    clip = cfg.search.grad_clip
+    for _ in range(2):
+        path = eager.sample_path(logits, 1.0)
+        loss, _ = steps.weight_step(eager, speed, opts[0], x, y, path, clip)
+        twin, _ = steps.weight_step(switched_net, speed, opts[1], x, y, path, clip, switched)
+        assert abs(loss.item() - twin.item()) < 1e-6
+        drawn = [p.grad is not None for p in eager.parameters()]
+        assert [p.grad is not None for p in switched_net.parameters()] == drawn
+        assert 0 < sum(drawn) < len(drawn)
+    assert _rel(zip(eager.parameters(), switched_net.parameters())) < 1e-6
+    assert _rel(zip(eager.buffers(), switched_net.buffers())) < 1e-5
+    momentum = [
+        (opts[0].state[p]["momentum_buffer"], opts[1].state[q]["momentum_buffer"])
+        for p, q in zip(eager.weight_parameters(), switched_net.weight_parameters())
+    ]
+    assert _rel(momentum) < 1e-4  # one step's gradients, channels-last kernels' rounding
+
+
+def test_a_network_with_an_op_without_a_branch_form_trains_eagerly_and_says_so(caplog):
+    cfg, net = _net(torch.contiguous_format)
+    speed = Speed(dataclasses.replace(cfg.speed, sampled_graphs=True), CPU)
+    assert speed.switched(net) is not None and unswitchable(net) is None
+    net.cells[2].edges[1].ops[3] = nn.Conv2d(4, 4, 3, padding=1)  # a user's op, say
+    with caplog.at_level(logging.WARNING):
+        assert speed.switched(net) is None and speed.switched(net) is None
+    said = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert said == [
+        "speed.sampled_graphs: W-training runs eagerly: op 'sep_conv_3x3' (Conv2d, cell 2 "
+        "edge 1) has no branch form"
+    ]
+    assert Speed(cfg.speed, CPU).switched(net) is None  # off by default
+    assert not cfg.speed.sampled_graphs
+    with pytest.raises(config.ConfigError, match="sampled_graphs"):
+        config.load(None, ["speed.sampled_graphs=sometimes"])
+
+
+def test_a_run_with_switched_edges_trains_as_the_eager_run(tmp_path):
+    """A whole run, W-training switched on the device: the same W-training loss, the same
+    genotype, and the same validation accuracy as the eager run from the same seed."""
+    from torch._dynamo.utils import counters
+
+    from asolab.runner import Runner
+    from asolab.runner.events import Recorder
+    from asolab.runner.phases import W_TRAIN
+
+    results, traces = {}, {}
+    for on in (False, True):
+        before = counters["stats"]["unique_graphs"]
+        overrides = {**ONE_CYCLE, **SPACE, "data.train_subset": 64, "tracking.enabled": False}
+        overrides["speed.sampled_graphs"] = on
+        recorder = Recorder()
+        cfg = config.load(None, overrides)
+        result = Runner(cfg, [recorder], checkpoint_dir=tmp_path / str(on)).run()
+        epochs = [e for e in recorder.of("epoch_end") if e.phase == W_TRAIN]
+        results[on] = (epochs[0].train_loss, result)
+        traces[on] = counters["stats"]["unique_graphs"] - before
+    assert traces[False] == 0 and traces[True] > 0  # the switched edges ran, compiled
+    (eager_loss, eager), (switched_loss, switched) = results[False], results[True]
+    assert abs(eager_loss - switched_loss) < 1e-5 * eager_loss
+    assert switched.genotype == eager.genotype
+    assert abs(switched.val_acc - eager.val_acc) < 1e-3

@@ -44,6 +44,8 @@ Sections (each records its figures, or the error that stopped it):
    random images the check writes as ``data.name = "arrays"``: GPU utilisation during
    W-training against the 80% target, images/s, peak memory (accuracy means nothing);
    ``cifar_shape_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``cifar_shape_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (the
+   W-step of ``switched_edges`` in a run: GPU busy in W-training against the target);
 5. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: W-retraining's
    step replayed as a CUDA graph pair against the eager step in the same process: ms
    per step, the first 5 steps (capture paid), kernels, GPU busy, peak memory, and the
@@ -63,12 +65,12 @@ Sections (each records its figures, or the error that stopped it):
 10. ``workers``      aggregate W-step images/s of 1, 2 and 4 processes on one GPU.
 
 They run in the order of the list above, the issue's targets first (the default
-run's time, the W-step, GPU busy at the CIFAR-like shape), except that ``growth``
-comes right after ``cifar_shape``, ``switched_edges`` before ``switched_step``, and
+run's time, the W-step, GPU busy at the CIFAR-like shape), except that
+``cifar_shape_sampled_graphs`` and then ``growth`` come right after ``cifar_shape``;
+``switched_step`` (the network compiled whole, for comparison) after ``growth``; and
 ``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
-``cifar_shape_graphs_on``. ``--budget-s``
-skips a section whose estimate no longer fits (a 10-minute call), so what was measured
-before comes last. A section in
+``cifar_shape_graphs_on``. ``--budget-s`` skips a section whose estimate no longer fits (a
+10-minute call), so what was measured before comes last. A section in
 a fresh process is stopped when the budget runs out, and the report is rewritten after
 every section: a call cut short still leaves what it finished.
 
@@ -411,6 +413,7 @@ ESTIMATE_S = {
     "digits_contiguous": 45,
     "digits_graphs_on": 45,
     "cifar_shape_graphs_on": 40,
+    "cifar_shape_sampled_graphs": 45,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -600,7 +603,7 @@ FRESH = frozenset(
     | {"digits_contiguous", "digits_graphs_on", "fashion"}
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
-    | {"cifar_shape", "cifar_shape_graphs_on"}
+    | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
 )
 
 
@@ -610,7 +613,7 @@ FRESH = frozenset(
 # layouts on the CPU), and torch.compile's, minutes of CI on 2 cores
 # (tests/test_step_cost.py compiles W-retraining's network)
 CUDA_ONLY = frozenset(
-    {"digits_graphs_on", "cifar_shape_graphs_on"}
+    {"digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
     | {"digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"}
     | {"compile_default", "compile_reduce_overhead"}
 )
@@ -719,10 +722,19 @@ def main(argv: list[str] | None = None) -> int:
         "switched_edges": lambda: gpu_steps.switched_section(
             device, *size["switched_edges"], layout=torch.channels_last
         ),
-        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
+        # W-training's edges switched on the device, in a run (a lever for GPU busy)
+        "cifar_shape_sampled_graphs": lambda: cifar_section(
+            device,
+            [*size["cifar_shape"][0], "speed.sampled_graphs=true"],
+            size["cifar_shape"][1],
+            workdir,
+            repeats,
+        ),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),
+        # the switched step with the network compiled whole: one graph against a pair an edge
+        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cifar_shape_graphs_on": lambda: cifar_section(
             device,
             [*size["cifar_shape"][0], "speed.cuda_graphs=true"],

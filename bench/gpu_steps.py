@@ -562,92 +562,14 @@ def cond_graph_section(
     }
 
 
-def _batch_norm_pure(bn: torch.nn.BatchNorm2d, x: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """BatchNorm in training mode writing no buffer: its output, and the batch's mean and
-    unbiased variance, which the running statistics move towards (outside the branch)."""
-    y = F.batch_norm(x, None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
-    var, mean = torch.var_mean(x.detach().float(), dim=(0, 2, 3), correction=1)
-    return y, [mean, var]
-
-
-def _pure(op: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """A built-in op's training forward, as ``space/ops.py`` runs it, writing no buffer:
-    its output and the statistics of its BatchNorms, in ``op.modules()`` order."""
-    from asolab.space import ops
-
-    if isinstance(op, ops.SepConv):
-        y, first = _pure(op[0], x)
-        y, second = _pure(op[1], y)
-        return y, first + second
-    if isinstance(op, ops.DilConv):
-        _, depthwise, pointwise, bn = op
-        return _batch_norm_pure(bn, ops._conv(pointwise, ops._conv(depthwise, F.relu(x))))
-    if isinstance(op, ops.Pool):
-        return _batch_norm_pure(op.bn, op.pool(x))
-    if isinstance(op, ops.FactorizedReduce):
-        x = F.relu(x)
-        shifted = F.pad(x[:, :, 1:, 1:], (0, 1, 0, 1))
-        both = torch.cat([ops._conv(op.conv_1, x), ops._conv(op.conv_2, shifted)], dim=1)
-        return _batch_norm_pure(op.bn, both)
-    if isinstance(op, ops.Identity):
-        return x.clone(), []  # a branch may not return its input itself
-    raise TypeError(f"no pure form for {type(op).__name__}")
-
-
-def _norms(op: torch.nn.Module) -> list[torch.nn.BatchNorm2d]:
-    return [m for m in op.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-
-
-def _switched_edge(edge, ops: list[int], choice: torch.Tensor, x: torch.Tensor, stride: int):
-    """The edge's sampled op, chosen on the device: one ``torch.cond`` per candidate op, its
-    other branch zeros of the output's shape, the outputs summed (a chain of nested conds
-    traced about five times slower on the CPU); then the chosen op's BatchNorm statistics
-    blended into its running ones, the other ops' left as they are (weight 0)."""
-    norms = {i: _norms(edge.ops[i]) for i in ops}
-    width = 2 * max(len(n) for n in norms.values())
-    n, c, h, w = x.shape
-    shape = (n, c, (h + stride - 1) // stride, (w + stride - 1) // stride)
-    # both branches must return the same strides: the output takes the input's layout
-    layout = torch.contiguous_format
-    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-        layout = torch.channels_last
-
-    def branch(i: int) -> Callable:
-        def run(h: torch.Tensor):
-            y, stats = _pure(edge.ops[i], h)
-            stats = stats + [y.new_zeros(c, dtype=torch.float32)] * (width - len(stats))
-            return y.contiguous(memory_format=layout), torch.stack(stats)
-
-        return run
-
-    def zeros(h: torch.Tensor):
-        y = torch.empty(shape, dtype=h.dtype, device=h.device, memory_format=layout).zero_()
-        return y, h.new_zeros(width, c, dtype=torch.float32)
-
-    out = stats = None
-    for i in ops:
-        y, st = torch.cond(choice == i, branch(i), zeros, (x,))
-        out = y if out is None else out + y
-        stats = st if stats is None else stats + st
-    stats = stats.detach()
-    for i in ops:
-        weight = (choice == i).float()
-        for b, bn in enumerate(norms[i]):
-            bn.running_mean.lerp_(stats[2 * b], weight * bn.momentum)
-            bn.running_var.lerp_(stats[2 * b + 1], weight * bn.momentum)
-    return out
-
-
-def switched_forward(
-    net, x: torch.Tensor, choices: dict, ops: list[int], edge_fn: Callable | None = None
-) -> torch.Tensor:
+def switched_forward(net, x: torch.Tensor, choices: dict, ops: tuple[int, ...]) -> torch.Tensor:
     """The supernet's forward pass along ``choices`` (each cell type's edge choices, a
-    device tensor), every edge switched on the device (``edge_fn``, by default
-    :func:`_switched_edge`; :func:`switched_section`'s per-edge variant passes it
-    compiled); no growth branches or gates (the DARTS-like network has none)."""
-    edge_fn = edge_fn or _switched_edge
+    device tensor), every edge switched on the device by the product's
+    ``space.switched.switched_edge``, written out to be compiled whole; no growth branches
+    or gates (the DARTS-like network has none)."""
     from asolab.space.cells import edge_index
     from asolab.space.spec import edge_stride
+    from asolab.space.switched import switched_edge
 
     s0 = s1 = net.stem(x)
     for i, cell in enumerate(net.cells):
@@ -658,7 +580,7 @@ def switched_forward(
             for j in range(k + 2):
                 e = edge_index(k, j)
                 stride = edge_stride(cell.reduction, j)
-                y = edge_fn(cell.edges[e], ops, chosen[e], states[j], stride)
+                y = switched_edge(cell.edges[e], chosen[e], states[j], stride, ops)
                 node = y if node is None else node + y
             states.append(node)
         s0, s1 = s1, torch.cat(states[2:], dim=1)
@@ -698,11 +620,12 @@ def switched_section(
     """The product's sampled W-step against the same step with every edge switched on the
     device (:func:`switched_forward`), the network compiled whole with
     ``backend="cudagraphs"`` (the branches conditional nodes), at the DARTS-like size cut to
-    ``layers`` cells of ``nodes`` nodes. ``per_edge``: only the edge is compiled
-    (:func:`_switched_edge`, a graph pair per edge, the sums between them eager), so one
-    trace serves every edge of a shape and stride: at the whole DARTS-like size 5 traces
-    for 112 edges, where compiling the network whole traces every edge (on a 2-core Intel
-    Xeon 6 s an edge, ten minutes for that size). ``layout``: the network's (default
+    ``layers`` cells of ``nodes`` nodes. ``per_edge``: the product's step with
+    ``speed.sampled_graphs`` (``space.switched.SwitchedEdges``: only the edge is compiled,
+    a graph pair per edge, the sums between them eager), so one trace serves every edge
+    of a shape and stride: at the whole DARTS-like size 5 traces for 112 edges, where
+    compiling the network whole traces every edge (on a 2-core Intel Xeon 6 s an edge,
+    ten minutes for that size). ``layout``: the network's (default
     :func:`_setup`'s: channels-last on CUDA). The switched step sets the gradients of the ops
     the host's path did not draw to None before clipping and SGD, so it moves what the
     product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
@@ -712,28 +635,24 @@ def switched_section(
     statistics and the momentum buffers, their largest relative differences."""
     import copy
 
+    from asolab.space.switched import SwitchedEdges, drop_undrawn
+
     overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
-    clip, ops = cfg.search.grad_clip, net.trainable_ops()
+    clip, ops = cfg.search.grad_clip, tuple(net.trainable_ops())
     if any(cell.branch_specs for cell in net.cells) or len(net.gates):
         raise ValueError("switched_forward has no growth branches or gates")
     twin = copy.deepcopy(net)
     # setup's optimizer has a momentum buffer per parameter already (steps.optimizers)
     twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
     sample = _sampler(net)
-    # each edge's op modules' parameters, to drop the gradients of those not drawn
-    owned = [
-        [[list(e.ops[i].parameters()) for i in range(len(e.ops))] for e in c.edges]
-        for c in twin.cells
-    ]
-    if per_edge:  # shapes fixed: a new shape is a new trace, not a dynamic one
-        edge_fn = torch.compile(_switched_edge, backend="cudagraphs", dynamic=False)
-        compiled = functools.partial(switched_forward, edge_fn=edge_fn)
-    else:
-        compiled = torch.compile(switched_forward, backend="cudagraphs")
+    compiled = torch.compile(switched_forward, backend="cudagraphs")
+    edges = SwitchedEdges(device)
     before = _compile_counts()
 
     def switched_step(plans) -> torch.Tensor:
+        if per_edge:  # the product's step
+            return sc.steps.weight_step(twin, speed, twin_opt, x, y, plans, clip, edges)[0]
         choices = {
             k: torch.tensor([c[0][0] for c in plan], device=device) for k, plan in plans.items()
         }
@@ -742,12 +661,7 @@ def switched_section(
         loss = F.cross_entropy(logits.float(), y)
         twin_opt.zero_grad(set_to_none=True)
         loss.backward()
-        for c in range(len(twin.cells)):
-            for e, choice in enumerate(plans[twin.spec.alpha_key(c)]):
-                for i in ops:
-                    if i != choice[0][0]:
-                        for param in owned[c][e][i]:
-                            param.grad = None
+        drop_undrawn(twin, plans)
         params = [p for g in twin_opt.param_groups for p in g["params"]]
         torch.nn.utils.clip_grad_norm_(params, clip, foreach=twin_opt.defaults.get("foreach"))
         twin_opt.step()

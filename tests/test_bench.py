@@ -252,7 +252,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
         # question
         **dict.fromkeys(
-            ["digits_graphs_on", "cifar_shape_graphs_on"]
+            ["digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"]
             + ["digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"]
             # and torch.compile's minutes would be CI's (tests/test_step_cost.py compiles)
             + ["compile_default", "compile_reduce_overhead"],

@@ -695,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
     out = Path(args.out)
+
+    def cifar_with(setting: str) -> Callable[[], dict]:
+        """The CIFAR-like run with one setting more."""
+        settings, sizes = size["cifar_shape"]
+        return lambda: cifar_section(device, [*settings, setting], sizes, workdir, repeats)
+
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"], repeats),
@@ -724,24 +730,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # W-training's edges switched on the device, in a run (a lever for GPU busy)
-        "cifar_shape_sampled_graphs": lambda: cifar_section(
-            device,
-            [*size["cifar_shape"][0], "speed.sampled_graphs=true"],
-            size["cifar_shape"][1],
-            workdir,
-            repeats,
-        ),
+        "cifar_shape_sampled_graphs": cifar_with("speed.sampled_graphs=true"),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),
         # the switched step with the network compiled whole: one graph against a pair an edge
         "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
-        "cifar_shape_graphs_on": lambda: cifar_section(
-            device,
-            [*size["cifar_shape"][0], "speed.cuda_graphs=true"],
-            size["cifar_shape"][1],
-            workdir,
-            repeats,
-        ),
+        "cifar_shape_graphs_on": cifar_with("speed.cuda_graphs=true"),
         # the toy of switched_step (copied vs static weights, one trace for two cells)
         "cond_graph": lambda: gpu_steps.cond_graph_section(device, *size["cond_graph"]),
         # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels

@@ -84,7 +84,10 @@ def switched_edge(
         def run(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             y, stats = pure_forward(edge.ops[i], h)
             stats += [y.new_zeros(c, dtype=torch.float32)] * (width - len(stats))
-            return y.contiguous(memory_format=layout), torch.stack(stats)
+            # and the same dtype: under autocast a convolution's output is the autocast
+            # dtype, the input's may be float32 (a growth gate's product)
+            y = y.to(x.dtype).contiguous(memory_format=layout)
+            return y, torch.stack(stats)
 
         return run
 

@@ -635,7 +635,7 @@ def switched_section(
     statistics and the momentum buffers, their largest relative differences."""
     import copy
 
-    from asolab.space.switched import SwitchedEdges, drop_undrawn
+    from asolab.space.switched import SwitchedEdges
 
     overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
@@ -647,7 +647,7 @@ def switched_section(
     twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
     sample = _sampler(net)
     compiled = torch.compile(switched_forward, backend="cudagraphs")
-    edges = SwitchedEdges(device)
+    edges = SwitchedEdges(device).bind(twin)
     before = _compile_counts()
 
     def switched_step(plans) -> torch.Tensor:
@@ -661,7 +661,7 @@ def switched_section(
         loss = F.cross_entropy(logits.float(), y)
         twin_opt.zero_grad(set_to_none=True)
         loss.backward()
-        drop_undrawn(twin, plans)
+        edges.drop_undrawn(plans)
         params = [p for g in twin_opt.param_groups for p in g["params"]]
         torch.nn.utils.clip_grad_norm_(params, clip, foreach=twin_opt.defaults.get("foreach"))
         twin_opt.step()

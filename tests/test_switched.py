@@ -57,7 +57,7 @@ def test_a_switched_w_step_moves_what_the_eager_step_moves(layout):
     exactly the parameters the eager step gives them (the ops drawn, the rest None)."""
     cfg, eager = _net(layout)
     _, switched_net = _net(layout)
-    speed, switched = Speed(cfg.speed, CPU), SwitchedEdges(CPU)
+    speed, switched = Speed(cfg.speed, CPU), SwitchedEdges(CPU).bind(switched_net)
     opts = [steps.optimizers(n, cfg.search)[0] for n in (eager, switched_net)]
     x = torch.randn(4, 3, 16, 16).contiguous(memory_format=layout)
     y = torch.randint(0, 10, (4,))

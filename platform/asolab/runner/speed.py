@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from ..config import SpeedConfig
 from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
-from ..space.switched import SwitchedEdges, unswitchable
+from ..space.switched import SwitchedEdges, SwitchedNetwork, unswitchable
 from .graphs import CudaGraphs, Graphed
 
 log = logging.getLogger(__name__)
@@ -170,15 +170,16 @@ class Speed:
         # the hook on the compiled wrapper runs eagerly, before the compiled forward
         return self.watch(torch.compile(net, mode=mode))
 
-    def switched(self, net: SearchNetwork) -> SwitchedEdges | None:
-        """What switches ``net``'s edges on the device in W-training, as
-        ``speed.sampled_graphs`` says: None where it is off, or where ``net`` has an op
-        without a branch form (a warning names it, once)."""
+    def switched(self, net: SearchNetwork) -> SwitchedNetwork | None:
+        """``net``'s W-steps with its edges switched on the device, as
+        ``speed.sampled_graphs`` says (for one W-training phase: bind again after a
+        growth): None where it is off, or where ``net`` has an op without a branch form
+        (a warning names it, once)."""
         if self._switched is None:
             return None
         why = unswitchable(net)
         if why is None:
-            return self._switched
+            return self._switched.bind(net)
         if why not in self._refused:
             self._refused.add(why)
             log.warning("speed.sampled_graphs: W-training runs eagerly: %s", why)

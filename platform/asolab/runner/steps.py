@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..config import SearchConfig
 from ..space.network import Plans, SearchNetwork
-from ..space.switched import SwitchedEdges, drop_undrawn
+from ..space.switched import SwitchedNetwork
 from .speed import Speed
 
 
@@ -79,15 +79,15 @@ def weight_step(
     y: torch.Tensor,
     plans: Plans | None,
     max_norm: float,
-    switched: SwitchedEdges | None = None,
+    switched: SwitchedNetwork | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One SGD step of the weights: ``net(x, plans)`` on the supernet, ``net(x)`` on a
     fixed network (``plans`` None); with ``switched``, the supernet's edges switched on
     the device (``speed.sampled_graphs``). Returns ``(loss, correct)`` as device tensors."""
     args, after_backward = () if plans is None else (plans,), None
     if switched is not None and plans is not None:
-        args = (switched.plans(net, plans),)
-        after_backward = functools.partial(drop_undrawn, net, plans)  # as eager leaves them
+        args = (switched.plans(plans),)
+        after_backward = functools.partial(switched.drop_undrawn, plans)  # as eager leaves them
     loss, logits = speed.forward_loss(net, x, y, *args)
     clip = _params(opt) if math.isfinite(max_norm) else []  # inf: no norm to compute
     speed.step(loss, opt, clip, max_norm, after_backward)

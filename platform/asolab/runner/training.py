@@ -17,7 +17,7 @@ from ..space.fixed import FixedNetwork
 from ..space.genotype import Genotype
 from ..space.network import Plans
 from ..space.sampling import FairPaths
-from ..space.switched import SwitchedEdges
+from ..space.switched import SwitchedNetwork
 from . import steps
 from .events import EpochEnd
 from .parts import Part
@@ -41,7 +41,7 @@ class Training(Part):
         y: torch.Tensor,
         plans: Plans | None,
         net: nn.Module | None = None,
-        switched: SwitchedEdges | None = None,
+        switched: SwitchedNetwork | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A weight step of the supernet along ``plans`` (its edges switched on the device
         by ``switched``), or of ``net`` (a fixed network)."""

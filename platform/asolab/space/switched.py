@@ -166,7 +166,7 @@ class SwitchedNetwork:
         self.device = device
         ops = tuple(net.trainable_ops())
         self.run = functools.partial(run, ops=ops)
-        # (alpha key, edge, each op's parameters but for 'none'), listed once: walking
+        # (alpha key, edge, each op's parameters), listed once per phase: walking
         # every op's modules each step cost 14 ms at the DARTS-like size (2-core Xeon)
         self._owned = [
             (net.spec.alpha_key(c), e, [tuple(op.parameters()) for op in edge.ops])

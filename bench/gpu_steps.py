@@ -562,31 +562,6 @@ def cond_graph_section(
     }
 
 
-def switched_forward(net, x: torch.Tensor, choices: dict, ops: tuple[int, ...]) -> torch.Tensor:
-    """The supernet's forward pass along ``choices`` (each cell type's edge choices, a
-    device tensor), every edge switched on the device by the product's
-    ``space.switched.switched_edge``, written out to be compiled whole; no growth branches
-    or gates (the DARTS-like network has none)."""
-    from asolab.space.cells import edge_index
-    from asolab.space.spec import edge_stride
-    from asolab.space.switched import switched_edge
-
-    s0 = s1 = net.stem(x)
-    for i, cell in enumerate(net.cells):
-        chosen = choices[net.spec.alpha_key(i)]
-        states = [cell.preprocess0(s0), cell.preprocess1(s1)]
-        for k in range(cell.steps):
-            node = None
-            for j in range(k + 2):
-                e = edge_index(k, j)
-                stride = edge_stride(cell.reduction, j)
-                y = switched_edge(cell.edges[e], chosen[e], states[j], stride, ops)
-                node = y if node is None else node + y
-            states.append(node)
-        s0, s1 = s1, torch.cat(states[2:], dim=1)
-    return net.classifier(net.pool(s1).flatten(1))
-
-
 def _differences(net, twin, opt, twin_opt) -> dict:
     """Largest differences between two networks and their SGD states, each relative to the
     first one's largest value: weights, BatchNorm running statistics, momentum buffers."""
@@ -618,8 +593,9 @@ def switched_section(
     layout: torch.memory_format | None = None,
 ) -> dict:
     """The product's sampled W-step against the same step with every edge switched on the
-    device (:func:`switched_forward`), the network compiled whole with
-    ``backend="cudagraphs"`` (the branches conditional nodes), at the DARTS-like size cut to
+    device (a ``space.cells.Switched`` plan of ``space.switched.switched_edge``), the
+    network compiled whole with ``backend="cudagraphs"`` (the branches conditional nodes),
+    at the DARTS-like size cut to
     ``layers`` cells of ``nodes`` nodes. ``per_edge``: the product's step with
     ``speed.sampled_graphs`` (``space.switched.SwitchedEdges``: only the edge is compiled,
     a graph pair per edge, the sums between them eager), so one trace serves every edge
@@ -635,29 +611,30 @@ def switched_section(
     statistics and the momentum buffers, their largest relative differences."""
     import copy
 
-    from asolab.space.switched import SwitchedEdges
+    from asolab.space.cells import Switched
+    from asolab.space.switched import SwitchedEdges, switched_edge
 
     overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
     clip, ops = cfg.search.grad_clip, tuple(net.trainable_ops())
-    if any(cell.branch_specs for cell in net.cells) or len(net.gates):
-        raise ValueError("switched_forward has no growth branches or gates")
     twin = copy.deepcopy(net)
     # setup's optimizer has a momentum buffer per parameter already (steps.optimizers)
     twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
     sample = _sampler(net)
-    compiled = torch.compile(switched_forward, backend="cudagraphs")
+    compiled = torch.compile(twin, backend="cudagraphs")  # the edges traced inline
+    run = functools.partial(switched_edge, ops=ops)  # one object: the trace guards on it
     edges = SwitchedEdges(device).bind(twin)
     before = _compile_counts()
 
     def switched_step(plans) -> torch.Tensor:
         if per_edge:  # the product's step
             return sc.steps.weight_step(twin, speed, twin_opt, x, y, plans, clip, edges)[0]
-        choices = {
-            k: torch.tensor([c[0][0] for c in plan], device=device) for k, plan in plans.items()
+        switched = {
+            k: Switched(torch.tensor([c[0][0] for c in plan], device=device), run)
+            for k, plan in plans.items()
         }
         with speed.autocast():
-            logits = compiled(twin, x, choices, ops)
+            logits = compiled(x, switched)
         loss = F.cross_entropy(logits.float(), y)
         twin_opt.zero_grad(set_to_none=True)
         loss.backward()

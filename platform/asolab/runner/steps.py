@@ -84,8 +84,10 @@ def weight_step(
     """One SGD step of the weights: ``net(x, plans)`` on the supernet, ``net(x)`` on a
     fixed network (``plans`` None); with ``switched``, the supernet's edges switched on
     the device (``speed.sampled_graphs``). Returns ``(loss, correct)`` as device tensors."""
-    args, after_backward = () if plans is None else (plans,), None
-    if switched is not None and plans is not None:
+    args, after_backward = (), None
+    if plans is not None and switched is None:
+        args = (plans,)
+    elif plans is not None:
         args = (switched.plans(plans),)
         after_backward = functools.partial(switched.drop_undrawn, plans)  # as eager leaves them
     loss, logits = speed.forward_loss(net, x, y, *args)

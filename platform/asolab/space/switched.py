@@ -18,8 +18,8 @@ What the eager step does, the switched one does:
   variance; after the branches, each op's running statistics move towards them with
   weight ``momentum`` if it was drawn and 0 if not (:func:`switched_edge`);
 - the ops the path did not draw get gradients of zeros from their branch; the step
-  sets them to None (:meth:`SwitchedNetwork.drop_undrawn`), so clipping, weight decay and momentum
-  see exactly the eager step's gradients.
+  sets them to None (:meth:`SwitchedNetwork.drop_undrawn`), so clipping, weight decay
+  and momentum see exactly the eager step's gradients.
 
 On the CPU one step gives the eager step's loss, weights, momentum and running
 statistics to rounding (``tests/test_switched.py``). Only the built-in ops have a
@@ -95,14 +95,15 @@ def switched_edge(
         y = torch.empty(shape, dtype=h.dtype, device=h.device, memory_format=layout).zero_()
         return y, h.new_zeros(width, c, dtype=torch.float32)
 
+    picked = {i: choice == i for i in ops}
     out = stats = None
     for i in ops:
-        y, st = torch.cond(choice == i, branch(i), zeros, (x,))
+        y, st = torch.cond(picked[i], branch(i), zeros, (x,))
         out = y if out is None else out + y
         stats = st if stats is None else stats + st
     stats = stats.detach()
     for i in ops:
-        weight = (choice == i).float()
+        weight = picked[i].float()
         for b, bn in enumerate(norms[i]):
             bn.running_mean.lerp_(stats[2 * b], weight * bn.momentum)
             bn.running_var.lerp_(stats[2 * b + 1], weight * bn.momentum)
@@ -131,10 +132,10 @@ def unswitchable(net: SearchNetwork) -> str | None:
 # are built-in ops of one structure per input shape and stride (both still guarded),
 # trained in one mode; the globals are this module's functions. (torch 2.8 and later.)
 _GUARD_FILTERS = [
-    getattr(torch.compiler, name, None)
+    f
     for name in ("skip_guard_on_all_nn_modules_unsafe", "skip_guard_on_globals_unsafe")
+    if (f := getattr(torch.compiler, name, None)) is not None
 ]
-_GUARD_FILTERS = [f for f in _GUARD_FILTERS if f is not None]
 
 
 def _fewer_guards(entries: list) -> list[bool]:

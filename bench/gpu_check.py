@@ -19,6 +19,8 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``digits_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (what the
+   default run would take with the switched W-step, its compiling paid);
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
    batch 64 and 256 (and 64 contiguous), the alpha step and eager W-retraining, each
    with CUDA kernels per step and GPU busy from torch.profiler;
@@ -66,7 +68,8 @@ Sections (each records its figures, or the error that stopped it):
 
 They run in the order of the list above, the issue's targets first (the default
 run's time, the W-step, GPU busy at the CIFAR-like shape), except that
-``cifar_shape_sampled_graphs`` and then ``growth`` come right after ``cifar_shape``;
+``cifar_shape_sampled_graphs``, ``digits_sampled_graphs`` and then ``growth`` come right
+after ``cifar_shape``;
 ``switched_step`` (the network compiled whole, for comparison) after ``growth``; and
 ``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
 ``cifar_shape_graphs_on``. ``--budget-s`` skips a section whose estimate no longer fits (a
@@ -414,6 +417,7 @@ ESTIMATE_S = {
     "digits_graphs_on": 45,
     "cifar_shape_graphs_on": 40,
     "cifar_shape_sampled_graphs": 45,
+    "digits_sampled_graphs": 60,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -604,6 +608,7 @@ FRESH = frozenset(
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
+    | {"digits_sampled_graphs"}
 )
 
 
@@ -614,7 +619,12 @@ FRESH = frozenset(
 # (tests/test_step_cost.py compiles W-retraining's network)
 CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
-    | {"digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"}
+    | {
+        "digits_sampled_graphs",
+        "digits_autotune_all",
+        "digits_autotune_limit3",
+        "digits_contiguous",
+    }
     | {"compile_default", "compile_reduce_overhead"}
 )
 
@@ -731,6 +741,10 @@ def main(argv: list[str] | None = None) -> int:
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # W-training's edges switched on the device, in a run (a lever for GPU busy)
         "cifar_shape_sampled_graphs": cifar_with("speed.sampled_graphs=true"),
+        # the default run with it: whether compiling pays back within a short run
+        "digits_sampled_graphs": lambda: run_section(
+            device, [*size["digits"], "speed.sampled_graphs=true"], repeats
+        ),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),
         # the switched step with the network compiled whole: one graph against a pair an edge

@@ -59,6 +59,7 @@ Sections (each records its figures, or the error that stopped it):
    the new figures, within what the budget has left);
 6. ``growth``        widen, deepen and branch on the device, each with max |delta logits|
    and its first training step against the steady ones (cuDNN re-benchmarks new shapes);
+   ``growth_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
 7. ``fashion``       a short Fashion-MNIST run (28x28, dataset-fashion-mnist, or the
    copy ``--fashion-dir`` names), same figures;
 8. ``study``         a 2-worker study on one GPU (both workers given the same device);
@@ -68,8 +69,8 @@ Sections (each records its figures, or the error that stopped it):
 
 They run in the order of the list above, the issue's targets first (the default
 run's time, the W-step, GPU busy at the CIFAR-like shape), except that
-``cifar_shape_sampled_graphs``, ``digits_sampled_graphs`` and then ``growth`` come right
-after ``cifar_shape``;
+``cifar_shape_sampled_graphs``, ``digits_sampled_graphs``, ``growth`` and
+``growth_autotune_off`` come right after ``cifar_shape``;
 ``switched_step`` (the network compiled whole, for comparison) after ``growth``; and
 ``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
 ``cifar_shape_graphs_on``. ``--budget-s`` skips a section whose estimate no longer fits (a
@@ -256,8 +257,11 @@ def cifar_section(
     return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides], repeats)
 
 
-def growth_section(device: torch.device, init_channels: int, steps: int = 4) -> dict:
-    """Each growth kind on the device: the function it preserves, as max |delta logits|."""
+def growth_section(
+    device: torch.device, init_channels: int, steps: int = 4, autotune: bool = True
+) -> dict:
+    """Each growth kind on the device: the function it preserves, as max |delta logits|,
+    and its first step against the steady ones with cuDNN's autotuning on or off."""
     cfg = config.load(None, [f"space.init_channels={init_channels}"])
     torch.manual_seed(0)
     spec = ArchSpec.from_config(cfg.space, 1, 10)
@@ -276,18 +280,18 @@ def growth_section(device: torch.device, init_channels: int, steps: int = 4) -> 
             "where": morph.where,
             "max_abs_delta_logits": growth.preservation_error(before, after),
             "on_device": all(p.device.type == device.type for p in params),
-            **_first_steps(morph.net.train(), morph.carry(genotype), x, device, steps),
+            **_first_steps(morph.net.train(), morph.carry(genotype), x, device, steps, autotune),
         }
         net = morph.net
     return out
 
 
 def _first_steps(
-    net, genotype, x: torch.Tensor, device: torch.device, steps: int
+    net, genotype, x: torch.Tensor, device: torch.device, steps: int, autotune: bool
 ) -> dict[str, float]:
     """The first training step of a grown network against the steady ones: new
     convolution shapes are timed by cuDNN's autotuning on first sight."""
-    speed = Speed(config.SpeedConfig(), device)
+    speed = Speed(config.SpeedConfig(cudnn_benchmark=autotune), device)
     opt = torch.optim.SGD(net.weight_parameters(), lr=0.01)
     y = torch.zeros(len(x), dtype=torch.long, device=device)
     plans = net.genotype_plans(genotype)
@@ -421,6 +425,7 @@ ESTIMATE_S = {
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
+    "growth_autotune_off": 15,
     "study": 60,
     "variants": 20,
     "steps": 120,
@@ -608,7 +613,7 @@ FRESH = frozenset(
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
-    | {"digits_sampled_graphs"}
+    | {"digits_sampled_graphs", "growth", "growth_autotune_off"}
 )
 
 
@@ -747,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),
+        # the same without cuDNN's autotuning: what a growth costs when nothing is timed
+        "growth_autotune_off": lambda: growth_section(device, *size["growth"], autotune=False),
         # the switched step with the network compiled whole: one graph against a pair an edge
         "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
         "cifar_shape_graphs_on": cifar_with("speed.cuda_graphs=true"),

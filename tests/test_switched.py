@@ -15,8 +15,9 @@ from conftest import ONE_CYCLE
 from asolab import config
 from asolab.runner import steps
 from asolab.runner.speed import Speed, build_network
+from asolab.space import switched as switching
 from asolab.space.spec import ArchSpec
-from asolab.space.switched import SwitchedEdges, unswitchable
+from asolab.space.switched import SwitchedEdges, ungraphable, unswitchable
 
 CPU = torch.device("cpu")
 
@@ -96,6 +97,27 @@ def test_a_network_with_an_op_without_a_branch_form_trains_eagerly_and_says_so(c
     assert not cfg.speed.sampled_graphs
     with pytest.raises(config.ConfigError, match="sampled_graphs"):
         config.load(None, ["speed.sampled_graphs=sometimes"])
+
+
+def test_without_conditional_nodes_cuda_trains_eagerly_and_says_so(caplog, monkeypatch):
+    """torch 2.11 and 2.13 cannot capture a torch.cond in a CUDA graph (on an H100 with
+    2.11 the capture failed): there the setting falls back to the eager step, once said."""
+    cfg = dataclasses.replace(config.load(None, []).speed, sampled_graphs=True)
+    cuda = torch.device("cuda")  # nothing here touches the device
+    net = _net(torch.contiguous_format)[1]
+    assert ungraphable(CPU) is None
+    # binding touches no device; torch 2.14 has conditional nodes
+    assert (Speed(cfg, cuda).switched(net) is not None) == switching.CONDITIONAL_NODES
+    monkeypatch.setattr(switching, "CONDITIONAL_NODES", False)
+    assert ungraphable(CPU) is None  # off CUDA there is nothing to capture
+    with caplog.at_level(logging.WARNING):
+        speed = Speed(cfg, cuda)
+    assert speed.switched(net) is None
+    said = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert said == [
+        f"speed.sampled_graphs: W-training runs eagerly: torch {torch.__version__} cannot "
+        "capture a torch.cond in a CUDA graph (conditional nodes: torch 2.14 and later)"
+    ]
 
 
 def test_a_run_with_switched_edges_trains_as_the_eager_run(tmp_path):

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from ..config import SpeedConfig
 from ..space.network import SearchNetwork, build_on
 from ..space.spec import ArchSpec
-from ..space.switched import SwitchedEdges, SwitchedNetwork, unswitchable
+from ..space.switched import SwitchedEdges, SwitchedNetwork, ungraphable, unswitchable
 from .graphs import CudaGraphs, Graphed
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,9 @@ class Speed:
         self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
         self._switched = SwitchedEdges(device) if cfg.sampled_graphs else None
         self._refused: set[str] = set()  # why a network was not switched, said once each
+        if self._switched is not None and (why := ungraphable(device)) is not None:
+            log.warning("speed.sampled_graphs: W-training runs eagerly: %s", why)
+            self._switched = None
         if self._switched is not None and device.type != "cuda":
             log.warning(
                 "speed.sampled_graphs: no CUDA graphs on %s; the switched W-step runs "

@@ -73,8 +73,7 @@ def switched_edge(
     into its running ones, the other ops' left as they are (weight 0)."""
     norms = {i: _norms(edge.ops[i]) for i in ops}
     width = 2 * max(len(n) for n in norms.values())
-    n, c, h, w = x.shape
-    shape = (n, c, (h + stride - 1) // stride, (w + stride - 1) // stride)
+    c = x.shape[1]
     # both branches must return the same strides: the output takes the input's layout
     layout = torch.contiguous_format
     if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
@@ -92,7 +91,8 @@ def switched_edge(
         return run
 
     def zeros(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.empty(shape, dtype=h.dtype, device=h.device, memory_format=layout).zero_()
+        # (torch 2.11 traced empty(memory_format=...).zero_() as contiguous)
+        y = torch.zeros_like(h[:, :, ::stride, ::stride], memory_format=layout)
         return y, h.new_zeros(width, c, dtype=torch.float32)
 
     picked = {i: choice == i for i in ops}
@@ -108,6 +108,26 @@ def switched_edge(
             bn.running_mean.lerp_(stats[2 * b], weight * bn.momentum)
             bn.running_var.lerp_(stats[2 * b + 1], weight * bn.momentum)
     return out
+
+
+# whether this torch captures a torch.cond as a CUDA graph conditional node
+CONDITIONAL_NODES = hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")
+
+
+def ungraphable(device: torch.device) -> str | None:
+    """Why this torch cannot replay switched edges as CUDA graphs on ``device``, or None.
+
+    A branch taken by a device tensor is captured as a CUDA graph conditional node,
+    which torch has from 2.14 (2.11 and 2.13 have none): without them capturing a
+    ``torch.cond`` reads its predicate on the host and the capture fails (seen on an
+    H100 with torch 2.11, bench/README.md "On a GPU"). Off CUDA there are no graphs to
+    capture."""
+    if device.type != "cuda" or CONDITIONAL_NODES:
+        return None
+    return (
+        f"torch {torch.__version__} cannot capture a torch.cond in a CUDA graph "
+        "(conditional nodes: torch 2.14 and later)"
+    )
 
 
 def unswitchable(net: SearchNetwork) -> str | None:

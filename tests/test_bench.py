@@ -246,14 +246,19 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
-            + ["workers", "switched_step", "switched_edges"],
+            + ["workers", "switched_step", "switched_edges", "growth_autotune_off"],
             "ok",
         ),
         # gpu_check's CUDA_ONLY: runs that would repeat another off CUDA or ask a GPU's
         # question
         **dict.fromkeys(
             ["digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"]
-            + ["digits_autotune_all", "digits_autotune_limit3", "digits_contiguous"]
+            + [
+                "digits_sampled_graphs",
+                "digits_autotune_all",
+                "digits_autotune_limit3",
+                "digits_contiguous",
+            ]
             # and torch.compile's minutes would be CI's (tests/test_step_cost.py compiles)
             + ["compile_default", "compile_reduce_overhead"],
             "skipped",
@@ -304,10 +309,12 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert set(digits["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
     assert set(digits["loop_seconds"]) == set(digits["images_per_sec"])
     assert 0 < digits["other_seconds"] < digits["seconds"]
-    growth = sections["growth"]
-    for kind in ("widen", "deepen", "branch"):
-        assert growth[kind]["max_abs_delta_logits"] < 1e-4 and growth[kind]["on_device"]
-        assert growth[kind]["first_step_s"] > 0 and growth[kind]["steady_step_s"] > 0
+    for growth in (sections["growth"], sections["growth_autotune_off"]):
+        # the network trains before its first growth: the process's first sight apart
+        assert growth["before"]["first_step_s"] > 0 < growth["before"]["steady_step_s"]
+        for kind in ("widen", "deepen", "branch"):
+            assert growth[kind]["max_abs_delta_logits"] < 1e-4 and growth[kind]["on_device"]
+            assert growth[kind]["first_step_s"] > 0 and growth[kind]["steady_step_s"] > 0
     assert sections["study"]["trial_runs"] == 2
     assert set(sections["variants"]) >= {"eager", "bf16", "channels_last"}
     assert all(sections["variants"][v]["images_per_sec"] > 0 for v in ("eager", "bf16"))

@@ -20,7 +20,11 @@ steady steps with autotuning and 1.0 without, after a deepen 2.75 and 1.1; but
 the steady step after the deepen took 48 ms with it and 68 ms without. So the
 training batches are timed in every phase: a growth costs under 3 steady steps.
 But a short run meets most of its shapes once: on an H100 the default digits run
-took 41 s in a fresh process and 5-8 s when run again in the same one.
+took 41 s in a fresh process and 5-8 s when run again in the same one. At its 8x8
+images a step is bound by the host (the GPU 3-5% busy), so the timing bought no step
+speed and cost 10 s of its training loops, and a deepen's first step 25 steady steps
+instead of 2: the digits experiment turns it off (30 s against 45 s in a fresh
+process, 2026-11-28).
 
 cuDNN keeps one plan per operation and shape for the whole process, whether it
 was timed or taken from its heuristics (``benchmark`` is not in torch's cache

@@ -11,11 +11,12 @@ Sections (each records its figures, or the error that stopped it):
 2. ``digits``        a digits run: images/s per phase and of the final network
    (training and inference), seconds per phase's loops and outside them, GPU
    utilisation sampled with nvidia-smi during W-training, peak CUDA memory;
-   ``digits_autotune_off`` the same with ``speed.cudnn_benchmark = false``;
-   ``digits_autotune_all`` the same with ``speed.cudnn_benchmark_scope = "all"``
-   (the default, ``"full-batch"``, times the full batches' shapes only);
-   ``digits_autotune_limit3`` the default with cuDNN timing at most 3 algorithms a
-   shape (``torch.backends.cudnn.benchmark_limit``, torch's default 10);
+   (the digits experiment turns cuDNN's timing off);
+   ``digits_autotune_on`` the same with ``speed.cudnn_benchmark = true`` (the
+   schema's default, timing the full batches' shapes); ``digits_autotune_all`` with
+   ``speed.cudnn_benchmark_scope = "all"`` too; ``digits_autotune_limit3`` with
+   timing on and at most 3 algorithms a shape
+   (``torch.backends.cudnn.benchmark_limit``, torch's default 10);
    ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
@@ -73,7 +74,10 @@ run's time, the W-step, GPU busy at the CIFAR-like shape), except that
 ``growth_autotune_off`` come right after ``cifar_shape``;
 ``switched_step`` (the network compiled whole, for comparison) after ``growth``; and
 ``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
-``cifar_shape_graphs_on``. ``--budget-s`` skips a section whose estimate no longer fits (a
+``cifar_shape_graphs_on``. On CUDA the sections of ``torch.cond`` graphs (``switched_*``,
+``cond_graph``, ``*_sampled_graphs``) are skipped where torch has no conditional nodes
+(before 2.14: on an H100 with 2.11 each capture failed). ``--budget-s`` skips a section
+whose estimate no longer fits (a
 10-minute call), so what was measured before comes last. A section in
 a fresh process is stopped when the budget runs out, and the report is rewritten after
 every section: a call cut short still leaves what it finished.
@@ -114,6 +118,7 @@ from asolab.runner.device import describe_device, memory_format, resolve_device
 from asolab.runner.events import Recorder
 from asolab.runner.speed import Speed, build_network
 from asolab.space.spec import ArchSpec
+from asolab.space.switched import CONDITIONAL_NODES, ungraphable
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
@@ -412,11 +417,14 @@ def variants_section(
     return {name: {"images_per_sec": batch / s} for name, s in seconds.items()}
 
 
+# cuDNN's timing on, as the schema's default has it (the digits experiment turns it off)
+TIMED = ["speed.cudnn_benchmark=true"]
+
 # rough seconds per section on an H100, for --budget-s
 ESTIMATE_S = {
     "device_tests": 45,  # 39 and 46 s on the H100 (2026-11-27)
     "digits": 45,
-    "digits_autotune_off": 45,
+    "digits_autotune_on": 45,
     "digits_autotune_all": 45,
     "digits_autotune_limit3": 45,
     "digits_contiguous": 45,
@@ -610,7 +618,7 @@ def markdown(report: dict) -> str:
 # cuDNN's timing and loading of every kernel (on an H100 the default run took 41 s first,
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
-    {"digits", "digits_autotune_off", "digits_autotune_all", "digits_autotune_limit3"}
+    {"digits", "digits_autotune_on", "digits_autotune_all", "digits_autotune_limit3"}
     | {"digits_contiguous", "digits_graphs_on", "fashion"}
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
@@ -634,6 +642,31 @@ CUDA_ONLY = frozenset(
     }
     | {"compile_default", "compile_reduce_overhead"}
 )
+
+
+# sections whose question is a CUDA graph of torch.cond branches: on CUDA they need
+# conditional nodes (torch 2.14; with torch 2.11 on an H100 each capture failed)
+CONDITIONAL = frozenset(
+    {"switched_edges", "switched_step", "cond_graph"}
+    | {"cifar_shape_sampled_graphs", "digits_sampled_graphs"}
+)
+
+
+def why_skipped(
+    name: str, device: torch.device, skip: set[str], left_s: float | None
+) -> str | None:
+    """Why section ``name`` does not run here, or None: named in ``--skip``, a question
+    for CUDA off it, CUDA graphs of ``torch.cond`` on a torch without conditional
+    nodes, or more than the ``left_s`` seconds the budget has left (None: no budget)."""
+    if name in skip:
+        return "--skip"
+    if name in CUDA_ONLY and device.type != "cuda":
+        return "needs CUDA"
+    if name in CONDITIONAL and (why := ungraphable(device)) is not None:
+        return why
+    if left_s is not None and ESTIMATE_S.get(name, 30) > left_s:
+        return f"{left_s:.0f} s left"
+    return None
 
 
 def with_benchmark_limit(limit: int, section: Callable[[], dict]) -> dict:
@@ -721,14 +754,12 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, Callable[[], dict]] = {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"], repeats),
-        # the same run without cuDNN's autotuning: a short run meets most convolution
-        # shapes once, and the alpha phase ran at 152 images/s on the first H100
-        "digits_autotune_off": lambda: run_section(
-            device, [*size["digits"], "speed.cudnn_benchmark=false"], repeats
-        ),
-        # cuDNN times every shape, not only the full batches' as the default does
+        # the same run with cuDNN's autotuning, which the digits experiment turns off (a
+        # short run meets most convolution shapes once: 45 s on an H100 against 30 s)
+        "digits_autotune_on": lambda: run_section(device, [*size["digits"], *TIMED], repeats),
+        # cuDNN times every shape, not only the full batches'
         "digits_autotune_all": lambda: run_section(
-            device, [*size["digits"], "speed.cudnn_benchmark_scope=all"], repeats
+            device, [*size["digits"], *TIMED, "speed.cudnn_benchmark_scope=all"], repeats
         ),
         # the same run in the contiguous layout: other BatchNorm and convolution kernels
         "digits_contiguous": lambda: run_section(
@@ -764,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels
         # (a lever, not a target's figure: it runs once the targets' sections have)
         "digits_autotune_limit3": lambda: with_benchmark_limit(
-            3, lambda: run_section(device, size["digits"], repeats)
+            3, lambda: run_section(device, [*size["digits"], *TIMED], repeats)
         ),
         # W-retraining's step as a CUDA graph pair against the eager one
         "graphed": lambda: gpu_steps.graphed_section(
@@ -788,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         # whether this torch can capture torch.cond as CUDA graph conditional nodes (what
         # switched_step and cond_graph try; the CUDA toolkit must be 12.4 or newer as well)
         "cuda_version": torch.version.cuda,
-        "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"),
+        "conditional_nodes": CONDITIONAL_NODES,
         "smoke": args.smoke,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},
@@ -798,15 +829,10 @@ def main(argv: list[str] | None = None) -> int:
         gpu_steps.sc.DARTS_LIKE = {**gpu_steps.sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}
     try:
         for name, fn in sections.items():
-            if name in skip:
-                report["sections"][name] = {"status": "skipped", "error": "--skip"}
-                continue
-            if name in CUDA_ONLY and device.type != "cuda":
-                report["sections"][name] = {"status": "skipped", "error": "needs CUDA"}
-                continue
             left = args.budget_s - (time.perf_counter() - start)
-            if not args.smoke and ESTIMATE_S.get(name, 30) > left:
-                report["sections"][name] = {"status": "skipped", "error": f"{left:.0f} s left"}
+            why = why_skipped(name, device, skip, None if args.smoke else left)
+            if why is not None:
+                report["sections"][name] = {"status": "skipped", "error": why}
                 continue
             t0 = time.perf_counter()
             try:

@@ -244,7 +244,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == {
         **dict.fromkeys(
-            ["device_tests", "digits", "digits_autotune_off", "fashion", "cifar_shape"]
+            ["device_tests", "digits", "digits_autotune_on", "fashion", "cifar_shape"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
             + ["workers", "switched_step", "switched_edges", "growth_autotune_off"],
             "ok",
@@ -324,7 +324,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     side = md.split("## digits runs side by side")[1].split("## ")[0]
     assert [r.split()[0] for r in side.splitlines() if r.startswith("digits")] == [
         "digits",
-        "digits_autotune_off",
+        "digits_autotune_on",
     ]
     assert "conv_1x1_as_matmul channels_last" in md.split("## op_costs")[1].split("## ")[0]
     assert lines[-1].startswith("report: ")
@@ -348,6 +348,28 @@ def test_gpu_check_stops_a_fresh_section_when_the_budget_runs_out():
     with pytest.raises(RuntimeError, match="stopped after 1 s, what the budget had left"):
         bench_module("gpu_check").fresh_section("digits", ["--smoke", "--device", "cpu"], 1.0)
     assert time.perf_counter() - start < 10
+
+
+def test_gpu_check_skips_the_torch_cond_graphs_where_torch_cannot_capture_them(monkeypatch):
+    """On CUDA with a torch before 2.14 (the lent H100s' 2.11) the sections whose question is
+    a CUDA graph of torch.cond branches are skipped, saying why, not failed after minutes;
+    off CUDA they run (without graphs), and the other reasons keep their order."""
+    import torch
+
+    from asolab.space import switched
+
+    check = bench_module("gpu_check")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(switched, "CONDITIONAL_NODES", False)
+    for name in check.CONDITIONAL:
+        assert "conditional nodes: torch 2.14" in check.why_skipped(name, cuda, set(), 1e9)
+        assert check.why_skipped(name, cuda, {name}, 1e9) == "--skip"
+    assert check.why_skipped("switched_edges", cpu, set(), None) is None
+    assert check.why_skipped("cifar_shape_sampled_graphs", cpu, set(), None) == "needs CUDA"
+    assert check.why_skipped("digits", cuda, set(), 1e9) is None
+    assert check.why_skipped("digits", cuda, set(), 10.0) == "10 s left"
+    monkeypatch.setattr(switched, "CONDITIONAL_NODES", True)
+    assert check.why_skipped("switched_edges", cuda, set(), 1e9) is None
 
 
 def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):

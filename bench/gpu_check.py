@@ -20,6 +20,8 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``digits_profile`` the default run under cProfile, the functions by own time (what
+   a fresh process's first sight of each shape costs);
    ``digits_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (what the
    default run would take with the switched W-step, its compiling paid);
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
@@ -262,6 +264,32 @@ def cifar_section(
     return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides], repeats)
 
 
+def profile_section(device: torch.device, overrides: list[str], top: int = 30) -> dict:
+    """One untracked run under cProfile: where a fresh process's seconds go (first sight
+    of each shape: cuDNN's plans, kernel loading), as the ``top`` functions by their own
+    time: ``[function, calls, own s, cumulative s]``. cProfile slows Python code, not the
+    calls that wait on the device or the driver."""
+    import cProfile
+    import pstats
+
+    cfg = config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.enable()
+    Runner(cfg).run()
+    profile.disable()
+    seconds = time.perf_counter() - start
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, _, own, cumulative, _)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {
+        "seconds_profiled": seconds,
+        "top_own_time": [
+            [f"{Path(f).name}:{line}({fn})", calls, round(own, 3), round(cum, 3)]
+            for (f, line, fn), (_, calls, own, cum, _) in rows
+        ],
+    }
+
+
 def growth_section(
     device: torch.device, init_channels: int, steps: int = 4, autotune: bool = True
 ) -> dict:
@@ -432,6 +460,7 @@ ESTIMATE_S = {
     "cifar_shape_graphs_on": 40,
     "cifar_shape_sampled_graphs": 45,
     "digits_sampled_graphs": 60,
+    "digits_profile": 55,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -551,7 +580,7 @@ def sizes(smoke: bool) -> dict:
 def digits_runs(sections: dict) -> list[str]:
     """The default digits run under each setting, one row each: the figures that choose
     ``speed.cudnn_benchmark``'s scope (and say whether the default run fits its 20 s)."""
-    runs = {n: s for n, s in sections.items() if n.startswith("digits") and s["status"] == "ok"}
+    runs = {n: s for n, s in sections.items() if n.startswith("digits") and "images_per_sec" in s}
     if not runs:
         return []
     phases = ("w_train", "alpha", "retrain", "final")
@@ -623,7 +652,7 @@ FRESH = frozenset(
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
-    | {"digits_sampled_graphs", "growth", "growth_autotune_off"}
+    | {"digits_sampled_graphs", "digits_profile", "growth", "growth_autotune_off"}
 )
 
 
@@ -769,6 +798,8 @@ def main(argv: list[str] | None = None) -> int:
         "digits_graphs_on": lambda: run_section(
             device, [*size["digits"], "speed.cuda_graphs=true"], repeats
         ),
+        # the default run under cProfile: what a fresh process's first sight costs
+        "digits_profile": lambda: profile_section(device, size["digits"]),
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
         # the W-step target's size first: the lever the product would ship

@@ -244,7 +244,8 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     sections = report["sections"]
     assert {n: s["status"] for n, s in sections.items()} == {
         **dict.fromkeys(
-            ["device_tests", "digits", "digits_autotune_on", "fashion", "cifar_shape"]
+            ["device_tests", "digits", "digits_autotune_on", "digits_profile", "fashion"]
+            + ["cifar_shape"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
             + ["workers", "switched_step", "switched_edges", "growth_autotune_off"],
             "ok",
@@ -309,6 +310,9 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert set(digits["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
     assert set(digits["loop_seconds"]) == set(digits["images_per_sec"])
     assert 0 < digits["other_seconds"] < digits["seconds"]
+    # the default run's functions by own time, cProfile's: convolutions among them
+    profiled = sections["digits_profile"]["top_own_time"]
+    assert len(profiled) == 30 and any("conv2d" in row[0] for row in profiled)
     for growth in (sections["growth"], sections["growth_autotune_off"]):
         # the network trains before its first growth: the process's first sight apart
         assert growth["before"]["first_step_s"] > 0 < growth["before"]["steady_step_s"]

@@ -20,6 +20,9 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``graphs_sequence`` the digits, Fashion-MNIST and CIFAR-like runs in one process
+   with ``speed.cuda_graphs = true``, as a study worker runs trials: captures failed,
+   and whether CUDA random numbers still work after each (what keeps it opt-in);
    ``digits_profile`` the default run under cProfile, the functions by own time (what
    a fresh process's first sight of each shape costs);
    ``digits_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (what the
@@ -264,6 +267,29 @@ def cifar_section(
     return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides], repeats)
 
 
+def graphs_sequence_section(
+    device: torch.device, runs: dict[str, list[str]], repeats: int = 10
+) -> dict:
+    """``runs`` one after another in this process with ``speed.cuda_graphs = true``, as a
+    study worker runs its trials: per run, the graph pairs captured and failed, and
+    whether the device's random numbers still work after it. On the first H100 a capture
+    failed at the CIFAR-like shape after other runs in its process, and that process's
+    CUDA random numbers failed from then on: what keeps the setting opt-in."""
+    out: dict[str, dict] = {}
+    for name, overrides in runs.items():
+        try:
+            figures = run_section(device, [*overrides, "speed.cuda_graphs=true"], repeats)
+            out[name] = {"seconds": figures["seconds"], "cuda_graphs": figures["cuda_graphs"]}
+        except Exception as exc:  # recorded: the question is whether later runs still work
+            out[name] = {"error": str(exc)[:500]}
+        try:
+            torch.randn(4, device=device).sum().item()
+            out[name]["random_numbers"] = "ok"
+        except Exception as exc:
+            out[name]["random_numbers"] = str(exc)[:300]
+    return out
+
+
 def profile_section(device: torch.device, overrides: list[str], top: int = 30) -> dict:
     """One untracked run under cProfile: where a fresh process's seconds go (first sight
     of each shape: cuDNN's plans, kernel loading), as the ``top`` functions by their own
@@ -461,6 +487,7 @@ ESTIMATE_S = {
     "cifar_shape_sampled_graphs": 45,
     "digits_sampled_graphs": 60,
     "digits_profile": 55,
+    "graphs_sequence": 80,
     "fashion": 70,
     "cifar_shape": 30,
     "growth": 15,
@@ -653,6 +680,7 @@ FRESH = frozenset(
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
     | {"digits_sampled_graphs", "digits_profile", "growth", "growth_autotune_off"}
+    | {"graphs_sequence"}
 )
 
 
@@ -669,7 +697,7 @@ CUDA_ONLY = frozenset(
         "digits_autotune_limit3",
         "digits_contiguous",
     }
-    | {"compile_default", "compile_reduce_overhead"}
+    | {"compile_default", "compile_reduce_overhead", "graphs_sequence"}
 )
 
 
@@ -775,6 +803,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
     out = Path(args.out)
 
+    def cifar_args() -> list[str]:
+        """The CIFAR-like run's settings, its arrays written."""
+        settings, shape = size["cifar_shape"]
+        return ["data.name=arrays", f"data.path={cifar_npz(workdir, *shape)}", *settings]
+
     def cifar_with(setting: str) -> Callable[[], dict]:
         """The CIFAR-like run with one setting more."""
         settings, sizes = size["cifar_shape"]
@@ -797,6 +830,17 @@ def main(argv: list[str] | None = None) -> int:
         # the same run with CUDA graphs of the fixed phases (opt-in)
         "digits_graphs_on": lambda: run_section(
             device, [*size["digits"], "speed.cuda_graphs=true"], repeats
+        ),
+        # runs in one process with CUDA graphs, as a study worker has them: whether a
+        # capture fails and leaves the process's random numbers broken (the H100 once did)
+        "graphs_sequence": lambda: graphs_sequence_section(
+            device,
+            {
+                "digits": size["digits"],
+                "fashion": [*size["fashion"], *fashion_dir],
+                "cifar_shape": cifar_args(),
+            },
+            repeats,
         ),
         # the default run under cProfile: what a fresh process's first sight costs
         "digits_profile": lambda: profile_section(device, size["digits"]),

@@ -261,7 +261,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
                 "digits_contiguous",
             ]
             # and torch.compile's minutes would be CI's (tests/test_step_cost.py compiles)
-            + ["compile_default", "compile_reduce_overhead"],
+            + ["compile_default", "compile_reduce_overhead", "graphs_sequence"],
             "skipped",
         ),
     }
@@ -332,13 +332,18 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     ]
     assert "conv_1x1_as_matmul channels_last" in md.split("## op_costs")[1].split("## ")[0]
     assert lines[-1].startswith("report: ")
-    # the CUDA-only limit section's wrapper: the limit holds inside and is put back
     import torch
 
+    # the CUDA-only sequence of runs with graphs in one process: each run's captures (none
+    # off CUDA) and the device's random numbers after it
+    check = bench_module("gpu_check")
+    tiny = check.sizes(True)["digits"]
+    sequence = check.graphs_sequence_section(torch.device("cpu"), {"a": tiny, "b": tiny}, 1)
+    assert sequence["b"]["cuda_graphs"] == "off" and sequence["b"]["seconds"] > 0, sequence
+    assert [r["random_numbers"] for r in sequence.values()] == ["ok", "ok"]
+    # the CUDA-only limit section's wrapper: the limit holds inside and is put back
     limit = torch.backends.cudnn.benchmark_limit
-    inside = bench_module("gpu_check").with_benchmark_limit(
-        3, lambda: {"limit": torch.backends.cudnn.benchmark_limit}
-    )
+    inside = check.with_benchmark_limit(3, lambda: {"limit": torch.backends.cudnn.benchmark_limit})
     assert inside == {"limit": 3, "cudnn_benchmark_limit": 3} != {"limit": limit}
     assert torch.backends.cudnn.benchmark_limit == limit
 

@@ -772,7 +772,8 @@ def write_report(out: Path, report: dict, seconds: float) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
@@ -793,15 +794,15 @@ def main(argv: list[str] | None = None) -> int:
         help="run every section in this process (by default on a GPU each run section "
         "gets a fresh one, so that each pays its own first sight of every shape)",
     )
-    args = p.parse_args(argv)
-    device = resolve_device(args.device)
-    size = sizes(args.smoke)
+    return p.parse_args(argv)
+
+
+def section_table(
+    device: torch.device, args: argparse.Namespace, size: dict, workdir: Path
+) -> dict[str, Callable[[], dict]]:
+    """Every section by name, in the order they run, each a function giving its figures."""
     repeats = size["infer_repeats"]
-    skip = {s for s in args.skip.split(",") if s}
     fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
-    start = time.perf_counter()
-    workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
-    out = Path(args.out)
 
     def cifar_args() -> list[str]:
         """The CIFAR-like run's settings, its arrays written."""
@@ -813,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         settings, sizes = size["cifar_shape"]
         return lambda: cifar_section(device, [*settings, setting], sizes, workdir, repeats)
 
-    sections: dict[str, Callable[[], dict]] = {
+    return {
         "device_tests": lambda: device_tests(device, args.smoke),
         "digits": lambda: run_section(device, size["digits"], repeats),
         # the same run with cuDNN's autotuning, which the digits experiment turns off (a
@@ -885,7 +886,11 @@ def main(argv: list[str] | None = None) -> int:
         "variants": lambda: variants_section(device, *size["variants"]),
         "workers": lambda: gpu_steps.workers_section(device, *size["workers"]),
     }
-    report = {
+
+
+def header(device: torch.device, smoke: bool) -> dict:
+    """The report's machine and software, its sections to come."""
+    return {
         "device": str(device),
         "device_info": describe_device(device),
         "torch": torch.__version__,
@@ -895,10 +900,22 @@ def main(argv: list[str] | None = None) -> int:
         # switched_step and cond_graph try; the CUDA toolkit must be 12.4 or newer as well)
         "cuda_version": torch.version.cuda,
         "conditional_nodes": CONDITIONAL_NODES,
-        "smoke": args.smoke,
+        "smoke": smoke,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    size = sizes(args.smoke)
+    skip = {s for s in args.skip.split(",") if s}
+    start = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="asolab-gpu-check-"))
+    out = Path(args.out)
+    sections = section_table(device, args, size, workdir)
+    report = header(device, args.smoke)
     gpu_steps.QUICK = args.smoke
     if args.smoke:  # the DARTS-like size's steps at three cells, two nodes: the same code, tiny
         gpu_steps.sc.DARTS_LIKE = {**gpu_steps.sc.DARTS_LIKE, "space.layers": 3, "space.steps": 2}

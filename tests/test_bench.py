@@ -379,6 +379,11 @@ def test_gpu_check_skips_the_torch_cond_graphs_where_torch_cannot_capture_them(m
     assert check.why_skipped("digits", cuda, set(), 10.0) == "10 s left"
     monkeypatch.setattr(switched, "CONDITIONAL_NODES", True)
     assert check.why_skipped("switched_edges", cuda, set(), 1e9) is None
+    # every section has an estimate (a fresh process skips all the others by that list)
+    args = check.parse_args(["--smoke", "--device", "cpu"])
+    table = check.section_table(cpu, args, check.sizes(True), BENCH / "unused")
+    assert set(table) == set(check.ESTIMATE_S)
+    assert check.FRESH | check.CUDA_ONLY | check.CONDITIONAL <= set(table)
 
 
 def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):

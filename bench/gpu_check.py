@@ -25,6 +25,9 @@ Sections (each records its figures, or the error that stopped it):
    and whether CUDA random numbers still work after each (what keeps it opt-in);
    ``digits_profile`` the default run under cProfile, the functions by own time (what
    a fresh process's first sight of each shape costs);
+   ``first_sight`` what a convolution's first sight of a shape costs (ms, first call
+   against the second), per layout, kind (pointwise, depthwise 3x3, 5x5, dilated) and
+   cuDNN timing on or off: channels-last sends depthwise convolutions to cuDNN;
    ``digits_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (what the
    default run would take with the switched W-step, its compiling paid);
 3. ``steps``         the DARTS-like size (``bench/gpu_steps.py``): the sampled W-step at
@@ -487,6 +490,7 @@ ESTIMATE_S = {
     "cifar_shape_sampled_graphs": 45,
     "digits_sampled_graphs": 60,
     "digits_profile": 55,
+    "first_sight": 30,
     "graphs_sequence": 80,
     "fashion": 70,
     "cifar_shape": 30,
@@ -568,6 +572,7 @@ def sizes(smoke: bool) -> dict:
             "cifar_shape": (tiny + ["data.batch_size=16", "search.final_epochs=0"], (64, 20)),
             "infer_repeats": 1,  # and no warm-up
             "op_costs": (2, 4, 8, 1),  # batch, channels, image, calls
+            "first_sight": (4, 8, 1),  # channels, image, new shapes per kind
             "switched_step": (2, 1, 1, 1),  # batch, cells, nodes, steps
             "switched_edges": (2, 1, 1, 1, True),  # and per edge
             "cond_graph": (2, 4, 8, 2, 1),  # batch, channels, image, edges, steps
@@ -594,6 +599,7 @@ def sizes(smoke: bool) -> dict:
         ),
         "infer_repeats": 10,
         "op_costs": (64, 16, 32, 30),  # the DARTS-like first cell's shape
+        "first_sight": (16, 32, 3),
         "switched_step": (64, 1, 4, 20),  # the DARTS-like first cell: 14 edges, 16 channels
         "switched_edges": (64, 8, 4, 20, True),  # the DARTS-like size: 112 edges
         "cond_graph": (64, 16, 32, 14, 20),  # cells of 14 edges at that shape
@@ -845,6 +851,8 @@ def section_table(
         ),
         # the default run under cProfile: what a fresh process's first sight costs
         "digits_profile": lambda: profile_section(device, size["digits"]),
+        # a convolution's first sight of a shape, per layout, kind and cuDNN timing
+        "first_sight": lambda: gpu_steps.first_sight_section(device, *size["first_sight"]),
         "steps": lambda: steps_section(device, args.smoke),
         "op_costs": lambda: gpu_steps.op_costs_section(device, *size["op_costs"]),
         # the W-step target's size first: the lever the product would ship

@@ -394,6 +394,54 @@ def op_costs_section(
     return out
 
 
+CONVOLUTIONS = ("conv_1x1", "dw_conv_3x3", "dw_conv_5x5", "dw_conv_3x3_dilated")
+
+
+def first_sight_section(device: torch.device, channels: int, image: int, shapes: int) -> dict:
+    """What a convolution's first sight of a shape costs, per layout, kind and cuDNN
+    timing: milliseconds of a forward + backward at ``shapes`` new batch sizes, the first
+    call against the second at the same shape, after one call at another shape (kernels
+    loaded). A short run meets most of its shapes once (271 plans in the default digits
+    run), so this is what a fresh process pays per plan. On CUDA, channels-last sends
+    depthwise convolutions to cuDNN and contiguous fp32 ones to torch's own kernel."""
+    before = torch.backends.cudnn.benchmark
+    out: dict = {}
+    batch = 97  # sizes no other section uses: every one a new shape
+    try:
+        for timing in (False, True):
+            torch.backends.cudnn.benchmark = timing
+            for layout in (torch.channels_last, torch.contiguous_format):
+                name = "channels_last" if layout is torch.channels_last else "contiguous"
+                ops = _op_kinds(channels, device)
+                for op in CONVOLUTIONS:
+                    firsts, seconds = [], []
+                    for b in range(batch, batch + shapes + 1):
+                        x = torch.randn(b, channels, image, image, device=device)
+                        x = x.contiguous(memory_format=layout).requires_grad_()
+                        calls = [_once(ops[op], x, device) for _ in range(2)]
+                        if b > batch:  # the first size loads the kernels
+                            firsts.append(calls[0])
+                            seconds.append(calls[1])
+                    batch += shapes + 1
+                    key = f"{op} {name} {'timed' if timing else 'heuristic'}"
+                    out[key] = {
+                        "first_ms": 1e3 * statistics.median(firsts),
+                        "second_ms": 1e3 * statistics.median(seconds),
+                    }
+    finally:
+        torch.backends.cudnn.benchmark = before
+    return out
+
+
+def _once(fn: Callable, x: torch.Tensor, device: torch.device) -> float:
+    """Seconds of one forward + backward of ``fn`` at ``x``, the device's work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn(x).sum().backward()
+    sync(device)
+    return time.perf_counter() - start
+
+
 def _matmul_diff(batch: int, channels: int, image: int, device: torch.device) -> float:
     """Largest difference between a pointwise convolution and its matrix multiply, over
     the outputs, the input gradients and the weight gradients from one input, each

@@ -245,7 +245,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert {n: s["status"] for n, s in sections.items()} == {
         **dict.fromkeys(
             ["device_tests", "digits", "digits_autotune_on", "digits_profile", "fashion"]
-            + ["cifar_shape"]
+            + ["cifar_shape", "first_sight"]
             + ["growth", "study", "variants", "steps", "op_costs", "cond_graph", "graphed"]
             + ["workers", "switched_step", "switched_edges", "growth_autotune_off"],
             "ok",
@@ -310,6 +310,10 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     assert set(digits["images_per_sec"]) >= {"w_train", "alpha", "retrain"}
     assert set(digits["loop_seconds"]) == set(digits["images_per_sec"])
     assert 0 < digits["other_seconds"] < digits["seconds"]
+    # each convolution kind's first sight of a shape, per layout and cuDNN timing
+    sight = sections["first_sight"]
+    assert len([k for k in sight if k != "status" and k != "seconds_total"]) == 16
+    assert sight["dw_conv_5x5 contiguous heuristic"]["first_ms"] > 0
     # the default run's functions by own time, cProfile's: convolutions among them
     profiled = sections["digits_profile"]["top_own_time"]
     assert len(profiled) == 30 and any("conv2d" in row[0] for row in profiled)

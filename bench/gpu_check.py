@@ -84,7 +84,7 @@ run's time, the W-step, GPU busy at the CIFAR-like shape), except that
 ``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
 ``cifar_shape_graphs_on``. On CUDA the sections of ``torch.cond`` graphs (``switched_*``,
 ``cond_graph``, ``*_sampled_graphs``) are skipped where torch has no conditional nodes
-(before 2.14: on an H100 with 2.11 each capture failed). ``--budget-s`` skips a section
+(before 2.12: on an H100 with 2.11 each capture failed). ``--budget-s`` skips a section
 whose estimate no longer fits (a
 10-minute call), so what was measured before comes last. A section in
 a fresh process is stopped when the budget runs out, and the report is rewritten after
@@ -708,7 +708,7 @@ CUDA_ONLY = frozenset(
 
 
 # sections whose question is a CUDA graph of torch.cond branches: on CUDA they need
-# conditional nodes (torch 2.14; with torch 2.11 on an H100 each capture failed)
+# conditional nodes (torch 2.12; with torch 2.11 on an H100 each capture failed)
 CONDITIONAL = frozenset(
     {"switched_edges", "switched_step", "cond_graph"}
     | {"cifar_shape_sampled_graphs", "digits_sampled_graphs"}

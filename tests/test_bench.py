@@ -364,7 +364,7 @@ def test_gpu_check_stops_a_fresh_section_when_the_budget_runs_out():
 
 
 def test_gpu_check_skips_the_torch_cond_graphs_where_torch_cannot_capture_them(monkeypatch):
-    """On CUDA with a torch before 2.14 (the lent H100s' 2.11) the sections whose question is
+    """On CUDA with a torch before 2.12 (the lent H100s' 2.11) the sections whose question is
     a CUDA graph of torch.cond branches are skipped, saying why, not failed after minutes;
     off CUDA they run (without graphs), and the other reasons keep their order."""
     import torch
@@ -375,7 +375,7 @@ def test_gpu_check_skips_the_torch_cond_graphs_where_torch_cannot_capture_them(m
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(switched, "CONDITIONAL_NODES", False)
     for name in check.CONDITIONAL:
-        assert "conditional nodes: torch 2.14" in check.why_skipped(name, cuda, set(), 1e9)
+        assert "conditional nodes: torch 2.12" in check.why_skipped(name, cuda, set(), 1e9)
         assert check.why_skipped(name, cuda, {name}, 1e9) == "--skip"
     assert check.why_skipped("switched_edges", cpu, set(), None) is None
     assert check.why_skipped("cifar_shape_sampled_graphs", cpu, set(), None) == "needs CUDA"

@@ -100,13 +100,13 @@ def test_a_network_with_an_op_without_a_branch_form_trains_eagerly_and_says_so(c
 
 
 def test_without_conditional_nodes_cuda_trains_eagerly_and_says_so(caplog, monkeypatch):
-    """torch 2.11 and 2.13 cannot capture a torch.cond in a CUDA graph (on an H100 with
-    2.11 the capture failed): there the setting falls back to the eager step, once said."""
+    """torch 2.11 cannot capture a torch.cond in a CUDA graph (on an H100 the capture
+    failed): there the setting falls back to the eager step, once said."""
     cfg = dataclasses.replace(config.load(None, []).speed, sampled_graphs=True)
     cuda = torch.device("cuda")  # nothing here touches the device
     net = _net(torch.contiguous_format)[1]
     assert ungraphable(CPU) is None
-    # binding touches no device; torch 2.14 has conditional nodes
+    # binding touches no device; torch 2.14's CUDA build has conditional nodes
     assert (Speed(cfg, cuda).switched(net) is not None) == switching.CONDITIONAL_NODES
     monkeypatch.setattr(switching, "CONDITIONAL_NODES", False)
     caplog.clear()  # (on a torch without them the Speed above has said it already)
@@ -117,7 +117,7 @@ def test_without_conditional_nodes_cuda_trains_eagerly_and_says_so(caplog, monke
     said = [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
     assert said == [
         f"speed.sampled_graphs: W-training runs eagerly: torch {torch.__version__} cannot "
-        "capture a torch.cond in a CUDA graph (conditional nodes: torch 2.14 and later)"
+        "capture a torch.cond in a CUDA graph (conditional nodes: torch 2.12 and later)"
     ]
 
 

@@ -406,7 +406,7 @@ class SpeedConfig:
             "torch.cond branch per candidate op), each edge compiled once per shape and, on "
             "CUDA, replayed as CUDA graphs whatever path is drawn; the same step as the eager "
             "one to rounding; built-in ops only (a run with others trains eagerly and says "
-            "so); on CUDA it needs torch 2.14 or later (CUDA graph conditional nodes; "
+            "so); on CUDA it needs torch 2.12 or later (CUDA graph conditional nodes; "
             "earlier it trains eagerly and says so); off by default until measured on a "
             "GPU; off CUDA it runs without graphs, slower than the eager step"
         ),

@@ -118,7 +118,7 @@ def ungraphable(device: torch.device) -> str | None:
     """Why this torch cannot replay switched edges as CUDA graphs on ``device``, or None.
 
     A branch taken by a device tensor is captured as a CUDA graph conditional node,
-    which torch has from 2.14 (2.11 and 2.13 have none): without them capturing a
+    which torch has from 2.12 (2.11 has none): without them capturing a
     ``torch.cond`` reads its predicate on the host and the capture fails (seen on an
     H100 with torch 2.11, bench/README.md "On a GPU"). Off CUDA there are no graphs to
     capture."""
@@ -126,7 +126,7 @@ def ungraphable(device: torch.device) -> str | None:
         return None
     return (
         f"torch {torch.__version__} cannot capture a torch.cond in a CUDA graph "
-        "(conditional nodes: torch 2.14 and later)"
+        "(conditional nodes: torch 2.12 and later)"
     )
 
 

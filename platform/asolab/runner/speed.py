@@ -137,17 +137,8 @@ class Speed:
         self.compile_mode = COMPILE_MODES[cfg.compile]
         # CUDA graphs need CUDA; elsewhere the setting changes nothing
         self.graphs = CudaGraphs() if cfg.cuda_graphs and device.type == "cuda" else None
-        self._switched = SwitchedEdges(device) if cfg.sampled_graphs else None
+        self._switched = self._switched_edges(cfg.sampled_graphs, device)
         self._refused: set[str] = set()  # why a network was not switched, said once each
-        if self._switched is not None and (why := ungraphable(device)) is not None:
-            log.warning("speed.sampled_graphs: W-training runs eagerly: %s", why)
-            self._switched = None
-        if self._switched is not None and device.type != "cuda":
-            log.warning(
-                "speed.sampled_graphs: no CUDA graphs on %s; the switched W-step runs "
-                "compiled without them, slower than the eager one",
-                device,
-            )
         # cuDNN's timing: on for good (scope "all"), or set per forward pass by watch()'s
         # hook from its batch (scope "full-batch"); off CUDA nothing here touches the switch
         tunes = device.type == "cuda" and cfg.cudnn_benchmark
@@ -176,6 +167,23 @@ class Speed:
             mode = "default"  # CUDA graphs are what it adds; elsewhere plain compile
         # the hook on the compiled wrapper runs eagerly, before the compiled forward
         return self.watch(torch.compile(net, mode=mode))
+
+    @staticmethod
+    def _switched_edges(wanted: bool, device: torch.device) -> SwitchedEdges | None:
+        """The compiled edge function ``speed.sampled_graphs`` asks for, or None where it
+        is off or this torch cannot capture it on ``device`` (a warning says so)."""
+        if not wanted:
+            return None
+        if (why := ungraphable(device)) is not None:
+            log.warning("speed.sampled_graphs: W-training runs eagerly: %s", why)
+            return None
+        if device.type != "cuda":
+            log.warning(
+                "speed.sampled_graphs: no CUDA graphs on %s; the switched W-step runs "
+                "compiled without them, slower than the eager one",
+                device,
+            )
+        return SwitchedEdges(device)
 
     def switched(self, net: SearchNetwork) -> SwitchedNetwork | None:
         """``net``'s W-steps with its edges switched on the device, as

@@ -659,38 +659,24 @@ def switched_section(
     statistics and the momentum buffers, their largest relative differences."""
     import copy
 
-    from asolab.space.cells import Switched
-    from asolab.space.switched import SwitchedEdges, switched_edge
+    from asolab.space.switched import SwitchedEdges, SwitchedNetwork, switched_edge
 
     overrides = {"space.layers": layers, "space.steps": nodes}
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
-    clip, ops = cfg.search.grad_clip, tuple(net.trainable_ops())
+    clip = cfg.search.grad_clip
     twin = copy.deepcopy(net)
     # setup's optimizer has a momentum buffer per parameter already (steps.optimizers)
     twin_opt = sc.steps.with_momentum_buffers(type(wopt)(twin.weight_parameters(), **wopt.defaults))
     sample = _sampler(net)
-    compiled = torch.compile(twin, backend="cudagraphs")  # the edges traced inline
-    run = functools.partial(switched_edge, ops=ops)  # one object: the trace guards on it
-    edges = SwitchedEdges(device).bind(twin)
+    if per_edge:  # the product's step: each edge compiled alone
+        step_net, edges = twin, SwitchedEdges(device).bind(twin)
+    else:  # the network compiled whole, the uncompiled edge function traced inline
+        step_net = torch.compile(twin, backend="cudagraphs")
+        edges = SwitchedNetwork(twin, switched_edge, device)
     before = _compile_counts()
 
     def switched_step(plans) -> torch.Tensor:
-        if per_edge:  # the product's step
-            return sc.steps.weight_step(twin, speed, twin_opt, x, y, plans, clip, edges)[0]
-        switched = {
-            k: Switched(torch.tensor([c[0][0] for c in plan], device=device), run)
-            for k, plan in plans.items()
-        }
-        with speed.autocast():
-            logits = compiled(x, switched)
-        loss = F.cross_entropy(logits.float(), y)
-        twin_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        edges.drop_undrawn(plans)
-        params = [p for g in twin_opt.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, clip, foreach=twin_opt.defaults.get("foreach"))
-        twin_opt.step()
-        return loss.detach()
+        return sc.steps.weight_step(step_net, speed, twin_opt, x, y, plans, clip, edges)[0]
 
     # one step of each from one start, along one path: the equivalence
     path = sample()

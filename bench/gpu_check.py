@@ -193,10 +193,15 @@ def _gpu_index(device: torch.device) -> str:
     return info.get("gpu_index", "0")
 
 
+def untracked(device: torch.device, overrides: list[str]) -> config.ExperimentConfig:
+    """The default experiment with ``overrides``, on ``device``, not tracked."""
+    return config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
+
+
 def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -> dict:
     """One asolab run: images/s per phase and of the final network (``repeats`` timed
     batches after 2 warm-up ones; none under --smoke), utilisation, peak memory."""
-    cfg = config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
+    cfg = untracked(device, overrides)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     rec = PhaseTimes()
@@ -261,13 +266,17 @@ def cifar_npz(workdir: Path, train: int, test: int) -> Path:
     return path
 
 
+def cifar_overrides(overrides: list[str], shape: tuple, workdir: Path) -> list[str]:
+    """A run's settings on random CIFAR-shaped arrays, written to ``workdir``."""
+    return ["data.name=arrays", f"data.path={cifar_npz(workdir, *shape)}", *overrides]
+
+
 def cifar_section(
     device: torch.device, overrides: list[str], shape: tuple, workdir: Path, repeats: int = 10
 ):
     """``run_section`` on random CIFAR-shaped arrays: W-training's GPU utilisation at batch
     256 is the figure (issue target: at least 80%)."""
-    path = cifar_npz(workdir, *shape)
-    return run_section(device, ["data.name=arrays", f"data.path={path}", *overrides], repeats)
+    return run_section(device, cifar_overrides(overrides, shape, workdir), repeats)
 
 
 def graphs_sequence_section(
@@ -301,7 +310,7 @@ def profile_section(device: torch.device, overrides: list[str], top: int = 30) -
     import cProfile
     import pstats
 
-    cfg = config.load(None, ["tracking.enabled=false", f"device={device}", *overrides])
+    cfg = untracked(device, overrides)
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
@@ -810,11 +819,6 @@ def section_table(
     repeats = size["infer_repeats"]
     fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
 
-    def cifar_args() -> list[str]:
-        """The CIFAR-like run's settings, its arrays written."""
-        settings, shape = size["cifar_shape"]
-        return ["data.name=arrays", f"data.path={cifar_npz(workdir, *shape)}", *settings]
-
     def cifar_with(setting: str) -> Callable[[], dict]:
         """The CIFAR-like run with one setting more."""
         settings, sizes = size["cifar_shape"]
@@ -845,7 +849,7 @@ def section_table(
             {
                 "digits": size["digits"],
                 "fashion": [*size["fashion"], *fashion_dir],
-                "cifar_shape": cifar_args(),
+                "cifar_shape": cifar_overrides(*size["cifar_shape"], workdir),
             },
             repeats,
         ),

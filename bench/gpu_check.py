@@ -20,6 +20,9 @@ Sections (each records its figures, or the error that stopped it):
    ``digits_contiguous`` the same with ``speed.channels_last = false`` (on the H100 a
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``digits_drop_last`` the same with ``data.drop_last = true``: every training step
+   on a whole batch, about half the convolution shapes (271 against 130, counted on
+   the CPU), so half the first sights;
    ``graphs_sequence`` the digits, Fashion-MNIST and CIFAR-like runs in one process
    with ``speed.cuda_graphs = true``, as a study worker runs trials: captures failed,
    and whether CUDA random numbers still work after each (what keeps it opt-in);
@@ -495,6 +498,7 @@ ESTIMATE_S = {
     "digits_autotune_limit3": 45,
     "digits_contiguous": 45,
     "digits_graphs_on": 45,
+    "digits_drop_last": 40,
     "cifar_shape_graphs_on": 40,
     "cifar_shape_sampled_graphs": 45,
     "digits_sampled_graphs": 60,
@@ -690,7 +694,7 @@ def markdown(report: dict) -> str:
 # then 5-8 s), so side-by-side figures from one process compare unlike things
 FRESH = frozenset(
     {"digits", "digits_autotune_on", "digits_autotune_all", "digits_autotune_limit3"}
-    | {"digits_contiguous", "digits_graphs_on", "fashion"}
+    | {"digits_contiguous", "digits_graphs_on", "digits_drop_last", "fashion"}
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
@@ -702,7 +706,8 @@ FRESH = frozenset(
 # sections skipped off CUDA: runs that differ from another section's only by a setting
 # that changes nothing there (speed.cuda_graphs, cuDNN's scope and limit) or whose
 # question is a GPU's (the layout's BatchNorm kernels; bench/final_speed.py weighs
-# layouts on the CPU), and torch.compile's, minutes of CI on 2 cores
+# layouts on the CPU; data.drop_last's shapes, which only a GPU pays for; tests cover
+# the setting), and torch.compile's, minutes of CI on 2 cores
 # (tests/test_step_cost.py compiles W-retraining's network)
 CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
@@ -711,6 +716,7 @@ CUDA_ONLY = frozenset(
         "digits_autotune_all",
         "digits_autotune_limit3",
         "digits_contiguous",
+        "digits_drop_last",
     }
     | {"compile_default", "compile_reduce_overhead", "graphs_sequence"}
 )
@@ -837,6 +843,10 @@ def section_table(
         # the same run in the contiguous layout: other BatchNorm and convolution kernels
         "digits_contiguous": lambda: run_section(
             device, [*size["digits"], "speed.channels_last=false"], repeats
+        ),
+        # the same run without each epoch's last, smaller batch: half the shapes to meet
+        "digits_drop_last": lambda: run_section(
+            device, [*size["digits"], "data.drop_last=true"], repeats
         ),
         # the same run with CUDA graphs of the fixed phases (opt-in)
         "digits_graphs_on": lambda: run_section(

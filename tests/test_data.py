@@ -86,6 +86,29 @@ def test_batches_cover_the_split_once_per_epoch(digits):
     assert torch.equal(seen.sort().values, digits.val.y.sort().values)
 
 
+def test_drop_last_gives_whole_batches_from_a_fresh_shuffle(digits):
+    """``data.drop_last``: only whole batches, drawn from the same shuffle as without it
+    (the generator advances alike, so runs and resumes stay in step); the images left
+    out change from epoch to epoch."""
+    n, b = len(digits.val), 50
+    assert n % b  # the split ends in a smaller batch
+    kept = list(Batches(digits.val, b, torch.Generator().manual_seed(0), drop_last=True))
+    full = list(Batches(digits.val, b, torch.Generator().manual_seed(0)))
+    assert [len(y) for _, y in kept] == [b] * (n // b) and len(kept) == len(full) - 1
+    assert len(Batches(digits.val, b, drop_last=True)) == n // b
+    assert torch.equal(torch.cat([x for x, _ in kept]), torch.cat([x for x, _ in full[:-1]]))
+    gen = torch.Generator().manual_seed(0)
+    epochs = [torch.cat([y for _, y in Batches(digits.val, b, gen, drop_last=True)]) for _ in "ab"]
+    assert not torch.equal(epochs[0], epochs[1])
+
+
+def test_drop_last_keeps_a_split_smaller_than_one_batch(digits):
+    """A split smaller than one batch (a small own data set) still trains a step."""
+    small = digits.val.head(30)
+    batches = Batches(small, 64, torch.Generator().manual_seed(0), drop_last=True)
+    assert len(batches) == 1 and [len(y) for _, y in batches] == [30]
+
+
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist") as info:
         load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0)

@@ -155,6 +155,23 @@ def test_channels_last_is_a_layout_not_a_method(tiny_cfg, digits):
     assert torch.allclose(logits[True], logits[False], atol=1e-5)
 
 
+def test_drop_last_trains_every_step_on_a_whole_batch(tiny_cfg):
+    """data.drop_last: every training step of every phase sees data.batch_size images (one
+    shape for cuDNN's plans and CUDA graphs); without it, each epoch ends in a smaller one.
+    Batch 40: the 128 search images and the validation split both end in 8 left over."""
+    sizes = {}
+    for drop in (False, True):
+        cfg = tiny_cfg.replace(**{"data.batch_size": 40, "data.drop_last": drop})
+        runner = Runner(cfg)
+        seen = sizes[drop] = set()
+        runner.net.register_forward_pre_hook(
+            lambda net, args, seen=seen: seen.add(len(args[0])) if torch.is_grad_enabled() else None
+        )
+        runner.run()
+    assert (len(runner.data.train), len(runner.data.val) % 40) == (128, 8)
+    assert sizes[False] == {40, 8} and sizes[True] == {40}
+
+
 def test_a_checkpoint_from_before_the_speed_section_resumes_in_its_layout(tiny_cfg, tmp_path):
     """Runs saved before speed.channels_last existed trained in the default layout:
     resuming them keeps it, so they still repeat exactly."""

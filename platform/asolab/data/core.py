@@ -190,7 +190,10 @@ def preprocessing(bundle: DataBundle) -> dict[str, object]:
 
 
 class Batches:
-    """Iterates a split in (optionally shuffled, augmented) mini-batches."""
+    """Iterates a split in (optionally shuffled, augmented) mini-batches.
+
+    ``drop_last`` leaves out the last, smaller batch (``data.drop_last``), unless it is
+    the only one: a split smaller than one batch still gives one step."""
 
     def __init__(
         self,
@@ -198,12 +201,21 @@ class Batches:
         batch_size: int,
         generator: torch.Generator | None = None,
         augmentation: Augmentation | None = None,
+        drop_last: bool = False,
     ) -> None:
         self.split, self.batch_size = split, batch_size
         self.generator, self.augmentation = generator, augmentation
+        self.drop_last = drop_last
+
+    def _stop(self) -> int:
+        """Where the batches end: the split's end, or its last whole batch."""
+        n = len(self.split)
+        if self.drop_last and n >= self.batch_size:
+            return n - n % self.batch_size
+        return n
 
     def __len__(self) -> int:
-        return -(-len(self.split) // self.batch_size)
+        return -(-self._stop() // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.split)
@@ -211,7 +223,7 @@ class Batches:
             order = torch.randperm(n, generator=self.generator).to(self.split.x.device)
         else:
             order = torch.arange(n, device=self.split.x.device)
-        for start in range(0, n, self.batch_size):
+        for start in range(0, self._stop(), self.batch_size):
             idx = order[start : start + self.batch_size]
             x, y = self.split.x[idx], self.split.y[idx]
             if self.augmentation is not None and self.generator is not None:

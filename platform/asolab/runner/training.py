@@ -97,7 +97,9 @@ class Training(Part):
         )
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
-        for x, y in Batches(split, self.cfg.data.batch_size, self.shuffle, augmentation):
+        data = self.cfg.data
+        batches = Batches(split, data.batch_size, self.shuffle, augmentation, data.drop_last)
+        for x, y in batches:
             loss, hits = step(x, y, tau)
             loss_sum += loss * len(y)
             correct += hits

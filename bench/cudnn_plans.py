@@ -1,6 +1,7 @@
 """cuDNN's plans in a run, per ``speed.cudnn_benchmark_scope``: which ones it times.
 
     python bench/cudnn_plans.py            # the default digits run, once per scope (~1 min each)
+    python bench/cudnn_plans.py --scopes off --set data.drop_last=true   # with a setting
     python bench/cudnn_plans.py --smoke    # CI: a tiny run
 
 torch keeps one cuDNN plan per operation (forward, backward-data, backward-filter)
@@ -15,7 +16,9 @@ This models that cache on the CPU: the run's ``Speed`` is told it runs on CUDA
 records each convolution's plan and the switch at its first sight. Per scope it
 prints the plans, those timed, and the convolutions that ran a timed plan: those of
 full training batches (gradients on, or backward) and the rest. Counts, not
-timings: the same on every machine. The last line is the headline.
+timings: the same on every machine. The plans per batch size follow the table
+(an epoch's last, smaller batch makes plans of its own: ``data.drop_last``). The
+last line is the headline.
 """
 
 from __future__ import annotations
@@ -114,22 +117,41 @@ def summary(cache: PlanCache) -> dict[str, int]:
     }
 
 
+def by_batch(cache: PlanCache) -> dict[int, int]:
+    """Plans per batch size (a key's input shape starts with it)."""
+    sizes = [key[1][0] for key in cache.timed]
+    return {n: sizes.count(n) for n in sorted(set(sizes))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="a tiny run (CI)")
+    ap.add_argument("--scopes", default=",".join(SCOPES), help=f"of {', '.join(SCOPES)}")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     args = ap.parse_args(argv)
-    overrides = TINY if args.smoke else ["threads=1"]
-    counts = {name: summary(plans_seen(speed, overrides)) for name, speed in SCOPES.items()}
+    if unknown := set(args.scopes.split(",")) - set(SCOPES):
+        ap.error(f"--scopes: unknown {', '.join(sorted(unknown))}; choose from {', '.join(SCOPES)}")
+    overrides = [*(TINY if args.smoke else ["threads=1"]), *args.set]
+    caches = {name: plans_seen(SCOPES[name], overrides) for name in args.scopes.split(",")}
+    counts = {name: summary(cache) for name, cache in caches.items()}
     head = ["scope", "plans", "timed", "full training: timed", "heuristic"]
     head += ["other: timed", "heuristic"]
     print(table(head, [[name, *c.values()] for name, c in counts.items()]))
-    every, full = counts["all"], counts["full-batch"]
-    print(
-        f"full-batch times {full['timed']} of {full['plans']} plans ('all' {every['timed']}); "
-        f"{full['training_timed']} of {full['training_timed'] + full['training_heuristic']} "
-        "full training-batch convolutions run a timed plan"
-        + (" (smoke run)" if args.smoke else " (the default digits run)")
-    )
+    for name, cache in caches.items():
+        sizes = ", ".join(f"{n}: {k}" for n, k in by_batch(cache).items())
+        print(f"{name}: plans per batch size {sizes}")
+    what = " (smoke run)" if args.smoke else " (the default digits run)"
+    what += f" with {' '.join(args.set)}" if args.set else ""
+    if {"all", "full-batch"} <= set(counts):
+        every, full = counts["all"], counts["full-batch"]
+        print(
+            f"full-batch times {full['timed']} of {full['plans']} plans ('all' "
+            f"{every['timed']}); {full['training_timed']} of "
+            f"{full['training_timed'] + full['training_heuristic']} full training-batch "
+            "convolutions run a timed plan" + what
+        )
+    else:
+        print(", ".join(f"{n}: {c['plans']} plans" for n, c in counts.items()) + what)
     return 0
 
 

@@ -137,6 +137,41 @@ def test_study_signal_analysis():
     assert a["anova_f"] == pytest.approx(50.0) and a["anova_p"] < 0.05
 
 
+def test_setting_effect_smoke(capsys, tmp_path):
+    """bench/setting_effect.py --smoke: both arms per seed recorded, the paired report,
+    and a second call with the same file trains nothing."""
+    import json
+
+    out = tmp_path / "effect.json"
+    args = ["--smoke", "--set", "data.drop_last=true", "--seeds", "0,1", "--json", str(out)]
+    lines = _run(capsys, "setting_effect", args)
+    records = json.loads(out.read_text())
+    assert sorted((r["seed"], tuple(r["overrides"])) for r in records) == [
+        (0, ()),
+        (0, ("data.drop_last=true",)),
+        (1, ()),
+        (1, ("data.drop_last=true",)),
+    ]
+    assert lines[-4].split()[:2] == ["val_acc", "2"]
+    assert lines[-1].startswith("data.drop_last=true: the 95% interval holds zero for ")
+    again = _run(capsys, "setting_effect", ["--json", str(out), "--report"])
+    assert again == lines[-5:] and len(json.loads(out.read_text())) == 4
+
+
+def test_setting_effect_analysis():
+    """Paired differences per seed: a constant shift has a zero-width interval at it."""
+    on = ["x=1"]
+    records = [
+        {"seed": s, "setting": on, "overrides": o, "val_acc": v, "test_acc": v, "seconds": 1.0}
+        for s, base in enumerate((0.90, 0.80, 0.85))
+        for o, v in (([], base), (on, base + 0.01))
+    ]
+    a = bench_module("setting_effect").analyse(records, on)
+    assert a["val_acc"]["seeds"] == 3 and a["val_acc"]["diff"] == pytest.approx(1.0)
+    assert a["val_acc"]["ci_low"] == pytest.approx(1.0) == pytest.approx(a["val_acc"]["ci_high"])
+    assert a["val_acc"]["off_mean"] == pytest.approx(85.0) and a["seconds"]["diff"] == 0
+
+
 def test_tracking_overhead(capsys):
     lines = _run(capsys, "tracking_overhead", ["--tiny", "--repeats", "2"])
     assert (
@@ -229,6 +264,15 @@ def test_cudnn_plans(capsys):
     assert rows["all"][1] == plans and rows["off"][1] == 0 < rows["full-batch"][1] < plans
     assert rows["full-batch"][3] == 0 < rows["full-batch"][2]  # no training call on heuristics
     assert lines[-1].startswith("full-batch times") and lines[-1].endswith("(smoke run)")
+    # 80 training images in batches of 32 end in one of 16; the test split, evaluated in
+    # batches of 32 too, in one of 7
+    sizes = lambda line: [int(n.split(":")[0]) for n in line.split("size ")[1].split(", ")]  # noqa: E731
+    assert sizes(next(r for r in lines if r.startswith("off: plans per"))) == [7, 16, 32]
+    # data.drop_last: training in whole batches only, so fewer plans
+    lines = _run(capsys, "cudnn_plans", ["--smoke", "--scopes", "off", "--set=data.drop_last=true"])
+    whole = int(lines[1].split()[1])
+    assert sizes(lines[-2]) == [7, 32] and whole < rows["off"][0]
+    assert lines[-1] == f"off: {whole} plans (smoke run) with data.drop_last=true"
 
 
 @pytest.mark.slow

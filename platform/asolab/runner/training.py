@@ -136,12 +136,12 @@ class Training(Part):
         self.state.position.weight_epoch += int(trains_weights)
 
     def calibrate(self, genotype: Genotype) -> Genotype:
-        """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches."""
-        n = self.cfg.search.calibration_batches
+        """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches
+        (whole ones under ``data.drop_last``, as training saw them)."""
+        n, data = self.cfg.search.calibration_batches, self.cfg.data
         if n:
-            batches = Batches(
-                self.data.train.head(n * self.cfg.data.batch_size), self.cfg.data.batch_size
-            )
+            head = self.data.train.head(n * data.batch_size)
+            batches = Batches(head, data.batch_size, drop_last=data.drop_last)
             self.net.recalibrate_batchnorm(genotype, (x for x, _ in batches))
         return genotype
 

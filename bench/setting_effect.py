@@ -1,0 +1,133 @@
+"""A setting's effect on an experiment's accuracy: the same seeds with and without it.
+
+    python bench/setting_effect.py --set data.drop_last=true --seeds 0,1,2,3,4,5,6,7 \\
+        --json bench/results/drop_last_digits.json      # resumable: finished runs are kept
+    python bench/setting_effect.py --json bench/results/drop_last_digits.json --report
+    python bench/setting_effect.py --smoke
+
+Each seed runs the experiment (default: the default one, digits) twice, untracked
+and with 1 thread: as it is, and with the ``--set`` overrides. Per metric (final
+validation and test accuracy, in points, and the run's seconds) it reports both
+arms' means and standard deviations and the mean paired difference with its 95%
+confidence interval (``asolab compare``'s paired t). Use it before a setting that
+changes the method becomes an experiment's default: the question is whether the
+interval holds zero. Seconds compare only within one call on a quiet machine.
+Every run is appended to ``--json`` as it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from _common import SMOKE_SEARCH, cpu_model, table
+
+from asolab import config
+from asolab.compare.arms import paired_ci
+from asolab.runner import Runner
+
+METRICS = {"val_acc": 100.0, "test_acc": 100.0, "seconds": 1.0}  # metric -> unit scale
+UNTRACKED = ["threads=1", "tracking.enabled=false"]
+
+
+def run_one(experiment: str, overrides: list[str], seed: int, sizes: list[str]) -> dict:
+    """One untracked run of ``experiment`` at ``seed`` with ``overrides``."""
+    cfg = config.load(experiment, [*UNTRACKED, *sizes, f"seed={seed}", *overrides])
+    result = Runner(cfg).run()
+    return {"val_acc": result.val_acc, "test_acc": result.test_acc, "seconds": result.seconds}
+
+
+def read(path: Path | None) -> list[dict]:
+    return json.loads(path.read_text()) if path and path.exists() else []
+
+
+def analyse(records: list[dict], setting: list[str]) -> dict[str, dict[str, float]]:
+    """Per metric: both arms' mean and std and the paired difference's mean and 95% CI,
+    over the seeds that have both arms."""
+    arms = {
+        (r["seed"], bool(r["overrides"])): r
+        for r in records
+        if r["overrides"] in ([], setting)
+    }
+    seeds = sorted({s for s, on in arms if (s, not on) in arms})
+    out: dict[str, dict[str, float]] = {}
+    for metric, scale in METRICS.items():
+        off = [scale * arms[(s, False)][metric] for s in seeds]
+        on = [scale * arms[(s, True)][metric] for s in seeds]
+        diffs = [b - a for a, b in zip(off, on)]
+        low, high = paired_ci(diffs)
+        spread = lambda xs: statistics.stdev(xs) if len(xs) > 1 else float("nan")  # noqa: E731
+        out[metric] = {
+            "seeds": len(seeds),
+            "off_mean": statistics.mean(off) if off else float("nan"),
+            "off_std": spread(off),
+            "on_mean": statistics.mean(on) if on else float("nan"),
+            "on_std": spread(on),
+            "diff": statistics.mean(diffs) if diffs else float("nan"),
+            "ci_low": low,
+            "ci_high": high,
+        }
+    return out
+
+
+def report(records: list[dict], setting: list[str]) -> str:
+    a = analyse(records, setting)
+    rows = [
+        [
+            metric,
+            s["seeds"],
+            f"{s['off_mean']:.2f} ± {s['off_std']:.2f}",
+            f"{s['on_mean']:.2f} ± {s['on_std']:.2f}",
+            f"{s['diff']:+.2f} [{s['ci_low']:+.2f}, {s['ci_high']:+.2f}]",
+        ]
+        for metric, s in a.items()
+    ]
+    head = ["metric (points, s)", "seeds", "without", f"with {' '.join(setting)}"]
+    head += ["paired diff [95% CI]"]
+    lines = [table(head, rows)]
+    held = [m for m in ("val_acc", "test_acc") if a[m]["ci_low"] <= 0 <= a[m]["ci_high"]]
+    lines.append(
+        f"{' '.join(setting)}: the 95% interval holds zero for "
+        f"{', '.join(held) or 'neither accuracy'} ({a['val_acc']['seeds']} paired seeds)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the setting")
+    ap.add_argument("--experiment", default=None, help="experiment name or file (the default)")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--json", type=Path, default=None, help="append runs here, resume from it")
+    ap.add_argument("--report", action="store_true", help="report the --json file, run nothing")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    args = ap.parse_args(argv)
+    records = read(args.json)
+    setting = args.set or (records[-1]["setting"] if records else [])
+    if not setting:
+        ap.error("--set KEY=VALUE: the setting to weigh (or --report with a --json file)")
+    config.load(args.experiment, setting)  # a bad setting fails here, before any run
+    if not args.report:
+        sizes = [f"{k}={v}" for k, v in SMOKE_SEARCH.items()] if args.smoke else []
+        sizes += ["data.train_subset=100", "search.final_epochs=0"] if args.smoke else []
+        print(f"machine: {cpu_model()}; each run untracked, on 1 thread", flush=True)
+        done = {(r["seed"], bool(r["overrides"])) for r in records if r["setting"] == setting}
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for overrides in ([], setting):
+                if (seed, bool(overrides)) in done:
+                    continue
+                record = {"seed": seed, "setting": setting, "overrides": overrides}
+                record |= run_one(args.experiment, overrides, seed, sizes)
+                records.append(record)
+                if args.json:
+                    args.json.write_text(json.dumps(records, indent=1) + "\n")
+                print(json.dumps(record), flush=True)
+    print(report([r for r in records if r["setting"] == setting], setting))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

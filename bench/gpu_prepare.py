@@ -106,12 +106,17 @@ def cut_idx(src: Path, dst: Path, count: int | None) -> None:
         f.write(head + data[4 + 4 * dims : 4 + 4 * dims + n * item])
 
 
-def fashion_subset(dest: Path, train_images: int) -> None:
+def fashion_subset(dest: Path, train_images: int, test_images: int | None = None) -> None:
+    """Fashion-MNIST's first ``train_images`` training images and ``test_images`` test
+    images (all 10,000 with None, as the GPU check has them) in ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
         cut_idx(FASHION / f"{stem}.gz", dest / f"{stem}.gz", train_images)
     for stem in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
-        shutil.copyfile(FASHION / f"{stem}.gz", dest / f"{stem}.gz")
+        if test_images is None:
+            shutil.copyfile(FASHION / f"{stem}.gz", dest / f"{stem}.gz")
+        else:
+            cut_idx(FASHION / f"{stem}.gz", dest / f"{stem}.gz", test_images)
 
 
 # sections the H100s measured by 2026-11-28 (bench/README.md, "On a GPU") whose figures

@@ -281,7 +281,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
     import json
 
     fashion = tmp_path / "fashion-mnist"  # the cut copy a bare GPU machine is given
-    bench_module("gpu_prepare").fashion_subset(fashion, 300)
+    bench_module("gpu_prepare").fashion_subset(fashion, 300, 200)  # CPU-sized evaluation
     argv = ["--smoke", "--device", "cpu", "--out", str(tmp_path), "--fashion-dir", str(fashion)]
     lines = _run(capsys, "gpu_check", argv)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -453,6 +453,8 @@ def test_gpu_prepare_cuts_fashion_mnist_and_names_what_to_carry(tmp_path):
     assert _read_idx(tmp_path / "t10k-images-idx3-ubyte.gz").shape == (10000, 28, 28)
     with gzip.open(tmp_path / "train-images-idx3-ubyte.gz") as f:
         assert len(f.read()) == 16 + 123 * 28 * 28  # no bytes past the new count
+    prep.fashion_subset(tmp_path / "cut", 5, 7)  # the test split cut too (the CPU's smoke)
+    assert _read_idx(tmp_path / "cut" / "t10k-labels-idx1-ubyte.gz").shape == (7,)
     assert prep.normalise("Flask_Cors-6.0.5-py3-none-any.whl") == "flask-cors"
     assert prep.normalise("mlflow_skinny-3.17.2-py3-none-any.whl") == "mlflow-skinny"
     assert {"torch", "numpy", "pandas"} <= prep.DEVICE_HAS and "mlflow" not in prep.DEVICE_HAS

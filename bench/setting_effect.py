@@ -48,9 +48,7 @@ def analyse(records: list[dict], setting: list[str]) -> dict[str, dict[str, floa
     """Per metric: both arms' mean and std and the paired difference's mean and 95% CI,
     over the seeds that have both arms."""
     arms = {
-        (r["seed"], bool(r["overrides"])): r
-        for r in records
-        if r["overrides"] in ([], setting)
+        (r["seed"], bool(r["overrides"])): r for r in records if r["overrides"] in ([], setting)
     }
     seeds = sorted({s for s, on in arms if (s, not on) in arms})
     out: dict[str, dict[str, float]] = {}

@@ -71,6 +71,22 @@ def test_the_committed_selection_rows_print_the_published_figures():
     assert not rows["test_acc"].isna().all()
 
 
+def test_the_committed_setting_runs_print_the_published_drop_last_figures():
+    """bench/results/drop_last_digits.json holds every run of the data.drop_last
+    comparison; bench/README.md quotes its accuracy lines as setting_effect.py prints them."""
+    import json
+
+    from bench_scripts import bench_module
+
+    records = json.loads((RESULTS / "drop_last_digits.json").read_text())
+    assert {r["seed"] for r in records} == set(range(8)) and len(records) == 16
+    lines = bench_module("setting_effect").report(records, ["data.drop_last=true"]).splitlines()
+    readme = BENCH_README.read_text()
+    assert lines[1].startswith("val_acc") and lines[2].startswith("test_acc")
+    for line in lines[1:3]:
+        assert line in readme, line
+
+
 def test_the_committed_gpu_reports_print_the_published_gpu_figures():
     """bench/README.md's "On a GPU" tables are what bench/gpu_figures.py prints from the
     committed H100 reports, line for line."""

@@ -65,6 +65,29 @@ def _check_train_subset(cfg: DataConfig, n: int, need: int) -> None:
         )
 
 
+# data.drop_last warns when an epoch would leave out more than this share of a split
+DROP_WARN_SHARE = 0.25
+
+
+def _check_drop_last(cfg: DataConfig, sizes: dict[str, int]) -> None:
+    """Warn when ``data.drop_last`` leaves out more than a quarter of a training split each
+    epoch (a small own data set at a large batch): the run still trains, on less data."""
+    if not cfg.drop_last:
+        return
+    for what, n in sizes.items():
+        left = n % cfg.batch_size if n >= cfg.batch_size else 0
+        if left > DROP_WARN_SHARE * n:
+            log.warning(
+                "data.drop_last leaves out %d of the %d %s images each epoch (%.0f%%); a "
+                "data.batch_size that divides %d, or a smaller one, keeps more",
+                left,
+                n,
+                what,
+                100 * left / n,
+                n,
+            )
+
+
 def _spec(name: str) -> DatasetSpec:
     if name not in REGISTRY:
         raise DataError(f"unknown data set {name!r}; known: {', '.join(REGISTRY)}")
@@ -146,6 +169,8 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         notes=dict(a.notes),
     )
     log.info("data set %s: %s", cfg.name, bundle.summary())
+    splits = {"search": train, "validation (alpha-training)": bundle.val, "final": full_train}
+    _check_drop_last(cfg, {what: len(split) for what, split in splits.items()})
     for note in bundle.notes.values():
         log.info("data set %s: %s", cfg.name, note)
     return bundle

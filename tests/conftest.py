@@ -23,7 +23,13 @@ from asolab import threads
 if sys.dont_write_bytecode:
     compileall.compile_dir(Path(threads.__file__).parent, quiet=1)
 
-# As the CLI does: before torch loads OpenMP, let its waiting threads sleep, not spin.
+# As the CLI does: before torch loads OpenMP, let its waiting threads sleep, not spin. The
+# xdist workers always share the cores, but each imports this file before the other has
+# registered (one_torch_thread), so the registry cannot tell them: a test that runs two
+# threads then spun beside the other worker (tests/test_threads.py's auto runs took 64 s
+# in one suite run, 3-6 s in another).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault(*threads.WAIT_POLICY)
 threads.prepare_environment()
 
 from asolab import config

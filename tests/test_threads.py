@@ -143,6 +143,14 @@ def test_the_wait_policy_sleeps_only_beside_other_asolab_processes(registry, oth
     assert threads.prepare_environment() is False  # torch is loaded in this process: too late
 
 
+def test_the_suites_workers_wait_sleeping():
+    """pytest -n: each worker's OpenMP waits sleep (conftest.py), as asolab's do beside
+    another asolab process; the workers import torch before either has registered."""
+    if not threads.os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("one test process: no other worker beside it")
+    assert threads.os.environ.get(threads.WAIT_POLICY[0]) == threads.WAIT_POLICY[1]
+
+
 def test_an_auto_run_keeps_its_count_when_another_process_starts_beside_it(
     tiny_cfg, registry, other_process
 ):

@@ -27,6 +27,7 @@ from _common import SMOKE_SEARCH, cpu_model, table
 
 from asolab import config
 from asolab.compare.arms import paired_ci
+from asolab.config import DEFAULT_EXPERIMENT
 from asolab.runner import Runner
 
 METRICS = {"val_acc": 100.0, "test_acc": 100.0, "seconds": 1.0}  # metric -> unit scale
@@ -34,14 +35,21 @@ UNTRACKED = ["threads=1", "tracking.enabled=false"]
 
 
 def run_one(experiment: str, overrides: list[str], seed: int, sizes: list[str]) -> dict:
-    """One untracked run of ``experiment`` at ``seed`` with ``overrides``."""
+    """One untracked run of ``experiment`` at ``seed`` with ``sizes`` and ``overrides``."""
     cfg = config.load(experiment, [*UNTRACKED, *sizes, f"seed={seed}", *overrides])
     result = Runner(cfg).run()
     return {"val_acc": result.val_acc, "test_acc": result.test_acc, "seconds": result.seconds}
 
 
 def read(path: Path | None) -> list[dict]:
+    """The runs recorded so far (none without a file)."""
     return json.loads(path.read_text()) if path and path.exists() else []
+
+
+def comparison(records: list[dict], experiment: str, sizes: list[str], setting: list[str]):
+    """The records of one comparison: its experiment, sizes and setting."""
+    key = (experiment, sizes, setting)
+    return [r for r in records if (r["experiment"], r["sizes"], r["setting"]) == key]
 
 
 def analyse(records: list[dict], setting: list[str]) -> dict[str, dict[str, float]]:
@@ -97,7 +105,7 @@ def report(records: list[dict], setting: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the setting")
-    ap.add_argument("--experiment", default=None, help="experiment name or file (the default)")
+    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="experiment name or file")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--json", type=Path, default=None, help="append runs here, resume from it")
     ap.add_argument("--report", action="store_true", help="report the --json file, run nothing")
@@ -108,22 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     if not setting:
         ap.error("--set KEY=VALUE: the setting to weigh (or --report with a --json file)")
     config.load(args.experiment, setting)  # a bad setting fails here, before any run
+    sizes = [f"{k}={v}" for k, v in SMOKE_SEARCH.items()] if args.smoke else []
+    sizes += ["data.train_subset=100", "search.final_epochs=0"] if args.smoke else []
     if not args.report:
-        sizes = [f"{k}={v}" for k, v in SMOKE_SEARCH.items()] if args.smoke else []
-        sizes += ["data.train_subset=100", "search.final_epochs=0"] if args.smoke else []
         print(f"machine: {cpu_model()}; each run untracked, on 1 thread", flush=True)
-        done = {(r["seed"], bool(r["overrides"])) for r in records if r["setting"] == setting}
+        same = comparison(records, args.experiment, sizes, setting)
+        done = {(r["seed"], bool(r["overrides"])) for r in same}
         for seed in (int(s) for s in args.seeds.split(",")):
             for overrides in ([], setting):
                 if (seed, bool(overrides)) in done:
                     continue
-                record = {"seed": seed, "setting": setting, "overrides": overrides}
+                record = {"experiment": args.experiment, "sizes": sizes, "seed": seed}
+                record |= {"setting": setting, "overrides": overrides}
                 record |= run_one(args.experiment, overrides, seed, sizes)
                 records.append(record)
                 if args.json:
                     args.json.write_text(json.dumps(records, indent=1) + "\n")
                 print(json.dumps(record), flush=True)
-    print(report([r for r in records if r["setting"] == setting], setting))
+    print(report(comparison(records, args.experiment, sizes, setting), setting))
     return 0
 
 

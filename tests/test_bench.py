@@ -154,7 +154,7 @@ def test_setting_effect_smoke(capsys, tmp_path):
     ]
     assert lines[-4].split()[:2] == ["val_acc", "2"]
     assert lines[-1].startswith("data.drop_last=true: the 95% interval holds zero for ")
-    again = _run(capsys, "setting_effect", ["--json", str(out), "--report"])
+    again = _run(capsys, "setting_effect", ["--smoke", "--json", str(out), "--report"])
     assert again == lines[-5:] and len(json.loads(out.read_text())) == 4
 
 

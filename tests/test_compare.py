@@ -836,6 +836,56 @@ def test_terminal_compare_warns_of_different_budgets_as_the_report_does(
     assert "different budgets" not in capsys.readouterr().out  # one budget: no warning
 
 
+def test_compare_names_the_other_settings_that_differ_as_the_report_does(
+    store, scratch_experiment, tmp_path, capsys
+):
+    """Runs made with another setting besides the table's knobs (data.drop_last, a
+    learning rate; one run from before data.drop_last existed): the terminal and the HTML
+    report name each setting and its values, never the thread count or where a run was
+    recorded, and runs made alike get no note."""
+    uri, _, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-settings")
+    runs = (
+        ("a", {"data.drop_last": "False", "search.weight_lr": "0.05", "threads": "2"}),
+        ("b", {"data.drop_last": "True", "search.weight_lr": "0.05", "threads": "1"}),
+        ("c", {"search.weight_lr": "0.025", "tracking.experiment": "elsewhere"}),
+        ("d", {"data.drop_last": "False", "search.weight_lr": "0.05", "threads": "1"}),
+    )
+    ids = {}
+    for name, params in runs:
+        ids[name] = _genotype_run(client, exp_id, name, BASE, metrics={"final_val_acc": 0.5})
+        for key, value in params.items():
+            client.log_param(ids[name], key, value)
+    report = tmp_path / "report"
+    argv = ["compare", "--tracking-uri", uri, "--experiment", "cmp-settings"]
+    assert main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("note: other settings differ.")]
+    assert line.endswith(
+        "the compared runs differ in data.drop_last (unset) | False | True; "
+        "search.weight_lr 0.025 | 0.05."
+    ), line
+    page = html.unescape((report / "index.html").read_text())
+    assert "<b>Other settings differ.</b> " + line.split("differ. ", 1)[1] in page
+    alike = ["compare", "--tracking-uri", uri, "--run", ids["a"], "--run", ids["d"]]
+    assert main(alike) == 0  # the thread count apart, made alike
+    assert "2 runs compared" in (out := capsys.readouterr().out) and "other settings" not in out
+
+
+def test_the_settings_note_names_eight_and_counts_the_rest():
+    from asolab.compare.select import RunRecord
+    from asolab.compare.settings import settings_warning
+
+    def record(value: str) -> RunRecord:
+        params = {f"search.knob_{i:02d}": value for i in range(10)}
+        return RunRecord("id" + value, value, "e", "FINISHED", params, {}, {}, BASE)
+
+    sentence = settings_warning([record("1"), record("2")])
+    assert sentence.count("search.knob_") == 8 and sentence.endswith("knob_07 1 | 2; and 2 more.")
+    assert settings_warning([record("1"), record("1")]) == ""
+
+
 def test_runs_on_different_data_sets_are_compared_apart(
     store, scratch_experiment, capsys, tmp_path
 ):

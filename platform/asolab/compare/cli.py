@@ -278,6 +278,7 @@ def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> Non
     the distinct genotypes, the diffs from the best run and the op frequencies too."""
     from .opsets import op_set_warning
     from .report import budget_warning
+    from .settings import settings_warning
 
     for line in summary_lines(comparison):
         print(line, file=out)
@@ -295,6 +296,9 @@ def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> Non
     op_sets = op_set_warning(comparison.records)
     if op_sets:  # genotypes found among different ops differ by what they could choose
         print(f"\nwarning: different op sets. {op_sets}", file=out)
+    settings = settings_warning(comparison.records)
+    if settings:  # runs made otherwise besides the table's knobs and budget
+        print(f"\nnote: other settings differ. {settings}", file=out)
     if every:
         _print_details(comparison, bool(budgets), out)
 

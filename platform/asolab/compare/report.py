@@ -34,6 +34,7 @@ from .analysis import Comparison, labels  # noqa: E402
 from .opsets import op_set_warning  # noqa: E402
 from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
+from .settings import settings_warning  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ code, .geno { font-family: ui-monospace, monospace; font-size: 0.85em; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.3em 0; }
 .muted { color: #777; } .skipped { color: #a33; }
 .warning { background: #fff4d6; border: 2px solid #b26b00; padding: 0.6em 0.9em; margin: 1em 0; }
+.note { background: #eef3fb; border: 1px solid #4a6fa5; padding: 0.6em 0.9em; margin: 1em 0; }
 figure { display: inline-block; margin: 0.5em 1em 0.5em 0; max-width: 100%; }
 figcaption { font-size: 0.8em; }
 """
@@ -343,6 +345,9 @@ def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
     op_sets = op_set_warning(comparison.records)
     if op_sets:
         parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
+    settings = settings_warning(comparison.records)
+    if settings:
+        parts.append(f'<p class="note"><b>Other settings differ.</b> {html.escape(settings)}</p>')
     return parts
 
 

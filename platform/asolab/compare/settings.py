@@ -1,0 +1,62 @@
+"""Settings: what else differs between the compared runs' recorded configs.
+
+The runs table shows the knobs a study tunes and the training budget. Runs made
+with another setting besides those (``data.drop_last``, a learning rate, the
+device, a plugin's option) would otherwise sit side by side with nothing to say
+that they were not made alike; the terminal and the HTML report name each such
+setting and its values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..runner.phases import EPOCH_FIELDS
+from ..tracking.layout import PARAM_FINAL_EPOCHS_FITTED, TRIAL_PARAM_PREFIX
+from .opsets import OPS_PARAM
+from .select import RunRecord
+
+SHOWN = 8  # settings named in the sentence; the rest are counted
+UNSET = "(unset)"  # a key a run did not record (a run from before the key existed)
+
+# params shown elsewhere: a column of the runs table, the op-set warning, or a study
+# trial's copy of its sampled value
+ELSEWHERE = frozenset(
+    {"seed", "name", "data.name", "temperature.schedule", "temperature.initial_temperature"}
+    | {"temperature.min_temperature", "temperature.anneal_fraction", "mutation.strength"}
+    | {"search.cycles", "search.warmup_epochs", "search.final_epochs", OPS_PARAM}
+    | {f"search.{f}" for f in EPOCH_FIELDS}
+    | {PARAM_FINAL_EPOCHS_FITTED}
+)
+# params about where a run was recorded and how many threads it had, not what it did
+NOT_METHOD_PREFIXES = ("tracking.", "threads", TRIAL_PARAM_PREFIX)
+
+
+def setting_differences(records: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """Each recorded setting (not shown elsewhere) whose value differs between ``records``
+    -> its values, sorted."""
+    keys = sorted({k for r in records for k in r.params})
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        if key in ELSEWHERE or key.startswith(NOT_METHOD_PREFIXES):
+            continue
+        values = sorted({r.params.get(key, UNSET) for r in records})
+        if len(values) > 1:
+            out[key] = values
+    return out
+
+
+def settings_warning(records: Sequence[RunRecord]) -> str:
+    """One sentence naming the other settings that differ ('' when none): the terminal and
+    the HTML report say the same."""
+    differ = setting_differences(records)
+    if not differ:
+        return ""
+    named = [f"{key} {' | '.join(values)}" for key, values in list(differ.items())[:SHOWN]]
+    more = f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
+    return (
+        "Besides the table's knobs and budget, the compared runs differ in "
+        + "; ".join(named)
+        + more
+        + "."
+    )

@@ -873,7 +873,7 @@ def test_compare_names_the_other_settings_that_differ_as_the_report_does(
     assert "2 runs compared" in (out := capsys.readouterr().out) and "other settings" not in out
 
 
-def test_the_settings_note_names_eight_and_counts_the_rest():
+def test_the_settings_note_names_eight_settings_and_four_values_and_counts_the_rest():
     from asolab.compare.select import RunRecord
     from asolab.compare.settings import settings_warning
 
@@ -884,6 +884,9 @@ def test_the_settings_note_names_eight_and_counts_the_rest():
     sentence = settings_warning([record("1"), record("2")])
     assert sentence.count("search.knob_") == 8 and sentence.endswith("knob_07 1 | 2; and 2 more.")
     assert settings_warning([record("1"), record("1")]) == ""
+    # a study's tuned setting: its values in numeric order, the first three of many
+    trials = [record(v) for v in ("0.1", "0.05", "10", "0.2", "0.3")]
+    assert "knob_00 0.05 | 0.1 | 0.2 | ... (5 values);" in settings_warning(trials)
 
 
 def test_runs_on_different_data_sets_are_compared_apart(

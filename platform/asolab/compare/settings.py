@@ -17,6 +17,7 @@ from .opsets import OPS_PARAM
 from .select import RunRecord
 
 SHOWN = 8  # settings named in the sentence; the rest are counted
+SHOWN_VALUES = 4  # a setting's values named (a study's tuned setting has one per trial)
 UNSET = "(unset)"  # a key a run did not record (a run from before the key existed)
 
 # params shown elsewhere: a column of the runs table, the op-set warning, or a study
@@ -40,10 +41,28 @@ def setting_differences(records: Sequence[RunRecord]) -> dict[str, list[str]]:
     for key in keys:
         if key in ELSEWHERE or key.startswith(NOT_METHOD_PREFIXES):
             continue
-        values = sorted({r.params.get(key, UNSET) for r in records})
+        values = _in_order({r.params.get(key, UNSET) for r in records})
         if len(values) > 1:
             out[key] = values
     return out
+
+
+def _in_order(values: set[str]) -> list[str]:
+    """Numbers by value (0.05 before 0.1 before 10), anything else as text, unset first."""
+
+    def key(v: str) -> tuple[int, float, str]:
+        try:
+            return (1, float(v), v)
+        except ValueError:
+            return (0 if v == UNSET else 2, 0.0, v)
+
+    return sorted(values, key=key)
+
+
+def _values(values: list[str]) -> str:
+    if len(values) <= SHOWN_VALUES:
+        return " | ".join(values)
+    return " | ".join(values[: SHOWN_VALUES - 1]) + f" | ... ({len(values)} values)"
 
 
 def settings_warning(records: Sequence[RunRecord]) -> str:
@@ -52,7 +71,7 @@ def settings_warning(records: Sequence[RunRecord]) -> str:
     differ = setting_differences(records)
     if not differ:
         return ""
-    named = [f"{key} {' | '.join(values)}" for key, values in list(differ.items())[:SHOWN]]
+    named = [f"{key} {_values(values)}" for key, values in list(differ.items())[:SHOWN]]
     more = f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
     return (
         "Besides the table's knobs and budget, the compared runs differ in "

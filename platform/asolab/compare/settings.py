@@ -20,8 +20,7 @@ SHOWN = 8  # settings named in the sentence; the rest are counted
 SHOWN_VALUES = 4  # a setting's values named (a study's tuned setting has one per trial)
 UNSET = "(unset)"  # a key a run did not record (a run from before the key existed)
 
-# params shown elsewhere: a column of the runs table, the op-set warning, or a study
-# trial's copy of its sampled value
+# params shown elsewhere: a column of the runs table, or the op-set warning
 ELSEWHERE = frozenset(
     {"seed", "name", "data.name", "temperature.schedule", "temperature.initial_temperature"}
     | {"temperature.min_temperature", "temperature.anneal_fraction", "mutation.strength"}
@@ -29,13 +28,14 @@ ELSEWHERE = frozenset(
     | {f"search.{f}" for f in EPOCH_FIELDS}
     | {PARAM_FINAL_EPOCHS_FITTED}
 )
-# params about where a run was recorded and how many threads it had, not what it did
+# params about where a run was recorded and how many threads it had, not what it did, and
+# a study trial's copies of its sampled values (their own config keys are compared)
 NOT_METHOD_PREFIXES = ("tracking.", "threads", TRIAL_PARAM_PREFIX)
 
 
 def setting_differences(records: Sequence[RunRecord]) -> dict[str, list[str]]:
     """Each recorded setting (not shown elsewhere) whose value differs between ``records``
-    -> its values, sorted."""
+    -> its values (:func:`_in_order`)."""
     keys = sorted({k for r in records for k in r.params})
     out: dict[str, list[str]] = {}
     for key in keys:
@@ -60,6 +60,7 @@ def _in_order(values: set[str]) -> list[str]:
 
 
 def _values(values: list[str]) -> str:
+    """A setting's values as the sentence names them: the first few of many."""
     if len(values) <= SHOWN_VALUES:
         return " | ".join(values)
     return " | ".join(values[: SHOWN_VALUES - 1]) + f" | ... ({len(values)} values)"

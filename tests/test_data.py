@@ -124,6 +124,13 @@ def test_drop_last_warns_when_it_would_leave_out_much_of_a_split(caplog):
         "data.drop_last leaves out 88 of the 288 validation (alpha-training) images each "
         "epoch (31%); a data.batch_size that divides 288, or a smaller one, keeps more",
     ]
+    # the search trains on the whole training split, as the final stage does: one line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asolab.data.load"):
+        load_data(config.DataConfig(drop_last=True, batch_size=700), seed=0)
+    assert [r.getMessage()[:60] for r in caplog.records] == [
+        "data.drop_last leaves out 450 of the 1150 training images ea"
+    ]
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):

@@ -169,7 +169,10 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         notes=dict(a.notes),
     )
     log.info("data set %s: %s", cfg.name, bundle.summary())
-    splits = {"search": train, "validation (alpha-training)": bundle.val, "final": full_train}
+    # the search's and the final stage's training split, named once where they are one
+    whole = len(train) == len(full_train)
+    trained = {"training": train} if whole else {"search": train, "final": full_train}
+    splits = {**trained, "validation (alpha-training)": bundle.val}
     _check_drop_last(cfg, {what: len(split) for what, split in splits.items()})
     for note in bundle.notes.values():
         log.info("data set %s: %s", cfg.name, note)

@@ -189,6 +189,12 @@ def preprocessing(bundle: DataBundle) -> dict[str, object]:
     }
 
 
+def dropped(n: int, batch_size: int) -> int:
+    """The images ``data.drop_last`` leaves out of a split of ``n`` each epoch: its last,
+    smaller batch, unless that is its only one."""
+    return n % batch_size if n >= batch_size else 0
+
+
 class Batches:
     """Iterates a split in (optionally shuffled, augmented) mini-batches.
 
@@ -210,9 +216,7 @@ class Batches:
     def _stop(self) -> int:
         """Where the batches end: the split's end, or its last whole batch."""
         n = len(self.split)
-        if self.drop_last and n >= self.batch_size:
-            return n - n % self.batch_size
-        return n
+        return n - dropped(n, self.batch_size) if self.drop_last else n
 
     def __len__(self) -> int:
         return -(-self._stop() // self.batch_size)

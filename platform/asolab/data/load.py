@@ -19,7 +19,7 @@ import torch
 from ..config import DataConfig
 from ..plugins import PluginError
 from .checks import channel_stats, standardise
-from .core import Arrays, Augmentation, DataBundle, DataError, DatasetSpec, Split
+from .core import Arrays, Augmentation, DataBundle, DataError, DatasetSpec, Split, dropped
 from .registry import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def _check_drop_last(cfg: DataConfig, sizes: dict[str, int]) -> None:
     if not cfg.drop_last:
         return
     for what, n in sizes.items():
-        left = n % cfg.batch_size if n >= cfg.batch_size else 0
+        left = dropped(n, cfg.batch_size)
         if left > DROP_WARN_SHARE * n:
             log.warning(
                 "data.drop_last leaves out %d of the %d %s images each epoch (%.0f%%); a "

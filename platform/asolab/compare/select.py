@@ -86,6 +86,21 @@ def existing_store(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+# Each column the runs table reads from one param: column -> param (RunRecord.row; the
+# note on other settings that differ leaves these out, compare/settings.py).
+TABLE_PARAMS = {
+    "seed": "seed",
+    "schedule": "temperature.schedule",
+    "initial_temperature": "temperature.initial_temperature",
+    "min_temperature": "temperature.min_temperature",
+    "anneal_fraction": "temperature.anneal_fraction",
+    "mutation_strength": "mutation.strength",
+    "cycles": "search.cycles",
+    "warmup_epochs": "search.warmup_epochs",
+    **{f: f"search.{f}" for f in EPOCH_FIELDS},
+}
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One selected run as compare sees it."""
@@ -126,21 +141,22 @@ class RunRecord:
         )
 
     def row(self) -> dict[str, Any]:
+        p = TABLE_PARAMS
         return {
             "run_name": self.run_name,
             "run_id": self.run_id,
             "experiment": self.experiment,
             "dataset": self.data_set,
-            "seed": self.param("seed", int),
-            "schedule": self.param("temperature.schedule"),
-            "initial_temperature": self.param("temperature.initial_temperature", float, math.nan),
-            "min_temperature": self.param("temperature.min_temperature", float, math.nan),
-            "anneal_fraction": self.param("temperature.anneal_fraction", float, math.nan),
-            "mutation_strength": self.param("mutation.strength", float, math.nan),
-            "cycles": self.param("search.cycles", int),
+            "seed": self.param(p["seed"], int),
+            "schedule": self.param(p["schedule"]),
+            "initial_temperature": self.param(p["initial_temperature"], float, math.nan),
+            "min_temperature": self.param(p["min_temperature"], float, math.nan),
+            "anneal_fraction": self.param(p["anneal_fraction"], float, math.nan),
+            "mutation_strength": self.param(p["mutation_strength"], float, math.nan),
+            "cycles": self.param(p["cycles"], int),
             # Runs from before search.warmup_epochs existed had no warm-up.
-            "warmup_epochs": self.param("search.warmup_epochs", int, 0),
-            **{f: self.param(f"search.{f}", int) for f in EPOCH_FIELDS},
+            "warmup_epochs": self.param(p["warmup_epochs"], int, 0),
+            **{f: self.param(p[f], int) for f in EPOCH_FIELDS},
             "final_epochs": layout.final_epochs_trained(self.params),
             "genotype": self.genotype.canonical,
             "params": self.metric(layout.FINAL_PARAMS, layout.DERIVED_PARAMS),

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..runner.phases import EPOCH_FIELDS
 from ..tracking.layout import PARAM_FINAL_EPOCHS_FITTED, TRIAL_PARAM_PREFIX
 from .opsets import OPS_PARAM
-from .select import RunRecord
+from .select import TABLE_PARAMS, RunRecord
 
 SHOWN = 8  # settings named in the sentence; the rest are counted
 SHOWN_VALUES = 4  # a setting's values named (a study's tuned setting has one per trial)
 UNSET = "(unset)"  # a key a run did not record (a run from before the key existed)
 
-# params shown elsewhere: a column of the runs table, or the op-set warning
-ELSEWHERE = frozenset(
-    {"seed", "name", "data.name", "temperature.schedule", "temperature.initial_temperature"}
-    | {"temperature.min_temperature", "temperature.anneal_fraction", "mutation.strength"}
-    | {"search.cycles", "search.warmup_epochs", "search.final_epochs", OPS_PARAM}
-    | {f"search.{f}" for f in EPOCH_FIELDS}
-    | {PARAM_FINAL_EPOCHS_FITTED}
-)
+# params shown elsewhere: a column of the runs table (the experiment's name and data set,
+# the final epochs trained: layout.final_epochs_trained), or the op-set warning
+ELSEWHERE = frozenset(TABLE_PARAMS.values()) | {
+    "name",
+    "data.name",
+    "search.final_epochs",
+    PARAM_FINAL_EPOCHS_FITTED,
+    OPS_PARAM,
+}
 # params about where a run was recorded and how many threads it had, not what it did, and
 # a study trial's copies of its sampled values (their own config keys are compared)
 NOT_METHOD_PREFIXES = ("tracking.", "threads", TRIAL_PARAM_PREFIX)

@@ -825,6 +825,10 @@ def section_table(
     repeats = size["infer_repeats"]
     fashion_dir = [f"data.data_dir={args.fashion_dir}"] if args.fashion_dir else []
 
+    def digits_with(*settings: str) -> Callable[[], dict]:
+        """The default digits run with ``settings`` more."""
+        return lambda: run_section(device, [*size["digits"], *settings], repeats)
+
     def cifar_with(setting: str) -> Callable[[], dict]:
         """The CIFAR-like run with one setting more."""
         settings, sizes = size["cifar_shape"]
@@ -832,26 +836,18 @@ def section_table(
 
     return {
         "device_tests": lambda: device_tests(device, args.smoke),
-        "digits": lambda: run_section(device, size["digits"], repeats),
+        "digits": digits_with(),
         # the same run with cuDNN's autotuning, which the digits experiment turns off (a
         # short run meets most convolution shapes once: 45 s on an H100 against 30 s)
-        "digits_autotune_on": lambda: run_section(device, [*size["digits"], *TIMED], repeats),
+        "digits_autotune_on": digits_with(*TIMED),
         # cuDNN times every shape, not only the full batches'
-        "digits_autotune_all": lambda: run_section(
-            device, [*size["digits"], *TIMED, "speed.cudnn_benchmark_scope=all"], repeats
-        ),
+        "digits_autotune_all": digits_with(*TIMED, "speed.cudnn_benchmark_scope=all"),
         # the same run in the contiguous layout: other BatchNorm and convolution kernels
-        "digits_contiguous": lambda: run_section(
-            device, [*size["digits"], "speed.channels_last=false"], repeats
-        ),
+        "digits_contiguous": digits_with("speed.channels_last=false"),
         # the same run without each epoch's last, smaller batch: half the shapes to meet
-        "digits_drop_last": lambda: run_section(
-            device, [*size["digits"], "data.drop_last=true"], repeats
-        ),
+        "digits_drop_last": digits_with("data.drop_last=true"),
         # the same run with CUDA graphs of the fixed phases (opt-in)
-        "digits_graphs_on": lambda: run_section(
-            device, [*size["digits"], "speed.cuda_graphs=true"], repeats
-        ),
+        "digits_graphs_on": digits_with("speed.cuda_graphs=true"),
         # runs in one process with CUDA graphs, as a study worker has them: whether a
         # capture fails and leaves the process's random numbers broken (the H100 once did)
         "graphs_sequence": lambda: graphs_sequence_section(
@@ -878,9 +874,7 @@ def section_table(
         # W-training's edges switched on the device, in a run (a lever for GPU busy)
         "cifar_shape_sampled_graphs": cifar_with("speed.sampled_graphs=true"),
         # the default run with it: whether compiling pays back within a short run
-        "digits_sampled_graphs": lambda: run_section(
-            device, [*size["digits"], "speed.sampled_graphs=true"], repeats
-        ),
+        "digits_sampled_graphs": digits_with("speed.sampled_graphs=true"),
         # after a growth, cuDNN meets new shapes (its scope decides which it times)
         "growth": lambda: growth_section(device, *size["growth"]),
         # the same without cuDNN's autotuning: what a growth costs when nothing is timed
@@ -892,9 +886,7 @@ def section_table(
         "cond_graph": lambda: gpu_steps.cond_graph_section(device, *size["cond_graph"]),
         # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels
         # (a lever, not a target's figure: it runs once the targets' sections have)
-        "digits_autotune_limit3": lambda: with_benchmark_limit(
-            3, lambda: run_section(device, [*size["digits"], *TIMED], repeats)
-        ),
+        "digits_autotune_limit3": lambda: with_benchmark_limit(3, digits_with(*TIMED)),
         # W-retraining's step as a CUDA graph pair against the eager one
         "graphed": lambda: gpu_steps.graphed_section(
             device, 2 if args.smoke else 64, 2 if args.smoke else 20

@@ -97,9 +97,8 @@ class Training(Part):
         )
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
-        data = self.cfg.data
-        batches = Batches(split, data.batch_size, self.shuffle, augmentation, data.drop_last)
-        for x, y in batches:
+        size, drop_last = self.cfg.data.batch_size, self.cfg.data.drop_last
+        for x, y in Batches(split, size, self.shuffle, augmentation, drop_last):
             loss, hits = step(x, y, tau)
             loss_sum += loss * len(y)
             correct += hits
@@ -138,10 +137,10 @@ class Training(Part):
     def calibrate(self, genotype: Genotype) -> Genotype:
         """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches
         (whole ones under ``data.drop_last``, as training saw them)."""
-        n, data = self.cfg.search.calibration_batches, self.cfg.data
+        n = self.cfg.search.calibration_batches
+        size, drop_last = self.cfg.data.batch_size, self.cfg.data.drop_last
         if n:
-            head = self.data.train.head(n * data.batch_size)
-            batches = Batches(head, data.batch_size, drop_last=data.drop_last)
+            batches = Batches(self.data.train.head(n * size), size, drop_last=drop_last)
             self.net.recalibrate_batchnorm(genotype, (x for x, _ in batches))
         return genotype
 

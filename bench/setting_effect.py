@@ -65,18 +65,24 @@ def analyse(records: list[dict], setting: list[str]) -> dict[str, dict[str, floa
         on = [scale * arms[(s, True)][metric] for s in seeds]
         diffs = [b - a for a, b in zip(off, on)]
         low, high = paired_ci(diffs)
-        spread = lambda xs: statistics.stdev(xs) if len(xs) > 1 else float("nan")  # noqa: E731
+        (off_mean, off_std), (on_mean, on_std) = _mean_std(off), _mean_std(on)
         out[metric] = {
             "seeds": len(seeds),
-            "off_mean": statistics.mean(off) if off else float("nan"),
-            "off_std": spread(off),
-            "on_mean": statistics.mean(on) if on else float("nan"),
-            "on_std": spread(on),
-            "diff": statistics.mean(diffs) if diffs else float("nan"),
+            "off_mean": off_mean,
+            "off_std": off_std,
+            "on_mean": on_mean,
+            "on_std": on_std,
+            "diff": _mean_std(diffs)[0],
             "ci_low": low,
             "ci_high": high,
         }
     return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN where there are too few values)."""
+    mean = statistics.mean(xs) if xs else float("nan")
+    return mean, statistics.stdev(xs) if len(xs) > 1 else float("nan")
 
 
 def report(records: list[dict], setting: list[str]) -> str:

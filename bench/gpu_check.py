@@ -588,6 +588,9 @@ def sizes(smoke: bool) -> dict:
             "first_sight": (4, 8, 1),  # channels, image, new shapes per kind
             "switched_step": (2, 1, 1, 1),  # batch, cells, nodes, steps
             "switched_edges": (2, 1, 1, 1, True),  # and per edge
+            # the switched sections' op set: zeros, identity and a convolution branch
+            # trace in a third of the eight ops' time (CI's CPU; a GPU runs all eight)
+            "switched_primitives": ("none", "skip_connect", "sep_conv_3x3"),
             "cond_graph": (2, 4, 8, 2, 1),  # batch, channels, image, edges, steps
             "growth": (4, 2),  # channels; steps: the first and one steady
             "study": (2, 64, False, 1),  # no MLflow model logged; one worker, in-process
@@ -615,6 +618,7 @@ def sizes(smoke: bool) -> dict:
         "first_sight": (16, 32, 3),
         "switched_step": (64, 1, 4, 20),  # the DARTS-like first cell: 14 edges, 16 channels
         "switched_edges": (64, 8, 4, 20, True),  # the DARTS-like size: 112 edges
+        "switched_primitives": (),  # the eight built-in ops
         "cond_graph": (64, 16, 32, 14, 20),  # cells of 14 edges at that shape
         "growth": (16, 4),
         "study": (4, 300),
@@ -868,7 +872,10 @@ def section_table(
         # the W-step target's size first: the lever the product would ship
         # channels-last everywhere (CUDA's layout): the branches must agree on strides
         "switched_edges": lambda: gpu_steps.switched_section(
-            device, *size["switched_edges"], layout=torch.channels_last
+            device,
+            *size["switched_edges"],
+            layout=torch.channels_last,
+            primitives=size["switched_primitives"],
         ),
         "cifar_shape": lambda: cifar_section(device, *size["cifar_shape"], workdir, repeats),
         # W-training's edges switched on the device, in a run (a lever for GPU busy)
@@ -880,7 +887,9 @@ def section_table(
         # the same without cuDNN's autotuning: what a growth costs when nothing is timed
         "growth_autotune_off": lambda: growth_section(device, *size["growth"], autotune=False),
         # the switched step with the network compiled whole: one graph against a pair an edge
-        "switched_step": lambda: gpu_steps.switched_section(device, *size["switched_step"]),
+        "switched_step": lambda: gpu_steps.switched_section(
+            device, *size["switched_step"], primitives=size["switched_primitives"]
+        ),
         "cifar_shape_graphs_on": cifar_with("speed.cuda_graphs=true"),
         # the toy of switched_step (copied vs static weights, one trace for two cells)
         "cond_graph": lambda: gpu_steps.cond_graph_section(device, *size["cond_graph"]),

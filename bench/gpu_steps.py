@@ -639,6 +639,7 @@ def switched_section(
     timed_steps: int,
     per_edge: bool = False,
     layout: torch.memory_format | None = None,
+    primitives: tuple[str, ...] = (),
 ) -> dict:
     """The product's sampled W-step against the same step with every edge switched on the
     device (a ``space.cells.Switched`` plan of ``space.switched.switched_edge``), the
@@ -649,19 +650,22 @@ def switched_section(
     a graph pair per edge, the sums between them eager), so one trace serves every edge
     of a shape and stride: at the whole DARTS-like size 5 traces for 112 edges, where
     compiling the network whole traces every edge (on a 2-core Intel Xeon 6 s an edge,
-    ten minutes for that size). ``layout``: the network's (default
-    :func:`_setup`'s: channels-last on CUDA). The switched step sets the gradients of the ops
-    the host's path did not draw to None before clipping and SGD, so it moves what the
-    product's step moves. Figures: ms per step, kernels and GPU busy of both; the compile
-    and capture in its first 3 steps; the graphs traced and skipped and the inputs copied
-    per replay (:func:`_compile_counts`); and from one start,
-    one step of each along the same path: the loss, the weights, the BatchNorm running
-    statistics and the momentum buffers, their largest relative differences."""
+    ten minutes for that size). ``layout``: the network's (default :func:`_setup`'s:
+    channels-last on CUDA). ``primitives``: the op set (default the eight built-in ops;
+    gpu_check --smoke names three, a third of the tracing). The switched step sets the
+    gradients of the ops the host's path did not draw to None before clipping and SGD, so
+    it moves what the product's step moves. Figures: ms per step, kernels and GPU busy of
+    both; the compile and capture in its first 3 steps; the graphs traced and skipped and
+    the inputs copied per replay (:func:`_compile_counts`); and from one start, one step
+    of each along the same path: the loss, the weights, the BatchNorm running statistics
+    and the momentum buffers, their largest relative differences."""
     import copy
 
     from asolab.space.switched import SwitchedEdges, SwitchedNetwork, switched_edge
 
     overrides = {"space.layers": layers, "space.steps": nodes}
+    if primitives:
+        overrides["space.primitives"] = list(primitives)
     cfg, net, wopt, _, speed, x, y = _setup(device, batch, layout, overrides)
     clip = cfg.search.grad_clip
     twin = copy.deepcopy(net)

@@ -96,6 +96,16 @@ def timed(fn: Callable[[], object], device: torch.device, steps: int, warmup: in
     return statistics.median(blocks)
 
 
+def first_calls(fn: Callable[[], object], device: torch.device, calls: int) -> tuple[list, float]:
+    """``fn``'s results over its first ``calls`` calls, and their seconds (device work
+    included): what compiling, capturing or cuDNN's first sight of a shape costs."""
+    sync(device)
+    start = time.perf_counter()
+    results = [fn() for _ in range(calls)]
+    sync(device)
+    return results, time.perf_counter() - start
+
+
 def profiled(fn: Callable[[], object], device: torch.device, steps: int = 5) -> dict:
     """CUDA kernels per step and GPU busy (kernel time / wall time) from torch.profiler."""
     if device.type != "cuda":
@@ -169,11 +179,8 @@ def _graphs_run(device: torch.device, batch: int, graphs: bool, steps: int) -> d
     clip = cfg.search.grad_clip
     model = speed.compiled(sc.FixedNetwork(net, net.derive()))
     fn = lambda: sc.steps.weight_step(model, speed, wopt, x, y, None, clip)  # noqa: E731
-    sync(device)
-    start = time.perf_counter()
-    losses = [fn()[0] for _ in range(5)]
-    sync(device)
-    first = time.perf_counter() - start
+    results, first = first_calls(fn, device, 5)
+    losses = [loss for loss, *_ in results]
     weights = [t.detach().float().cpu() for t in net.state_dict().values()]
     seconds = timed(fn, device, steps, warmup=3)
     out = {
@@ -275,11 +282,7 @@ def retrain_section(device: torch.device, batch: int, epoch_images: int, modes) 
             continue
         clip = cfg.search.grad_clip
         fn = lambda: sc.steps.weight_step(fixed, speed, wopt, x, y, None, clip)  # noqa: E731, B023 (used at once)
-        start = time.perf_counter()
-        for _ in range(3):  # compile (and CUDA-graph recording) happens here
-            fn()
-        sync(device)
-        first = time.perf_counter() - start
+        _, first = first_calls(fn, device, 3)  # compile (and CUDA-graph recording) here
         seconds = timed(fn, device, 20, warmup=2)
         per_epoch = epoch_images // batch
         out[mode] = {
@@ -308,11 +311,7 @@ def growth_section(device: torch.device, batch: int) -> dict:
             clip = cfg.search.grad_clip
             plans = net.sample_plans(1.0, False)
             fn = lambda n=net, o=wopt, p=plans: sc.steps.weight_step(n, speed, o, x, y, p, clip)  # noqa: E731, B023 (used at once)
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            first = time.perf_counter() - start
+            _, first = first_calls(fn, device, 1)
             steady = timed(fn, device, 5, warmup=1)
             out[f"{kind}_autotune_{'on' if bench_on else 'off'}"] = {
                 "first_step_s": first,
@@ -568,11 +567,7 @@ def cond_graph_section(
             conditional(torch.randint(0, 3, (2 * edges,), device=device)).backward()
             clear()
 
-        start = time.perf_counter()
-        for _ in range(3):
-            cond_step()
-        sync(device)
-        first = time.perf_counter() - start
+        _, first = first_calls(cond_step, device, 3)
         figures = {
             "ms_per_step": 1e3 * timed(cond_step, device, steps, warmup=3),
             **profiled(cond_step, device),
@@ -610,24 +605,27 @@ def cond_graph_section(
     }
 
 
+def largest_rel_diff(pairs) -> float:
+    """The largest difference over pairs of tensors (floating ones; a first tensor with
+    infinities, as 'none''s -inf mask, left out), relative to the first ones' largest value."""
+    pairs = [(a.float(), b.float()) for a, b in pairs if a.is_floating_point()]
+    pairs = [(a, b) for a, b in pairs if torch.isfinite(a).all()]
+    scale = max((a.abs().max().item() for a, _ in pairs), default=0.0) or 1.0
+    return max(((a - b).abs().max().item() for a, b in pairs), default=0.0) / scale
+
+
 def _differences(net, twin, opt, twin_opt) -> dict:
     """Largest differences between two networks and their SGD states, each relative to the
     first one's largest value: weights, BatchNorm running statistics, momentum buffers."""
-
-    def rel(pairs) -> float:
-        pairs = [(a.float(), b.float()) for a, b in pairs if a.is_floating_point()]
-        pairs = [(a, b) for a, b in pairs if torch.isfinite(a).all()]  # 'none''s -inf mask
-        scale = max((a.abs().max().item() for a, _ in pairs), default=0.0) or 1.0
-        return max(((a - b).abs().max().item() for a, b in pairs), default=0.0) / scale
 
     momentum = [
         (opt.state[p]["momentum_buffer"], twin_opt.state[q]["momentum_buffer"])
         for p, q in zip(net.weight_parameters(), twin.weight_parameters())
     ]
     return {
-        "weight_diff_rel": rel(zip(net.parameters(), twin.parameters())),
-        "running_stats_diff_rel": rel(zip(net.buffers(), twin.buffers())),
-        "momentum_diff_rel": rel(momentum),
+        "weight_diff_rel": largest_rel_diff(zip(net.parameters(), twin.parameters())),
+        "running_stats_diff_rel": largest_rel_diff(zip(net.buffers(), twin.buffers())),
+        "momentum_diff_rel": largest_rel_diff(momentum),
     }
 
 

@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 import torch.nn as nn
+from bench_scripts import bench_module
 from conftest import ONE_CYCLE
 
 from asolab import config
@@ -44,18 +45,13 @@ def _net(layout: torch.memory_format):
     return cfg, net
 
 
-def _rel(pairs) -> float:
-    pairs = [(a.float(), b.float()) for a, b in pairs if a.is_floating_point()]
-    pairs = [(a, b) for a, b in pairs if torch.isfinite(a).all()]  # 'none''s -inf mask
-    scale = max(a.abs().max().item() for a, _ in pairs) or 1.0
-    return max((a - b).abs().max().item() for a, b in pairs) / scale
-
-
 @pytest.mark.parametrize("layout", [torch.channels_last])  # CUDA's; contiguous in bench
 def test_a_switched_w_step_moves_what_the_eager_step_moves(layout):
     """Two steps of each from one start, along the same two paths: the same losses, weights,
     momentum buffers and BatchNorm running statistics (to rounding), and gradients on
     exactly the parameters the eager step gives them (the ops drawn, the rest None)."""
+    # the measure bench/gpu_steps.py's switched sections report on a GPU
+    rel = bench_module("gpu_steps").largest_rel_diff
     cfg, eager = _net(layout)
     _, switched_net = _net(layout)
     speed, switched = Speed(cfg.speed, CPU), SwitchedEdges(CPU).bind(switched_net)
@@ -72,13 +68,13 @@ def test_a_switched_w_step_moves_what_the_eager_step_moves(layout):
         drawn = [p.grad is not None for p in eager.parameters()]
         assert [p.grad is not None for p in switched_net.parameters()] == drawn
         assert 0 < sum(drawn) < len(drawn)
-    assert _rel(zip(eager.parameters(), switched_net.parameters())) < 1e-6
-    assert _rel(zip(eager.buffers(), switched_net.buffers())) < 1e-5
+    assert rel(zip(eager.parameters(), switched_net.parameters())) < 1e-6
+    assert rel(zip(eager.buffers(), switched_net.buffers())) < 1e-5
     momentum = [
         (opts[0].state[p]["momentum_buffer"], opts[1].state[q]["momentum_buffer"])
         for p, q in zip(eager.weight_parameters(), switched_net.weight_parameters())
     ]
-    assert _rel(momentum) < 1e-4  # one step's gradients, channels-last kernels' rounding
+    assert rel(momentum) < 1e-4  # one step's gradients, channels-last kernels' rounding
 
 
 def test_a_network_with_an_op_without_a_branch_form_trains_eagerly_and_says_so(caplog):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from asolab import config
 from asolab.data import Augmentation, Batches, DataError, _translate, load_data
+from asolab.data.splits import stratified_order
 
 
 def test_digits_splits_are_disjoint_deterministic_and_seeded():
@@ -131,6 +133,101 @@ def test_drop_last_warns_when_it_would_leave_out_much_of_a_split(caplog):
     assert [r.getMessage()[:60] for r in caplog.records] == [
         "data.drop_last leaves out 450 of the 1150 training images ea"
     ]
+
+
+# an imbalanced set: three common classes, two rare ones and one of a single image
+IMBALANCED = {"a": 400, "b": 300, "c": 200, "rare": 6, "rarer": 3, "single": 1}
+
+
+def _imbalanced(tmp_path) -> str:
+    counts = list(IMBALANCED.values())
+    y = np.repeat(np.arange(len(counts)), counts)
+    x = np.random.default_rng(0).integers(0, 256, (len(y), 8, 8), dtype=np.uint8)
+    path = tmp_path / "imbalanced.npz"
+    np.savez(path, x_train=x, y_train=y, classes=np.array(list(IMBALANCED)))
+    return str(path)
+
+
+def _classes_in(split) -> set[str]:
+    return {list(IMBALANCED)[c] for c in split.y.unique().tolist()}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stratified_order_carves_each_class_in_proportion(seed):
+    """The first n of the order hold each class in proportion, rounded (a class of two
+    or more images on both sides); the order is a permutation, drawn from the seed."""
+    rng = np.random.default_rng(seed)
+    y = rng.choice(7, size=500, p=[0.4, 0.3, 0.15, 0.1, 0.03, 0.015, 0.005])
+    counts = np.bincount(y, minlength=7)
+    for n_first in (7, 50, 123, 250):
+        order = stratified_order(y, n_first, np.random.default_rng(seed))
+        assert sorted(order.tolist()) == list(range(len(y)))
+        first = np.bincount(y[order[:n_first]], minlength=7)
+        assert first.sum() == n_first
+        share = counts * n_first / len(y)
+        # a class of two or more images on each side, however small its share: one here
+        rare = (share < 1) & (counts >= 2)
+        assert (first[rare] == 1).all() and (first < counts).all(), (first, share)
+        # the rest in proportion, give or take the ones the rare classes were lent
+        assert (np.abs(first - share)[~rare] < 1 + rare.sum()).all(), (first, share)
+        again = stratified_order(y, n_first, np.random.default_rng(seed))
+        assert np.array_equal(order, again)
+
+
+def test_a_split_without_a_rare_class_is_named_and_data_stratify_carves_per_class(tmp_path):
+    """A random carve of an imbalanced set leaves rare classes out of the validation split
+    and the search subset: each split that lacks a class gets a note (printed under the
+    run's banner, recorded as a tag), naming the classes, with the fix. data.stratify =
+    true puts every class of two or more images in every split; only the class of one
+    image is left out of the carved splits, and the note says why."""
+    path = _imbalanced(tmp_path)
+    d = load_data(config.DataConfig(name="arrays", path=path, train_subset=100), seed=0)
+    lacking = {"rare", "rarer"} - _classes_in(d.val)
+    assert lacking, "the random carve of seed 0 kept every rare class: pick another seed"
+    note = d.notes["missing_validation"]
+    assert note.startswith("the validation split (alpha-training, selection) holds no image")
+    assert all(name in note for name in lacking)
+    assert note.endswith("data.stratify = true carves each split per class")
+    assert d.summary()["notes"] == d.notes  # what the run records and prints
+    lacks_single = "single" not in _classes_in(d.full_train)
+    assert ("missing_training" in d.notes) == lacks_single
+    if lacks_single:
+        assert "(single): the network is built for them but never" in d.notes["missing_training"]
+
+    cfg = config.DataConfig(name="arrays", path=path, train_subset=100, stratify=True)
+    s = load_data(cfg, seed=0)
+    common = set(IMBALANCED) - {"single"}
+    assert _classes_in(s.val) == _classes_in(s.test) == common
+    assert _classes_in(s.train) == _classes_in(s.full_train) == set(IMBALANCED)
+    # each class in proportion: the validation split holds a fifth of each common class
+    val = np.bincount(s.val.y.numpy(), minlength=6)
+    assert abs(val[0] / val[1] - 4 / 3) < 0.05 and abs(val[1] / val[2] - 3 / 2) < 0.05
+    assert s.notes == {
+        f"missing_{key}": f"the {split} holds no image of 1 of its 6 classes (single): too "
+        "few images of them to carve into every split"
+        for key, split in [
+            ("test", "test split"),
+            ("validation", "validation split (alpha-training, selection)"),
+        ]
+    }
+
+
+def test_stratify_off_carves_as_before_and_a_balanced_set_gets_no_note():
+    """Without data.stratify each carve is the seeded permutation every run drew before
+    the setting (published runs and checkpoints keep their splits); digits, balanced,
+    gets no note, and with the setting its splits still hold every class."""
+    d = load_data(config.DataConfig(), seed=3)
+    s = load_data(config.DataConfig(stratify=True), seed=3)
+    assert not d.notes and not s.notes
+    from sklearn.datasets import load_digits
+
+    y = load_digits().target
+    test = np.random.default_rng(0).permutation(len(y))[:359]
+    assert np.array_equal(d.test.y.numpy(), y[test])
+    rest = np.random.default_rng(0).permutation(len(y))[359:]  # in the carve's order
+    val = rest[np.random.default_rng(3).permutation(len(rest))[:288]]
+    assert np.array_equal(d.val.y.numpy(), y[val])
+    assert not torch.equal(s.val.y, d.val.y) and s.val.y.unique().numel() == 10
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):

@@ -89,6 +89,15 @@ class DataConfig:
         le=SEED_MAX,
         help="seed of the test carve-out; fixed so that all runs share one test split",
     )
+    stratify: bool = field(
+        False,
+        help=(
+            "carve the test split (where the data set has none), the validation split and the "
+            "search subset per class, each class in proportion, instead of at random: for "
+            "imbalanced data, whose rare classes a random carve can leave out of a split "
+            "(a run warns of each class a split lacks)"
+        ),
+    )
     train_subset: int = field(
         0,
         ge=0,

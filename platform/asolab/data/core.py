@@ -21,6 +21,9 @@ from ..config import DataConfig
 # the images that the data did not say; tracking/layout.py maps each to a run tag
 NOTE_LAYOUT = "layout"
 NOTE_RESIZE = "resize"
+# and which classes a split holds no image of (data/load.py), a key per split:
+# missing_training, missing_test, missing_validation, missing_search
+NOTE_MISSING = "missing_"
 
 
 class DataError(RuntimeError):

@@ -3,8 +3,10 @@
 Splits: ``test`` is the data set's own test split (sets without one, digits
 among them, get a fixed carve-out from ``data.split_seed``); ``val`` is carved
 out of the training data from the run's seed and is what alpha-training and
-every selection use. The test split is reported, never optimised. A set without
-declared normalisation is normalised by the per-channel mean and std of its
+every selection use. The test split is reported, never optimised. Each carve is
+random, or per class with ``data.stratify`` (:mod:`.splits`); a carved split, the
+search subset or the training split that lacks a class gets a note naming it. A set
+without declared normalisation is normalised by the per-channel mean and std of its
 training split (everything but the test split), recorded with the run.
 """
 
@@ -19,8 +21,18 @@ import torch
 from ..config import DataConfig
 from ..plugins import PluginError
 from .checks import channel_stats, standardise
-from .core import Arrays, Augmentation, DataBundle, DataError, DatasetSpec, Split, dropped
+from .core import (
+    NOTE_MISSING,
+    Arrays,
+    Augmentation,
+    DataBundle,
+    DataError,
+    DatasetSpec,
+    Split,
+    dropped,
+)
 from .registry import REGISTRY
+from .splits import missing_classes, stratified_order
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +100,63 @@ def _check_drop_last(cfg: DataConfig, sizes: dict[str, int]) -> None:
             )
 
 
+def _order(cfg: DataConfig, y: np.ndarray, n_first: int, draw: np.random.Generator) -> np.ndarray:
+    """The order a carve takes its first ``n_first`` examples from: per class with
+    ``data.stratify``, else at random (the draw every run made before the setting)."""
+    return stratified_order(y, n_first, draw) if cfg.stratify else draw.permutation(len(y))
+
+
+# the splits a note of missing classes names, by its key's end
+SPLIT_TITLES = {
+    "training": "training split",
+    "test": "test split",
+    "validation": "validation split (alpha-training, selection)",
+    "search": "search subset (data.train_subset)",
+}
+# a note of classes missing from a split names at most this many
+NAMED_CLASSES = 5
+
+
+def _missing_classes(
+    cfg: DataConfig,
+    training: tuple[np.ndarray, np.ndarray],
+    carved: dict[str, tuple[np.ndarray, np.ndarray]],
+    num_classes: int,
+    names: tuple[str, ...] | None,
+) -> dict[str, str]:
+    """A note (``NOTE_MISSING`` + the split) for the training split (``training``: its
+    labels and the data set's) if it holds no image of a class, and for each carved split
+    (``carved``: its labels and those it was carved from) that lacks a class it could have
+    held: rare classes of an imbalanced set, left out by a random carve. The network is
+    built for every class; what is blind to one says so, with the fix: ``data.stratify``,
+    or more images of a class too rare for a carve per class to reach every split."""
+    splits = {"training": (training[0], np.arange(num_classes))}
+    for what, (y, source) in carved.items():
+        splits[what] = (y, np.unique(source))
+    notes = {}
+    for what, (y, expected) in splits.items():
+        missing = missing_classes(y, expected)
+        if not len(missing):
+            continue
+        named = [names[c] if names else str(c) for c in missing[:NAMED_CLASSES]]
+        more = f" and {len(missing) - NAMED_CLASSES} more" if len(missing) > NAMED_CLASSES else ""
+        carve = "data.stratify = true carves each split per class"
+        if what == "training":
+            fix = "the network is built for them but never trains on them"
+            # carved out of training at random; else not in the data set at all
+            if not cfg.stratify and np.isin(missing, training[1]).all():
+                fix += f"; {carve}"
+        elif cfg.stratify:
+            fix = "too few images of them to carve into every split"
+        else:
+            fix = carve
+        notes[NOTE_MISSING + what] = (
+            f"the {SPLIT_TITLES[what]} holds no image of {len(missing)} of its "
+            f"{len(expected)} classes ({', '.join(named)}{more}): {fix}"
+        )
+    return notes
+
+
 def _spec(name: str) -> DatasetSpec:
     if name not in REGISTRY:
         raise DataError(f"unknown data set {name!r}; known: {', '.join(REGISTRY)}")
@@ -127,18 +196,32 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
     spec = _spec(cfg.name)
     a = _load(spec, cfg)
     xtr, ytr, xte, yte = a.x_train, a.y_train, a.x_test, a.y_test
+    carved = {}  # the splits asolab carves: their labels and those carved from
     if xte is None or yte is None:
-        perm = np.random.default_rng(cfg.split_seed).permutation(len(ytr))
         n_test = int(round(cfg.test_fraction * len(ytr)))
+        perm = _order(cfg, ytr, n_test, np.random.default_rng(cfg.split_seed))
         xte, yte = xtr[perm[:n_test]], ytr[perm[:n_test]]
         xtr, ytr = xtr[perm[n_test:]], ytr[perm[n_test:]]
+        carved["test"] = (yte, a.y_train)
     mean_, std_ = (a.mean, a.std) if a.mean and a.std else channel_stats(xtr)
     num_classes = int(a.num_classes or 0)
-    perm = np.random.default_rng(seed).permutation(len(ytr))
+    draw = np.random.default_rng(seed)
     n_val = int(round(cfg.val_fraction * len(ytr)))
+    perm = _order(cfg, ytr, n_val, draw)
     _check_val_size(cfg.val_fraction, n_val, len(ytr), cfg.name, num_classes)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
     _check_train_subset(cfg, len(train_idx), num_classes)
+    subset = 0 < cfg.train_subset < len(train_idx)
+    if cfg.stratify and subset:  # the search's head too
+        order = stratified_order(ytr[train_idx], cfg.train_subset, draw, both_sides=False)
+        train_idx = train_idx[order]
+    carved["validation"] = (ytr[val_idx], ytr)
+    if subset:
+        carved["search"] = (
+            ytr[train_idx[: cfg.train_subset]],
+            ytr[train_idx],
+        )
+    missing = _missing_classes(cfg, (ytr[train_idx], a.y_train), carved, num_classes, a.classes)
     mean = torch.tensor(mean_, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(std_, dtype=torch.float32).view(1, -1, 1, 1)
 
@@ -166,7 +249,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         height=height,
         width=width,
         classes=a.classes,
-        notes=dict(a.notes),
+        notes={**a.notes, **missing},
     )
     log.info("data set %s: %s", cfg.name, bundle.summary())
     # the search's and the final stage's training split, named once where they are one

@@ -1,0 +1,68 @@
+"""The carved splits (test, validation, search subset): drawn at random, or per class.
+
+A random carve of an imbalanced set can leave a rare class out of a split: out of the
+validation split, alpha-training and the choice of the final network are blind to it;
+out of the search subset, the search never trains on it; out of a carved test split,
+the test accuracy says nothing of it. ``data.stratify`` carves each split per class
+instead (:func:`stratified_order`), and without it :func:`missing_classes` lets the
+run say which classes a split lacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _quotas(
+    counts: np.ndarray, n_first: int, rng: np.random.Generator, both_sides: bool
+) -> np.ndarray:
+    """How many of each class go first: ``n_first`` in all, each class in proportion to
+    its count (largest remainders round up, ties drawn by ``rng``), and every class with
+    two or more images on both sides where the sizes allow (``both_sides``; else every
+    class first)."""
+    quota = counts * n_first / counts.sum()
+    take = np.floor(quota).astype(np.int64)
+    splittable = counts >= (2 if both_sides else 1)
+    # a class of a few images would round to none first: one, so both sides hold it
+    take[splittable & (take == 0) & (n_first > 0)] = 1
+    # and none is all first while the rest is not empty (the other side holds it too)
+    keep = 1 if both_sides else 0  # of a class, left for the other side
+    take = np.minimum(take, np.where(splittable, counts - keep, counts))
+    tie = rng.random(len(counts))  # breaks ties between equal remainders
+    # largest remainders first; a class's last image only where nothing else is left
+    for cap in (np.where(splittable, counts - keep, counts), counts):
+        while take.sum() < n_first and (take < cap).any():
+            i = int(np.argmax(np.where(take < cap, quota - take + 1e-9 * tie, -np.inf)))
+            take[i] += 1
+    while take.sum() > n_first:
+        # the one per class overshot: the class furthest above its share gives one back,
+        # keeping its one while any class has more (a split smaller than the class count
+        # leaves the rarest out)
+        floor = 1 if (take > 1).any() else 0
+        i = int(np.argmax(np.where(take > floor, take - quota + 1e-9 * tie, -np.inf)))
+        take[i] -= 1
+    return take
+
+
+def stratified_order(
+    y: np.ndarray, n_first: int, rng: np.random.Generator, both_sides: bool = True
+) -> np.ndarray:
+    """A permutation of ``range(len(y))`` whose first ``n_first`` indices hold each class
+    of ``y`` in proportion (as scikit-learn's stratified splits do), each part in random
+    order. ``both_sides``: a class of two or more images is on both sides wherever the
+    sizes allow, and a class of one stays on the second, the split carved from (a test or
+    validation carve); else every class is first wherever the size allows (a subset, whose
+    rest goes unused)."""
+    classes, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    take = _quotas(counts, n_first, rng, both_sides)
+    first, rest = [], []
+    for c in range(len(classes)):
+        members = rng.permutation(np.flatnonzero(inverse == c))
+        first.append(members[: take[c]])
+        rest.append(members[take[c] :])
+    return np.concatenate([rng.permutation(np.concatenate(part)) for part in (first, rest)])
+
+
+def missing_classes(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The labels among ``classes`` that ``y`` holds none of."""
+    return np.setdiff1d(classes, y)

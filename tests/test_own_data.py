@@ -148,7 +148,7 @@ def test_channels_last_arrays_are_read_as_such_and_the_reading_is_said(tmp_path)
     b = load_data(_cfg(name="arrays", path=str(tmp_path / "nhwc.npz")), seed=0)
     assert b.in_channels == 3 and (b.height, b.width) == (6, 5)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.x, b.test.x)
-    assert not a.notes and "read as (N, H, W, C)" in b.notes["layout"]
+    assert "layout" not in a.notes and "read as (N, H, W, C)" in b.notes["layout"]
     assert "(30, 6, 5, 3)" in b.summary()["notes"]["layout"]
     # the same pixels, declared: no guess, and the shape that auto refuses is read
     cube = rng.integers(0, 255, (30, 4, 4, 4), dtype=np.uint8)

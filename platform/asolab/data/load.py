@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -190,11 +191,24 @@ def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.to(device)
 
 
-def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
-    """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
-    ``seed``)."""
-    spec = _spec(cfg.name)
-    a = _load(spec, cfg)
+@dataclass(frozen=True)
+class _Carved:
+    """The splits as indices: the training images (``x``, ``y``: the test split carved
+    out where the set has none), the validation and training indices into them (the
+    search subset the training order's head), and the notes of classes a split lacks."""
+
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    val: np.ndarray
+    train: np.ndarray
+    notes: dict[str, str]
+
+
+def _carve(cfg: DataConfig, a: Arrays, seed: int) -> _Carved:
+    """The test carve from ``split_seed`` (where the set has none), then the validation
+    carve and the search subset's order from ``seed``: at random, or per class."""
     xtr, ytr, xte, yte = a.x_train, a.y_train, a.x_test, a.y_test
     carved = {}  # the splits asolab carves: their labels and those carved from
     if xte is None or yte is None:
@@ -203,7 +217,6 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         xte, yte = xtr[perm[:n_test]], ytr[perm[:n_test]]
         xtr, ytr = xtr[perm[n_test:]], ytr[perm[n_test:]]
         carved["test"] = (yte, a.y_train)
-    mean_, std_ = (a.mean, a.std) if a.mean and a.std else channel_stats(xtr)
     num_classes = int(a.num_classes or 0)
     draw = np.random.default_rng(seed)
     n_val = int(round(cfg.val_fraction * len(ytr)))
@@ -211,17 +224,25 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
     _check_val_size(cfg.val_fraction, n_val, len(ytr), cfg.name, num_classes)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
     _check_train_subset(cfg, len(train_idx), num_classes)
-    subset = 0 < cfg.train_subset < len(train_idx)
-    if cfg.stratify and subset:  # the search's head too
-        order = stratified_order(ytr[train_idx], cfg.train_subset, draw, both_sides=False)
-        train_idx = train_idx[order]
     carved["validation"] = (ytr[val_idx], ytr)
-    if subset:
-        carved["search"] = (
-            ytr[train_idx[: cfg.train_subset]],
-            ytr[train_idx],
-        )
-    missing = _missing_classes(cfg, (ytr[train_idx], a.y_train), carved, num_classes, a.classes)
+    if 0 < cfg.train_subset < len(train_idx):
+        if cfg.stratify:  # the search's head too
+            order = stratified_order(ytr[train_idx], cfg.train_subset, draw, both_sides=False)
+            train_idx = train_idx[order]
+        carved["search"] = (ytr[train_idx[: cfg.train_subset]], ytr[train_idx])
+    training = (ytr[train_idx], a.y_train)
+    notes = _missing_classes(cfg, training, carved, num_classes, a.classes)
+    return _Carved(xtr, ytr, xte, yte, val_idx, train_idx, notes)
+
+
+def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:
+    """Load ``cfg.name`` and split it deterministically (test from ``split_seed``, val from
+    ``seed``)."""
+    spec = _spec(cfg.name)
+    a = _load(spec, cfg)
+    c = _carve(cfg, a, seed)
+    xtr, ytr, train_idx, val_idx = c.x, c.y, c.train, c.val
+    mean_, std_ = (a.mean, a.std) if a.mean and a.std else channel_stats(xtr)
     mean = torch.tensor(mean_, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(std_, dtype=torch.float32).view(1, -1, 1, 1)
 
@@ -236,9 +257,9 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         name=cfg.name,
         train=train,
         val=split(xtr[val_idx], ytr[val_idx]),
-        test=split(xte, yte),
+        test=split(c.x_test, c.y_test),
         full_train=full_train,
-        num_classes=num_classes,
+        num_classes=int(a.num_classes or 0),
         in_channels=int(xtr.shape[1]),
         image_size=max(height, width),
         augmentation=spec.augmentation if cfg.augment else Augmentation(),
@@ -249,7 +270,7 @@ def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") ->
         height=height,
         width=width,
         classes=a.classes,
-        notes={**a.notes, **missing},
+        notes={**a.notes, **c.notes},
     )
     log.info("data set %s: %s", cfg.name, bundle.summary())
     # the search's and the final stage's training split, named once where they are one

@@ -8,7 +8,7 @@ import torch
 
 from asolab import config
 from asolab.data import Augmentation, Batches, DataError, _translate, load_data
-from asolab.data.splits import stratified_order
+from asolab.data.splits import Rows, copies, fingerprints, stratified_order
 
 
 def test_digits_splits_are_disjoint_deterministic_and_seeded():
@@ -228,6 +228,26 @@ def test_stratify_off_carves_as_before_and_a_balanced_set_gets_no_note():
     val = rest[np.random.default_rng(3).permutation(len(rest))[:288]]
     assert np.array_equal(d.val.y.numpy(), y[val])
     assert not torch.equal(s.val.y, d.val.y) and s.val.y.unique().numel() == 10
+
+
+def test_copies_counts_exact_copies_among_the_rows_meant_only():
+    """Three of 100 images copied from a reference set; a fourth differs from its
+    original by one pixel's last bit: three copies. Only the rows named count."""
+    rng = np.random.default_rng(1)
+    ref = rng.random((500, 3, 8, 8)).astype(np.float32)
+    x = rng.random((100, 3, 8, 8)).astype(np.float32)
+    x[[3, 50, 99, 60]] = ref[[7, 0, 499, 8]]
+    x[60, 2, 7, 7] = np.nextafter(x[60, 2, 7, 7], np.float32(2))
+    r = Rows(ref, fingerprints(ref), np.arange(len(ref)))
+    q = Rows(x, fingerprints(x), np.arange(len(x)))
+    assert copies(q, r) == 3
+    assert copies(q._replace(rows=np.arange(10)), r) == 1  # only x[3] among the first ten
+    assert copies(q, r._replace(rows=np.arange(1, 499))) == 1  # ref[0] and ref[499] left out
+    assert (
+        copies(q._replace(rows=np.arange(0)), r)
+        == 0
+        == copies(Rows(x, q.prints, np.arange(10, 20)), r)
+    )
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):

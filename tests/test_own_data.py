@@ -7,6 +7,7 @@ input is one line ``asolab: error: ...`` and exit status 2, before any training.
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -176,6 +177,38 @@ def test_a_resize_is_one_line_how_many_images_from_which_sizes_to_which(tmp_path
     assert "resize" not in load_data(_cfg(name="arrays", path=str(path)), seed=0).notes
     sized = load_data(_cfg(name="arrays", path=str(path), image_size=6), seed=0)
     assert sized.notes["resize"] == "resized 60 of 60 images from 8x8 (60) to 6x6 (data.image_size)"
+
+
+def test_test_images_copied_from_training_are_counted_and_named_with_the_fix(tmp_path):
+    """A file copied from train/ into test/ is an image the network trained on: the test
+    accuracy would count it. The run's notes say how many test images are such copies,
+    and where to remove them; a validation image that duplicates a training image (the
+    data set holds it twice) is counted too. A set without copies gets no such note."""
+    root = write_folder(tmp_path / "imgs", per_class=12, test_per_class=4)
+    clean = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert not [k for k in clean.notes if k.startswith("copies_")]
+    for name in CLASSES[:2]:  # two of the 12 test images, copied from training
+        shutil.copy(root / "train" / name / "000.png", root / "test" / name / "000.png")
+    d = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert d.notes["copies_test"] == (
+        "2 of the 12 test images (17%) are exact copies of training or validation images: "
+        "the test accuracy counts images the run has seen; remove the copies from the test "
+        "split (test/, x_test)"
+    )
+    # every training image twice: each validation image has its twin among the training
+    # images, but where the twin went to validation too
+    path = write_npz(tmp_path / "twice.npz", n=60)
+    with np.load(path) as npz:
+        np.savez(
+            path, x_train=np.tile(npz["x_train"], (2, 1, 1)), y_train=np.tile(npz["y_train"], 2)
+        )
+    a = load_data(_cfg(name="arrays", path=str(path)), seed=0)
+    n_val = len(a.val)
+    rows = lambda s: {r.numpy().tobytes() for r in s.x}  # noqa: E731
+    twins = sum(r in rows(a.full_train) for r in (v.numpy().tobytes() for v in a.val.x))
+    assert 0 < twins <= n_val
+    assert a.notes["copies_validation"].startswith(f"{twins} of the {n_val} validation images")
+    assert a.notes["copies_validation"].endswith("remove the copies from the data set")
 
 
 # ------------------------------------------------------------------ bad input

@@ -24,6 +24,9 @@ NOTE_RESIZE = "resize"
 # and which classes a split holds no image of (data/load.py), a key per split:
 # missing_training, missing_test, missing_validation, missing_search
 NOTE_MISSING = "missing_"
+# and how many test or validation images are exact copies of training images:
+# copies_test, copies_validation
+NOTE_COPIES = "copies_"
 
 
 class DataError(RuntimeError):

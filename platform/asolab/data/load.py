@@ -23,6 +23,7 @@ from ..config import DataConfig
 from ..plugins import PluginError
 from .checks import channel_stats, standardise
 from .core import (
+    NOTE_COPIES,
     NOTE_MISSING,
     Arrays,
     Augmentation,
@@ -33,7 +34,7 @@ from .core import (
     dropped,
 )
 from .registry import REGISTRY
-from .splits import missing_classes, stratified_order
+from .splits import Rows, copies, fingerprints, missing_classes, stratified_order
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,36 @@ def _carve(cfg: DataConfig, a: Arrays, seed: int) -> _Carved:
         carved["search"] = (ytr[train_idx[: cfg.train_subset]], ytr[train_idx])
     training = (ytr[train_idx], a.y_train)
     notes = _missing_classes(cfg, training, carved, num_classes, a.classes)
+    notes.update(_copies(xtr, val_idx, train_idx, xte, own_test="test" not in carved))
     return _Carved(xtr, ytr, xte, yte, val_idx, train_idx, notes)
+
+
+def _copies(
+    xtr: np.ndarray, val_idx: np.ndarray, train_idx: np.ndarray, xte: np.ndarray, own_test: bool
+) -> dict[str, str]:
+    """A note (``NOTE_COPIES`` + the split) for the test split if it holds exact copies of
+    images the run trains or selects on (the training and validation splits), and for the
+    validation split if it holds copies of training images: their accuracy then counts
+    images the network has seen."""
+    prints = fingerprints(xtr)
+    test = Rows(xte, fingerprints(xte), np.arange(len(xte)))
+    in_test = copies(test, Rows(xtr, prints, np.arange(len(xtr))))
+    in_val = copies(Rows(xtr, prints, val_idx), Rows(xtr, prints, train_idx))
+    found = {
+        "test": (in_test, len(xte), "training or validation"),
+        "validation": (in_val, len(val_idx), "training"),
+    }
+    notes = {}
+    for what, (n, total, seen) in found.items():
+        if not n:
+            continue
+        where = "the test split (test/, x_test)" if what == "test" and own_test else "the data set"
+        notes[NOTE_COPIES + what] = (
+            f"{n} of the {total} {what} images ({100 * n / total:.2g}%) are exact copies of "
+            f"{seen} images: the {what} accuracy counts images the run has seen; remove the "
+            f"copies from {where}"
+        )
+    return notes
 
 
 def load_data(cfg: DataConfig, seed: int, device: torch.device | str = "cpu") -> DataBundle:

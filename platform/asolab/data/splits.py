@@ -1,4 +1,5 @@
-"""The carved splits (test, validation, search subset): drawn at random, or per class.
+"""The carved splits (test, validation, search subset): drawn at random, or per class;
+and the images a split shares with the training split.
 
 A random carve of an imbalanced set can leave a rare class out of a split: out of the
 validation split, alpha-training and the choice of the final network are blind to it;
@@ -6,9 +7,15 @@ out of the search subset, the search never trains on it; out of a carved test sp
 the test accuracy says nothing of it. ``data.stratify`` carves each split per class
 instead (:func:`stratified_order`), and without it :func:`missing_classes` lets the
 run say which classes a split lacks.
+
+An image in the test or validation split that is an exact copy of a training image
+(a file copied into both folders, a set with duplicates) is one the network trained on:
+:func:`copies` counts them, by fingerprint, so that the run can say so.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -66,3 +73,45 @@ def stratified_order(
 def missing_classes(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """The labels among ``classes`` that ``y`` holds none of."""
     return np.setdiff1d(classes, y)
+
+
+# odd random weights of the fingerprints, one per pixel position (repeated past 65,536):
+# fixed, so that a fingerprint is a function of the pixels alone
+_WEIGHTS = np.random.default_rng(0).integers(0, 2**63, 1 << 16, dtype=np.uint64) | 1
+
+
+def fingerprints(x: np.ndarray) -> np.ndarray:
+    """A 64-bit number per image of ``x``: its float32 pixels' bits weighted and summed in
+    integer arithmetic (wrapping, so the same pixels give the same number whatever the
+    order of summing), in chunks (the set as 64-bit integers at once would be twice it)."""
+    flat = np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32).view(np.uint32)
+    weights = np.resize(_WEIGHTS, flat.shape[1])
+    out = np.empty(len(x), dtype=np.uint64)
+    for i in range(0, len(x), 4096):
+        out[i : i + 4096] = flat[i : i + 4096].astype(np.uint64) @ weights
+    return out
+
+
+class Rows(NamedTuple):
+    """Images of a split as rows of an array: the array, its :func:`fingerprints`, and
+    the rows of it the split holds (no copy of the images is made)."""
+
+    x: np.ndarray
+    prints: np.ndarray
+    rows: np.ndarray
+
+
+def copies(query: Rows, ref: Rows) -> int:
+    """How many images of ``query`` are exact copies of an image of ``ref`` (the same
+    pixel values): found by fingerprint, each confirmed pixel by pixel."""
+    if not len(query.rows) or not len(ref.rows):
+        return 0
+    mine, theirs = query.prints[query.rows], ref.prints[ref.rows]
+    order = np.argsort(theirs)
+    at = order[np.minimum(np.searchsorted(theirs, mine, sorter=order), len(theirs) - 1)]
+    found = np.flatnonzero(theirs[at] == mine)
+    if not len(found):
+        return 0
+    a = query.x[query.rows[found]].reshape(len(found), -1)
+    b = ref.x[ref.rows[at[found]]].reshape(len(found), -1)
+    return int((a == b).all(axis=1).sum())

@@ -35,7 +35,8 @@ TAG_DATASET = "asolab.dataset"
 # what was done to the images that the data did not say, one line each: a prefix + the
 # note's key (data/core.py NOTE_*): asolab.data_note.layout (an array's layout told from
 # its shape, or data.layout), asolab.data_note.resize (how many images, from and to which size),
-# asolab.data_note.missing_<split> (the classes a split holds no image of)
+# asolab.data_note.missing_<split> (the classes a split holds no image of),
+# asolab.data_note.copies_<split> (its exact copies of training images)
 TAG_DATA_NOTE = "asolab.data_note."
 TAG_DEVICE = "asolab.device"
 # the GPU a run ran on: asolab.device_info.gpu_name, .gpu_index, .gpu_memory_gib,

@@ -163,18 +163,34 @@ class GpuSampler:
         if self.available:
             self._thread.join()
 
-    def during(self, windows: list[tuple[float, float]]) -> dict[str, float] | str:
-        inside = [s for s in self.samples if any(a <= s[0] <= b for a, b in windows)]
+    def _inside(self, windows: list[tuple[float, float]]) -> list[tuple[float, float, float]]:
+        return [s for s in self.samples if any(a <= s[0] <= b for a, b in windows)]
+
+    def during(
+        self, windows: list[tuple[float, float]], loops: list[tuple[float, float]] = ()
+    ) -> dict[str, float] | str:
+        """Utilisation and memory over the samples inside ``windows``; and, from
+        ``loops`` (each epoch's training loop, as timed), the mean over the loops after
+        the first: the steady figure, without the first epoch's first sight of each
+        shape (cuDNN's plans, kernel loading), which a short run's mean is mostly of."""
+        inside = self._inside(windows)
         if not self.available:
             return "n/a (no nvidia-smi)"
         if not inside:
             return "n/a (no sample inside W-training)"
-        return {
+        out = {
             "util_mean_pct": statistics.mean(s[1] for s in inside),
             "util_max_pct": max(s[1] for s in inside),
             "memory_max_mib": max(s[2] for s in inside),
             "samples": len(inside),
         }
+        per_loop = [[s[1] for s in self._inside([w])] for w in loops]
+        out["util_mean_pct_per_epoch"] = [statistics.mean(u) if u else None for u in per_loop]
+        steady = [u for samples in per_loop[1:] for u in samples]
+        if steady:
+            out["util_mean_pct_after_first_epoch"] = statistics.mean(steady)
+            out["samples_after_first_epoch"] = len(steady)
+        return out
 
 
 class PhaseTimes(Recorder):
@@ -183,12 +199,16 @@ class PhaseTimes(Recorder):
     def __init__(self) -> None:
         super().__init__()
         self.windows: dict[str, list[tuple[float, float]]] = {}
+        self.loops: dict[str, list[tuple[float, float]]] = {}  # the loops alone, as timed
 
     def on_epoch_end(self, event) -> None:
         super().on_epoch_end(event)
         now = time.perf_counter()
-        # EpochEnd comes after the epoch's evaluation; its loop took event.seconds
+        # EpochEnd comes after the epoch's evaluation; its loop took event.seconds (a
+        # second before it too: nvidia-smi's figure is the busy share of its last period)
         self.windows.setdefault(event.phase, []).append((now - event.seconds - 1.0, now))
+        # the loop's seconds ending now: late by the evaluation, short on a GPU
+        self.loops.setdefault(event.phase, []).append((now - event.seconds, now))
 
 
 def _gpu_index(device: torch.device) -> str:
@@ -241,7 +261,9 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         "loop_seconds": loops,
         "other_seconds": seconds - sum(loops.values()),
         "final_inference_images_per_sec": len(x) / per_batch,
-        "gpu_during_w_train": sampler.during(rec.windows.get("w_train", [])),
+        "gpu_during_w_train": sampler.during(
+            rec.windows.get("w_train", []), rec.loops.get("w_train", [])
+        ),
         "peak_cuda_memory_mib": (
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         ),

@@ -44,6 +44,16 @@ def _ratio(value: float) -> str:
     return f"{value:.0f}x" if value >= 10 else f"{value:.1f}x"
 
 
+def _busy(figures: dict | str) -> str:
+    """GPU busy in W-training: mean (max), and the mean after the first epoch where the
+    report has it (older reports do not)."""
+    if not isinstance(figures, dict):
+        return str(figures)
+    cell = f"{figures['util_mean_pct']:.1f}% ({figures['util_max_pct']:.0f}%)"
+    steady = figures.get("util_mean_pct_after_first_epoch")
+    return cell if steady is None else f"{cell}; after the first epoch {steady:.1f}%"
+
+
 def run_rows(sections: dict) -> list[str]:
     lines = [
         "| run | W-train img/s | alpha img/s | retrain img/s | final img/s | final inference img/s "
@@ -55,12 +65,7 @@ def run_rows(sections: dict) -> list[str]:
         if not s or s.get("status") != "ok":
             continue
         ips = s["images_per_sec"]
-        busy = s["gpu_during_w_train"]
-        busy = (
-            f"{busy['util_mean_pct']:.1f}% ({busy['util_max_pct']:.0f}%)"
-            if isinstance(busy, dict)
-            else str(busy)
-        )
+        busy = _busy(s["gpu_during_w_train"])
         memory = s.get("peak_cuda_memory_mib")
         cells = [name, *(_n(ips[p]) if p in ips else "-" for p in PHASES)]
         cells += [_n(s["final_inference_images_per_sec"]), busy]

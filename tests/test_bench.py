@@ -408,6 +408,26 @@ def test_gpu_check_stops_a_fresh_section_when_the_budget_runs_out():
     assert time.perf_counter() - start < 10
 
 
+def test_gpu_check_busy_after_the_first_epoch_leaves_out_its_first_sight():
+    """GPU busy during W-training: the mean over every epoch's samples, and the steady
+    mean over the epochs after the first, whose first sight of each shape a short run's
+    mean is mostly of (nvidia-smi's samples as a run on an H100 would give them)."""
+    sampler = bench_module("gpu_check").GpuSampler("0")
+    sampler.available = True  # the samples below stand for nvidia-smi's
+    # a first epoch of 10 s at 5% busy, then two of 1.5 s at 60%; samples every 0.5 s
+    loops = [(0.0, 10.0), (10.2, 11.7), (11.9, 13.4)]
+    busy = [(t / 2, 5.0 if t / 2 <= 10.0 else 60.0, 900.0) for t in range(1, 27)]
+    sampler.samples = busy
+    windows = [(a - 1.0, b) for a, b in loops]
+    figures = sampler.during(windows, loops)
+    assert figures["util_mean_pct"] < 20 and figures["util_max_pct"] == 60
+    assert figures["util_mean_pct_after_first_epoch"] == 60.0
+    assert figures["samples_after_first_epoch"] == 6
+    assert figures["util_mean_pct_per_epoch"] == [5.0, 60.0, 60.0]
+    # without the loops (an older caller): the mean alone, as before
+    assert "util_mean_pct_after_first_epoch" not in sampler.during(windows)
+
+
 def test_gpu_check_skips_the_torch_cond_graphs_where_torch_cannot_capture_them(monkeypatch):
     """On CUDA with a torch before 2.12 (the lent H100s' 2.11) the sections whose question is
     a CUDA graph of torch.cond branches are skipped, saying why, not failed after minutes;

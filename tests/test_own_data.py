@@ -405,6 +405,10 @@ def test_own_data_through_the_python_api_rgb_folder_and_arrays(tmp_path):
     assert tags["asolab.data_note.resize"] == (
         "resized 60 of 60 images from 8x8 (60) to 6x6 (data.image_size)"
     )
+    # and whole in the run's description (the UI cuts a tag's value to a few words)
+    description = tags["mlflow.note.content"]
+    for key in ("layout", "resize"):
+        assert f"- data note ({key}): {tags['asolab.data_note.' + key]}\n" in description
     assert run.data.metrics["test_acc"] == pytest.approx(result.test_acc)
 
 

@@ -44,8 +44,11 @@ def describe_run(
     cfg: ExperimentConfig | None,
     dataset: str,
     fitted_epochs: int,
+    data_notes: dict[str, str] | None = None,
 ) -> str:
-    """The run's Markdown description (MLflow's run note): what a researcher reads first."""
+    """The run's Markdown description (MLflow's run note): what a researcher reads first.
+    ``data_notes``: what the data did not say (a layout told from the shape, a resize, a
+    split without a class, copies of training images), a line each after the data set."""
     # What the UI shows before "Show more": accuracies, size, memory, time (then the picture).
     # Short words: the line shares its 100 px with the genotype and the cells' strip.
     head: dict[str, Any] = {
@@ -58,6 +61,8 @@ def describe_run(
         head["peak memory"] = f"{float(peak):,.0f} MB"
     head["wall time"] = f"{float(event.seconds):,.1f} s"
     facts: dict[str, Any] = {"data set": dataset}
+    # the tags hold them too, but the UI cuts a tag's value to a few words
+    facts.update({f"data note ({key})": note for key, note in (data_notes or {}).items()})
     params: dict[str, Any] = {}
     if cfg is not None:
         s, t = cfg.search, cfg.temperature
@@ -68,7 +73,8 @@ def describe_run(
                 f"fitted to {s.budget_minutes:g} minutes)"
             )
         cycle = " + ".join(f"{p.epochs(s)} {p.short}" for p in PHASES if p.epochs_field)
-        facts["budget"] = f"{s.cycles} cycles x ({cycle} epochs), {final}"
+        cycles = f"{s.cycles} cycle{'s' if s.cycles != 1 else ''}"
+        facts["budget"] = f"{cycles} x ({cycle} epochs), {final}"
         params = {
             "temperature": f"{t.initial_temperature:g} -> {t.min_temperature:g} ({t.schedule}, "
             f"anneal {t.anneal_fraction:g})",

@@ -125,6 +125,7 @@ class MlflowTracker(ModelLogging, Observer):
         self._config: ExperimentConfig | None = None  # for the run's description at its end
         self._final_epochs = 0  # fitted to search.budget_minutes (0: not fitted)
         self._dataset = ""
+        self._data_notes: dict[str, str] = {}  # what the data did not say, for the description
         self._pace = Pace()  # says a slow epoch (the asolab.slow_epoch tag)
 
     # ------------------------------------------------------------------ helpers
@@ -231,6 +232,7 @@ class MlflowTracker(ModelLogging, Observer):
         with self._timed():
             cfg = event.config
             self._config, self._dataset = cfg, str(event.data.get("name", cfg.data.name))
+            self._data_notes = dict(event.data.get("notes", {}))
             self._final_epochs = event.final_epochs
             self.tracking_uri = resolve_tracking_uri(self._uri_arg or cfg.tracking.tracking_uri)
             open_store(self.tracking_uri)  # study workers starting at once on a new store
@@ -485,7 +487,12 @@ class MlflowTracker(ModelLogging, Observer):
             self._tag(
                 L.TAG_NOTE,
                 describe_run(
-                    event, self.run_id or "", self._config, self._dataset, self._final_epochs
+                    event,
+                    self.run_id or "",
+                    self._config,
+                    self._dataset,
+                    self._final_epochs,
+                    self._data_notes,
                 ),
             )
             self.flush()

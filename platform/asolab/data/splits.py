@@ -60,13 +60,15 @@ def stratified_order(
     sizes allow, and a class of one stays on the second, the split carved from (a test or
     validation carve); else every class is first wherever the size allows (a subset, whose
     rest goes unused)."""
-    classes, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     take = _quotas(counts, n_first, rng, both_sides)
+    # each class's indices: one sort, not a pass over y per class (many classes)
+    groups = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
     first, rest = [], []
-    for c in range(len(classes)):
-        members = rng.permutation(np.flatnonzero(inverse == c))
-        first.append(members[: take[c]])
-        rest.append(members[take[c] :])
+    for members, n in zip(groups, take):
+        members = rng.permutation(members)
+        first.append(members[:n])
+        rest.append(members[n:])
     return np.concatenate([rng.permutation(np.concatenate(part)) for part in (first, rest)])
 
 

@@ -232,10 +232,23 @@ def test_concurrency(capsys):
         "tracking_overhead",
         "study_signal",
         "exit_cost",
+        "split_coverage",
     ],
 )
 def test_every_benchmark_documents_itself(name):
     assert bench_module(name).__doc__.strip()
+
+
+def test_split_coverage_counts_the_splits_lacking_a_class(capsys):
+    """bench/split_coverage.py: on digits cut to a long tail, random carves leave classes
+    out of the validation split and the search subset; carves per class leave the search
+    subset whole, and the validation split short only of the class too rare to reach it."""
+    lines = _run(capsys, "split_coverage", ["--seeds", "3"])
+    rows = {(r[0], r[1]): (r[2], r[3]) for r in (line.split() for line in lines[3:])}
+    assert len(rows) == 6 and rows[("random", "validation")][0] != "0/3"
+    assert rows[("stratified", "search")] == rows[("stratified", "test")] == ("0/3", "0")
+    # a class of two images: one in the test split, one left in training, none here
+    assert rows[("stratified", "validation")] == ("3/3", "3")
 
 
 def test_exit_cost(capsys):

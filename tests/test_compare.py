@@ -873,6 +873,39 @@ def test_compare_names_the_other_settings_that_differ_as_the_report_does(
     assert "2 runs compared" in (out := capsys.readouterr().out) and "other settings" not in out
 
 
+def test_compare_names_the_runs_whose_splits_lack_a_class_or_hold_copies(
+    store, scratch_experiment, tmp_path, capsys
+):
+    """Runs that recorded a data note of what their figures measure (a validation split
+    without a class, test images copied from training) are named under the table and in
+    the report, by note; a layout note is how images were read, and is left out."""
+    uri, _, _ = store
+    client, make = scratch_experiment
+    exp_id = make("cmp-data-notes")
+    notes = {
+        "a": {"missing_validation": "the validation split ... (rare)", "layout": "read as"},
+        "b": {"missing_validation": "the validation split ... (rare, rarer)"},
+        "c": {"copies_test": "2 of the 12 test images ..."},
+        "d": {},
+    }
+    for name, tags in notes.items():
+        run_id = _genotype_run(client, exp_id, name, BASE, metrics={"final_val_acc": 0.5})
+        for key, value in tags.items():
+            client.set_tag(run_id, f"asolab.data_note.{key}", value)
+    report = tmp_path / "report"
+    argv = ["compare", "--tracking-uri", uri, "--experiment", "cmp-data-notes"]
+    assert main([*argv, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("warning: data notes.")]
+    assert line == (
+        "warning: data notes. The validation split (alpha-training, selection) lacks classes: "
+        "a, b; test images are copies of training images: c (each run's description says "
+        "which and how many)."
+    ), line
+    page = html.unescape((report / "index.html").read_text())
+    assert "<b>Data notes.</b> " + line.split("notes. ", 1)[1] in page
+
+
 def test_the_settings_note_names_eight_settings_and_four_values_and_counts_the_rest():
     from asolab.compare.select import RunRecord
     from asolab.compare.settings import settings_warning

@@ -276,6 +276,7 @@ def pd_isna(value: object) -> bool:
 def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> None:
     """The summary, the runs (the best few unless ``every``), the warnings; with ``every``
     the distinct genotypes, the diffs from the best run and the op frequencies too."""
+    from .datanotes import data_warning
     from .opsets import op_set_warning
     from .report import budget_warning
     from .settings import settings_warning
@@ -299,6 +300,9 @@ def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> Non
     settings = settings_warning(comparison.records)
     if settings:  # runs made otherwise besides the table's knobs and budget
         print(f"\nnote: other settings differ. {settings}", file=out)
+    data = data_warning(comparison.records)
+    if data:  # runs whose splits measure less than their figures suggest
+        print(f"\nwarning: data notes. {data}", file=out)
     if every:
         _print_details(comparison, bool(budgets), out)
 

@@ -31,6 +31,7 @@ from ..tracking import layout as L  # noqa: E402
 from ..tracking.browse import DEFAULT_UI, run_url  # noqa: E402
 from ..tracking.layout import RANKING_PARAMS_KENDALL_TAU, RANKING_TAU_MINUS_PARAMS  # noqa: E402
 from .analysis import Comparison, labels  # noqa: E402
+from .datanotes import data_warning  # noqa: E402
 from .opsets import op_set_warning  # noqa: E402
 from .paretoview import PARETO_FILE, panels, pareto_html  # noqa: E402
 from .select import BUDGET_COLUMNS, VAL_ACC_METRICS  # noqa: E402
@@ -338,7 +339,8 @@ def _skipped_html(comparison: Comparison) -> list[str]:
 
 
 def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
-    """Different budgets or op sets: the sentences the terminal prints too."""
+    """Different budgets or op sets, other settings, data notes: the sentences the
+    terminal prints too."""
     parts = []
     if budgets:
         parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
@@ -348,6 +350,9 @@ def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
     settings = settings_warning(comparison.records)
     if settings:
         parts.append(f'<p class="note"><b>Other settings differ.</b> {html.escape(settings)}</p>')
+    data = data_warning(comparison.records)
+    if data:
+        parts.append(f'<p class="warning"><b>Data notes.</b> {html.escape(data)}</p>')
     return parts
 
 

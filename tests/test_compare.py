@@ -22,6 +22,7 @@ from layout_check import undeclared
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+import asolab
 from asolab import config
 from asolab.cli import main
 from asolab.compare.analysis import (
@@ -874,7 +875,7 @@ def test_compare_names_the_other_settings_that_differ_as_the_report_does(
 
 
 def test_compare_names_the_runs_whose_splits_lack_a_class_or_hold_copies(
-    store, scratch_experiment, tmp_path, capsys
+    store, scratch_experiment, tmp_path, capsys, caplog
 ):
     """Runs that recorded a data note of what their figures measure (a validation split
     without a class, test images copied from training) are named under the table and in
@@ -904,6 +905,11 @@ def test_compare_names_the_runs_whose_splits_lack_a_class_or_hold_copies(
     ), line
     page = html.unescape((report / "index.html").read_text())
     assert "<b>Data notes.</b> " + line.split("notes. ", 1)[1] in page
+    # the Python API's table says the same
+    with caplog.at_level("WARNING", logger="asolab.api"):
+        table = asolab.runs("cmp-data-notes", tracking_uri=uri)
+    assert len(table) == 4
+    assert [r.getMessage() for r in caplog.records] == [line.split("notes. ", 1)[1]]
 
 
 def test_the_settings_note_names_eight_settings_and_four_values_and_counts_the_rest():

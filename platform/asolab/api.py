@@ -247,6 +247,7 @@ def runs(
     """The compare table (one row per run with a final genotype) of the runs selected
     as ``asolab compare`` selects them: MLflow experiment name(s), an MLflow filter
     string (``"params.data.name = 'folder'"``), run ids, a study."""
+    from .compare.datanotes import data_warning
     from .compare.opsets import op_set_warning
     from .compare.select import load_selection
 
@@ -254,9 +255,10 @@ def runs(
     selection = load_selection(
         tracking_uri, experiments=experiments, run_ids=run_ids, filter_string=filter, study=study
     )
-    warning = op_set_warning(selection.records)
-    if warning:
-        log.warning("%s", warning)
+    # what the terminal's compare warns of: op sets that differ, data notes of the splits
+    for warning in (op_set_warning(selection.records), data_warning(selection.records)):
+        if warning:
+            log.warning("%s", warning)
     return selection.table()
 
 

@@ -250,6 +250,18 @@ def test_copies_counts_exact_copies_among_the_rows_meant_only():
     )
 
 
+def test_fingerprints_do_not_depend_on_the_chunks(monkeypatch):
+    """Large images are fingerprinted a few at a time (a bounded 64-bit copy): the same
+    numbers as at once, and an image's number its own whatever its neighbours."""
+    from asolab.data import splits
+
+    x = np.random.default_rng(2).random((37, 3, 9, 9)).astype(np.float32)
+    whole = fingerprints(x)
+    monkeypatch.setattr(splits, "CHUNK_VALUES", 2 * x[0].size + 5)  # two images a chunk
+    assert np.array_equal(fingerprints(x), whole)
+    assert np.array_equal(fingerprints(x[5:6]), whole[5:6])
+
+
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist") as info:
         load_data(config.DataConfig(name="fashion_mnist", data_dir=str(tmp_path)), seed=0)

@@ -80,17 +80,21 @@ def missing_classes(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
 # odd random weights of the fingerprints, one per pixel position (repeated past 65,536):
 # fixed, so that a fingerprint is a function of the pixels alone
 _WEIGHTS = np.random.default_rng(0).integers(0, 2**63, 1 << 16, dtype=np.uint64) | 1
+# pixel values a chunk of fingerprinting widens to 64 bits at once (224x224 RGB: 111 images)
+CHUNK_VALUES = 1 << 24
 
 
 def fingerprints(x: np.ndarray) -> np.ndarray:
     """A 64-bit number per image of ``x``: its float32 pixels' bits weighted and summed in
     integer arithmetic (wrapping, so the same pixels give the same number whatever the
-    order of summing), in chunks (the set as 64-bit integers at once would be twice it)."""
+    order of summing), in chunks of ``CHUNK_VALUES`` (the set as 64-bit integers at once
+    would be twice its size)."""
     flat = np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32).view(np.uint32)
     weights = np.resize(_WEIGHTS, flat.shape[1])
     out = np.empty(len(x), dtype=np.uint64)
-    for i in range(0, len(x), 4096):
-        out[i : i + 4096] = flat[i : i + 4096].astype(np.uint64) @ weights
+    rows = max(1, CHUNK_VALUES // max(1, flat.shape[1]))  # 128 MB of 64-bit values a chunk
+    for i in range(0, len(x), rows):
+        out[i : i + rows] = flat[i : i + rows].astype(np.uint64) @ weights
     return out
 
 

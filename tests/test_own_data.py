@@ -279,6 +279,26 @@ def _bad_arrays(tmp_path: Path, case: str) -> dict:
         np.savez(path, x_train=np.zeros((60, 4, 0, 0), np.uint8), y_train=y)
     elif case == "one label of a million":  # NA14
         np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=np.where(y == 2, 10**6, y))
+    elif case == "object labels":  # pandas' text column, saved as is
+        names = np.array(["cat", "dog", "owl"], dtype=object)[y]
+        np.savez(path, x_train=np.zeros((60, 8, 8), np.uint8), y_train=names)
+    elif case == "test label not a class":
+        names = np.array(["cat", "dog", "owl"])
+        np.savez(
+            path,
+            x_train=np.zeros((60, 8, 8), np.uint8),
+            y_train=names[y],
+            x_test=np.zeros((3, 8, 8), np.uint8),
+            y_test=np.array(["cat", "emu", "owl"]),
+        )
+    elif case == "names and numbers":
+        np.savez(
+            path,
+            x_train=np.zeros((60, 8, 8), np.uint8),
+            y_train=np.array(["cat", "dog", "owl"])[y],
+            x_test=np.zeros((3, 8, 8), np.uint8),
+            y_test=np.arange(3),
+        )
     elif case == "not an npz":
         path.write_text("x_train,y_train\n1,2\n")
     elif case == "no path":
@@ -304,6 +324,9 @@ BAD = {
     "zero-pixel images": (_bad_arrays, ["0x0 pixels", "at least 1x1"]),
     "one label of a million": (_bad_arrays, ["up to 1000000", "only 3", "0..K-1"]),
     "no path": (_bad_arrays, ["needs data.path"]),
+    "object labels": (_bad_arrays, ["y_train holds Python objects", "dtype=str"]),
+    "test label not a class": (_bad_arrays, ["y_test[1] = 'emu'", "cat, dog, owl"]),
+    "names and numbers": (_bad_arrays, ["must both be class numbers or both class names"]),
 }
 
 
@@ -316,6 +339,29 @@ def test_bad_own_data_is_one_error_line_and_status_2(case, tmp_path, capsys):
     assert rc == 2 and err.startswith("asolab: error: ") and "\n" not in err, err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_labels_given_as_class_names_are_numbered_as_the_names_sort(tmp_path):
+    """Text labels (as a CSV or a pandas column gives them): class k is the k-th name in
+    sorted order, as a folder's classes are, and the names are the set's classes; a
+    ``classes`` array fixes another order, and the test split's names map alike."""
+    x = write_npz(tmp_path / "a.npz", n=60)
+    with np.load(x) as npz:
+        images, numbers = npz["x_train"], npz["y_train"]
+    names = np.array(["owl", "cat", "dog"])[numbers]  # number 0 is "owl"
+    np.savez(
+        tmp_path / "named.npz", x_train=images, y_train=names, x_test=images[:9], y_test=names[:9]
+    )
+    d = load_data(_cfg(name="arrays", path=str(tmp_path / "named.npz")), seed=0)
+    assert d.classes == ("cat", "dog", "owl") and d.num_classes == 3
+    assert [d.classes[k] for k in d.test.y.tolist()] == names[:9].tolist()
+    # the order a classes array gives, and names as bytes as well as str
+    order = np.array(["owl", "cat", "dog"])
+    np.savez(tmp_path / "ordered.npz", x_train=images, y_train=names.astype("S"), classes=order)
+    o = load_data(_cfg(name="arrays", path=str(tmp_path / "ordered.npz")), seed=0)
+    assert o.classes == ("owl", "cat", "dog")
+    numbered = load_data(_cfg(name="arrays", path=str(x)), seed=0)
+    assert torch.equal(o.full_train.y, numbered.full_train.y)  # "owl" is 0 in both
 
 
 def test_a_set_too_large_for_memory_is_refused_before_loading_with_the_estimate(tmp_path):

@@ -2,8 +2,8 @@
 
 Keys: ``x_train``, ``y_train`` and optionally ``x_test``, ``y_test``; images
 ``(N, H, W)`` or ``(N, C, H, W)``, ``uint8`` (0..255) or float; labels whole
-numbers from 0; an optional ``classes`` array of class names fixes the class
-count (labels must lie below it). The arrays' shapes are read from the file's
+numbers from 0, or class names as text; an optional ``classes`` array of class
+names fixes the class count (labels must lie below it) or the names' order. The arrays' shapes are read from the file's
 headers first, so a set too large for memory is refused before it is loaded.
 """
 
@@ -65,6 +65,12 @@ def load_arrays(cfg: DataConfig) -> Arrays:
     if ("x_test" in headers) != ("y_test" in headers):
         have, lack = ("x_test", "y_test") if "x_test" in headers else ("y_test", "x_test")
         raise DataError(f"{where}: it has {have} but no {lack}; save both or neither")
+    objects = [k for k in (*REQUIRED, *OPTIONAL) if k in headers and headers[k][1].hasobject]
+    if objects:  # np.load refuses them without pickle, which would run code from the file
+        raise DataError(
+            f"{where}: {', '.join(objects)} holds Python objects (dtype object, as pandas "
+            "gives text); save numbers, or class names as text: np.asarray(y, dtype=str)"
+        )
     one_copy = 0
     for key in ("x_train", "x_test"):
         if key in headers:

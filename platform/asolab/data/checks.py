@@ -1,5 +1,6 @@
 """Check what a loader returned and bring it to one form: float32 ``(N, C, H, W)``,
-int64 labels in ``[0, num_classes)``, a per-channel mean and std.
+int64 labels in ``[0, num_classes)`` (labels given as class names numbered as the
+names sort, or as ``classes`` lists them), a per-channel mean and std.
 
 Built-in sets, folders, ``.npz`` files and plugins all pass through here, so every
 one of them is refused the same way (one line, naming the data set, the array and
@@ -9,6 +10,7 @@ the fix) when its arrays do not make a classification data set.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -123,6 +125,47 @@ def _check_range(y: np.ndarray, k: int, what: str, where: str) -> None:
         )
 
 
+def _is_named(y: object) -> bool:
+    """Labels given as class names (text), not numbers."""
+    return isinstance(y, np.ndarray) and y.dtype.kind in "US"
+
+
+def _by_name(y: np.ndarray, index: Mapping[str, int], what: str, where: str) -> np.ndarray:
+    """Names ``y`` as the class numbers ``index`` gives them; a name it lacks is refused."""
+    names, inverse = np.unique(y.astype(str), return_inverse=True)
+    numbers = np.array([index.get(n, -1) for n in names], dtype=np.int64)
+    if (numbers < 0).any():
+        i = int(np.argmax(numbers[inverse] < 0))
+        raise DataError(
+            f"{where}: {what}[{i}] = {str(y.reshape(-1)[i])!r} is not a class of "
+            f"{'classes' if what == 'y_train' else 'y_train'} ({', '.join(index)})"
+        )
+    return numbers[inverse].reshape(y.shape)
+
+
+def _named_labels(a: Arrays, where: str) -> Arrays:
+    """``a`` with labels given as class names (text) turned into class numbers: the
+    k-th name of ``classes`` where given, else of the training labels' names sorted (as
+    folders' classes are); the names become the set's classes."""
+    if not (_is_named(a.y_train) or _is_named(a.y_test)):
+        return a
+    if a.y_test is not None and _is_named(a.y_train) != _is_named(a.y_test):
+        raise DataError(
+            f"{where}: y_train and y_test must both be class numbers or both class names "
+            f"(text); here y_train is {a.y_train.dtype} and y_test {a.y_test.dtype}"
+        )
+    classes = tuple(a.classes) or tuple(str(n) for n in np.unique(a.y_train.astype(str)))
+    index = {name: k for k, name in enumerate(classes)}
+    y_test = None if a.y_test is None else _by_name(a.y_test, index, "y_test", where)
+    return dataclasses.replace(
+        a,
+        y_train=_by_name(a.y_train, index, "y_train", where),
+        y_test=y_test,
+        num_classes=len(classes),
+        classes=classes,
+    )
+
+
 def standardise(
     spec: DatasetSpec,
     raw: Arrays | tuple,
@@ -137,6 +180,7 @@ def standardise(
     a = raw if isinstance(raw, Arrays) else Arrays(*raw)
     if (a.x_test is None) != (a.y_test is None):
         raise DataError(f"{where}: give both x_test and y_test, or neither")
+    a = _named_labels(a, where)
     notes = dict(a.notes)
     xtr, read = _images(a.x_train, "x_train", where, layout)
     if read and (read == "nhwc" or layout != "auto"):

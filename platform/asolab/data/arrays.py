@@ -3,8 +3,9 @@
 Keys: ``x_train``, ``y_train`` and optionally ``x_test``, ``y_test``; images
 ``(N, H, W)`` or ``(N, C, H, W)``, ``uint8`` (0..255) or float; labels whole
 numbers from 0, or class names as text; an optional ``classes`` array of class
-names fixes the class count (labels must lie below it) or the names' order. The arrays' shapes are read from the file's
-headers first, so a set too large for memory is refused before it is loaded.
+names fixes the class count (labels must lie below it) or the names' order. The
+arrays' shapes are read from the file's headers first, so a set too large for
+memory is refused before it is loaded.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ among them, get a fixed carve-out from ``data.split_seed``); ``val`` is carved
 out of the training data from the run's seed and is what alpha-training and
 every selection use. The test split is reported, never optimised. Each carve is
 random, or per class with ``data.stratify`` (:mod:`.splits`); a carved split, the
-search subset or the training split that lacks a class gets a note naming it. A set
-without declared normalisation is normalised by the per-channel mean and std of its
+search subset or the training split that lacks a class gets a note naming it, as do
+test and validation images that are copies of training images. A set without
+declared normalisation is normalised by the per-channel mean and std of its
 training split (everything but the test split), recorded with the run.
 """
 
@@ -196,7 +197,8 @@ def _to(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 class _Carved:
     """The splits as indices: the training images (``x``, ``y``: the test split carved
     out where the set has none), the validation and training indices into them (the
-    search subset the training order's head), and the notes of classes a split lacks."""
+    search subset the training order's head), and the notes of what the splits hold
+    (classes a split lacks, copies of training images)."""
 
     x: np.ndarray
     y: np.ndarray

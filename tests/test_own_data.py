@@ -341,6 +341,30 @@ def test_bad_own_data_is_one_error_line_and_status_2(case, tmp_path, capsys):
         assert word in err, (word, err)
 
 
+def test_a_folder_unzipped_from_macos_loads_without_its_hidden_twins(tmp_path):
+    """A zip made on macOS unpacks a ``__MACOSX`` folder beside the classes and may put a
+    ``._`` twin (metadata, no image) beside each image; a notebook leaves
+    ``.ipynb_checkpoints``. None is an image of the set: they are left out, with a note,
+    where they had made a class of their own or refused the set as unreadable."""
+    root = write_folder(tmp_path / "imgs", per_class=6)
+    clean = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    junk = b"\x00\x05\x16\x07Mac OS X        " + bytes(64)  # an AppleDouble header
+    (root / "train" / "cat" / "._000.png").write_bytes(junk)
+    macos = root / "train" / "__MACOSX" / "dog"
+    macos.mkdir(parents=True)
+    (macos / "._000.png").write_bytes(junk)
+    checkpoints = root / "train" / "owl" / ".ipynb_checkpoints"
+    checkpoints.mkdir()
+    shutil.copy(root / "train" / "owl" / "000.png", checkpoints / "000-checkpoint.png")
+    d = load_data(_cfg(name="folder", data_dir=str(root)), seed=0)
+    assert d.classes == clean.classes == CLASSES
+    assert len(d.full_train) + len(d.val) + len(d.test) == 18
+    assert d.notes["hidden"] == (
+        "left out 2 hidden file(s) named as images (._000.png, 000-checkpoint.png): names "
+        "starting with '.' or under __MACOSX, an archive's or a tool's, not images"
+    )
+
+
 def test_labels_given_as_class_names_are_numbered_as_the_names_sort(tmp_path):
     """Text labels (as a CSV or a pandas column gives them): class k is the k-th name in
     sorted order, as a folder's classes are, and the names are the set's classes; a

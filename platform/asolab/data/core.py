@@ -27,6 +27,8 @@ NOTE_MISSING = "missing_"
 # and how many test or validation images are exact copies of training images:
 # copies_test, copies_validation
 NOTE_COPIES = "copies_"
+# and hidden files named as images a folder held, left out (data/folder.py)
+NOTE_HIDDEN = "hidden"
 
 
 class DataError(RuntimeError):

@@ -3,6 +3,9 @@
 ``data.data_dir/train/<class>/*.png`` (and ``test/<class>/...`` when there is a
 test split; without one it is carved out with ``data.split_seed``), or the
 classes right under ``data.data_dir``. Classes are the folder names, sorted.
+Hidden files and folders (names starting with '.') and ``__MACOSX`` folders are
+left out, with a note: a zip archive made on macOS holds a ``._`` twin of every
+image, which is no image.
 Grey and colour images mix (grey ones are repeated over three channels); an
 alpha channel is kept only when every image has real transparency, and dropped
 when it is opaque everywhere. Images are resized to ``data.image_size`` square
@@ -21,9 +24,13 @@ from PIL import Image, UnidentifiedImageError
 
 from ..config import DataConfig
 from .checks import resize_note
-from .core import NOTE_RESIZE, Arrays, DataError
+from .core import NOTE_HIDDEN, NOTE_RESIZE, Arrays, DataError
 from .memory import check_fits, set_bytes
 
+# the folder a zip archive made on macOS holds its metadata in (a class folder otherwise)
+MACOS_FOLDER = "__MACOSX"
+# a note of hidden files left out names at most this many
+NAMED_FILES = 3
 # torchvision's IMG_EXTENSIONS (datasets.folder), read without importing torchvision
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _GREY = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N"}
@@ -44,11 +51,20 @@ class _Header:
     colour: bool
 
 
+def _hidden(parts: tuple[str, ...]) -> bool:
+    """A path (its parts below the class folder) that is no one's image: a hidden file or
+    folder (macOS's ``._`` twins of every file, ``.ipynb_checkpoints``, ``.thumbnails``)
+    or a zip archive's ``__MACOSX`` folder of them."""
+    return any(part.startswith(".") or part == MACOS_FOLDER for part in parts)
+
+
 def _classes(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not _hidden((p.name,)))
 
 
-def _scan(root: Path, classes: list[str], split: str) -> list[_Header]:
+def _scan(root: Path, classes: list[str], split: str, left_out: list[Path]) -> list[_Header]:
+    """The headers of each class folder's images (``left_out`` gathers the hidden files
+    named as images, which are skipped)."""
     out: list[_Header] = []
     for label, name in enumerate(classes):
         folder = root / name
@@ -57,6 +73,9 @@ def _scan(root: Path, classes: list[str], split: str) -> list[_Header]:
         found = len(out)
         for path in sorted(folder.rglob("*")):
             if path.suffix.lower() not in EXTENSIONS or not path.is_file():
+                continue
+            if _hidden(path.relative_to(folder).parts):
+                left_out.append(path)
                 continue
             try:
                 with Image.open(path) as img:
@@ -120,6 +139,18 @@ def _stack(headers: list[_Header], size: tuple[int, int], colour: bool) -> np.nd
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
+def _hidden_note(left_out: list[Path]) -> dict[str, str]:
+    """The note (``NOTE_HIDDEN``) of the hidden files named as images that were left out."""
+    if not left_out:
+        return {}
+    named = ", ".join(p.name for p in left_out[:NAMED_FILES])
+    more = ", ..." if len(left_out) > NAMED_FILES else ""
+    return {
+        NOTE_HIDDEN: f"left out {len(left_out)} hidden file(s) named as images ({named}{more}): "
+        f"names starting with '.' or under {MACOS_FOLDER}, an archive's or a tool's, not images"
+    }
+
+
 def load_folder(cfg: DataConfig) -> Arrays:
     """The images under ``cfg.data_dir`` as uint8 arrays, labels from folder names."""
     if not cfg.data_dir:
@@ -137,7 +168,8 @@ def load_folder(cfg: DataConfig) -> Arrays:
             f"({', '.join(classes) or 'none'}); classification needs two or more: one "
             "sub-folder per class"
         )
-    train = _scan(train_root, classes, "train")
+    left_out: list[Path] = []
+    train = _scan(train_root, classes, "train", left_out)
     test_root = root / "test" if train_root != root and (root / "test").is_dir() else None
     test: list[_Header] = []
     if test_root is not None:
@@ -147,7 +179,7 @@ def load_folder(cfg: DataConfig) -> Arrays:
                 f"data set 'folder': {test_root} has class folder(s) {', '.join(extra)} that "
                 f"{train_root} lacks; the test split's classes must be training classes"
             )
-        test = _scan(test_root, classes, "test")
+        test = _scan(test_root, classes, "test", left_out)
     everything = train + test
     counts = collections.Counter(h.size for h in everything)
     if cfg.image_size:
@@ -155,7 +187,7 @@ def load_folder(cfg: DataConfig) -> Arrays:
     else:
         size = counts.most_common(1)[0][0]
         why = "the most common size; data.image_size sets another"
-    notes = {}
+    notes = _hidden_note(left_out)
     if any(s != size for s in counts):
         hw = {(h, w): n for (w, h), n in counts.items()}  # PIL sizes are (width, height)
         notes[NOTE_RESIZE] = resize_note(hw, (size[1], size[0]), why)

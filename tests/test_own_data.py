@@ -22,6 +22,7 @@ import asolab
 from asolab import config
 from asolab.cli import main
 from asolab.data import DataError, load_data
+from asolab.data.core import NOTE_RESIZE
 
 CLASSES = ("cat", "dog", "owl")
 TINY = ONE_CYCLE
@@ -362,6 +363,31 @@ def test_a_folder_unzipped_from_macos_loads_without_its_hidden_twins(tmp_path):
     assert d.notes["hidden"] == (
         "left out 2 hidden file(s) named as images (._000.png, 000-checkpoint.png): names "
         "starting with '.' or under __MACOSX, an archive's or a tool's, not images"
+    )
+
+
+def test_a_photo_stored_on_its_side_is_read_upright_as_viewers_show_it(tmp_path):
+    """A camera stores a photo as its sensor read it and an EXIF orientation saying how
+    to turn it; viewers (and the researcher looking at the folder) see it turned. It is
+    read turned too, its size the upright one, with a note: a 12-wide, 10-high image of
+    orientation 6 (turn a quarter clockwise) whose top row is white is read 10 wide,
+    12 high, its right column white."""
+    from asolab.data.folder import load_folder
+
+    root = write_folder(tmp_path / "imgs", per_class=6, size=(10, 12))  # 10 wide, 12 high
+    stored = np.zeros((10, 12), np.uint8)  # 10 high, 12 wide, as the sensor read it
+    stored[0, :] = 255
+    photo = Image.fromarray(stored, "L")
+    exif = photo.getexif()
+    exif[0x0112] = 6
+    photo.save(root / "train" / "cat" / "zzz.png", exif=exif)
+    a = load_folder(_cfg(name="folder", data_dir=str(root)))
+    upright = a.x_train[6, 0]  # the cat folder's seventh file, sorted: the photo
+    assert a.x_train.shape[2:] == (12, 10) and NOTE_RESIZE not in a.notes
+    assert upright[:, -1].min() == 255 and upright[:, :-1].max() == 0
+    assert a.notes["orientation"] == (
+        "turned 1 of 19 images upright as their EXIF orientation says (a camera's photo "
+        "stored on its side), as image viewers show them"
     )
 
 

@@ -29,6 +29,8 @@ NOTE_MISSING = "missing_"
 NOTE_COPIES = "copies_"
 # and hidden files named as images a folder held, left out (data/folder.py)
 NOTE_HIDDEN = "hidden"
+# and how many images were turned upright as their EXIF orientation says (data/folder.py)
+NOTE_ORIENTATION = "orientation"
 
 
 class DataError(RuntimeError):

@@ -16,17 +16,20 @@ read first, so a set too large for memory is refused before a pixel is decoded.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..config import DataConfig
 from .checks import resize_note
-from .core import NOTE_HIDDEN, NOTE_RESIZE, Arrays, DataError
+from .core import NOTE_HIDDEN, NOTE_ORIENTATION, NOTE_RESIZE, Arrays, DataError
 from .memory import check_fits, set_bytes
 
+# the EXIF tag of how a photo is stored against how it is seen (1: as stored)
+EXIF_ORIENTATION = 0x0112
 # the folder a zip archive made on macOS holds its metadata in (a class folder otherwise)
 MACOS_FOLDER = "__MACOSX"
 # a note of hidden files left out names at most this many
@@ -47,8 +50,17 @@ _DECODE_ERRORS = (
 class _Header:
     path: Path
     label: int
-    size: tuple[int, int]  # (width, height)
+    size: tuple[int, int]  # (width, height), upright
     colour: bool
+    turned: bool = False  # its EXIF orientation says to turn or mirror it upright
+
+
+def _upright(img: Image.Image) -> tuple[tuple[int, int], bool]:
+    """An image's size as a viewer shows it, and whether its EXIF orientation (a phone's
+    photo stored on its side) says to turn it: orientations 5-8 swap width and height."""
+    orientation = img.getexif().get(EXIF_ORIENTATION, 1)
+    w, h = img.size
+    return ((h, w) if orientation in (5, 6, 7, 8) else (w, h)), orientation in range(2, 9)
 
 
 def _hidden(parts: tuple[str, ...]) -> bool:
@@ -79,7 +91,8 @@ def _scan(root: Path, classes: list[str], split: str, left_out: list[Path]) -> l
                 continue
             try:
                 with Image.open(path) as img:
-                    out.append(_Header(path, label, img.size, img.mode not in _GREY))
+                    size, turned = _upright(img)
+                    out.append(_Header(path, label, size, img.mode not in _GREY, turned))
             except _DECODE_ERRORS as exc:
                 raise DataError(
                     f"data set 'folder': {path} is unreadable, corrupt or not an image ({exc}); "
@@ -105,6 +118,8 @@ def _decode(h: _Header, size: tuple[int, int]) -> np.ndarray:
     try:
         with Image.open(h.path) as img:
             img.load()
+            if h.turned:  # upright, as a viewer shows it
+                img = ImageOps.exif_transpose(img)
             if img.mode == "F":
                 raise ValueError("32-bit float images are not read; save it as 8 or 16 bits")
             if img.mode.startswith("I"):  # 16-bit grey: keep the top 8 bits
@@ -126,7 +141,7 @@ def _decode(h: _Header, size: tuple[int, int]) -> np.ndarray:
 
 
 def _stack(headers: list[_Header], size: tuple[int, int], colour: bool) -> np.ndarray:
-    images = [_decode(_Header(h.path, h.label, h.size, colour), size) for h in headers]
+    images = [_decode(dataclasses.replace(h, colour=colour), size) for h in headers]
     alpha = [h.path for h, a in zip(headers, images) if a.shape[2] in (2, 4)]
     if alpha and len(alpha) < len(images):
         opaque = next(h.path for h, a in zip(headers, images) if a.shape[2] in (1, 3))
@@ -139,16 +154,24 @@ def _stack(headers: list[_Header], size: tuple[int, int], colour: bool) -> np.nd
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
-def _hidden_note(left_out: list[Path]) -> dict[str, str]:
-    """The note (``NOTE_HIDDEN``) of the hidden files named as images that were left out."""
-    if not left_out:
-        return {}
-    named = ", ".join(p.name for p in left_out[:NAMED_FILES])
-    more = ", ..." if len(left_out) > NAMED_FILES else ""
-    return {
-        NOTE_HIDDEN: f"left out {len(left_out)} hidden file(s) named as images ({named}{more}): "
-        f"names starting with '.' or under {MACOS_FOLDER}, an archive's or a tool's, not images"
-    }
+def _notes(left_out: list[Path], images: list[_Header]) -> dict[str, str]:
+    """The notes of the hidden files named as images that were left out
+    (``NOTE_HIDDEN``), and of the images turned upright (``NOTE_ORIENTATION``)."""
+    notes = {}
+    if left_out:
+        named = ", ".join(p.name for p in left_out[:NAMED_FILES])
+        more = ", ..." if len(left_out) > NAMED_FILES else ""
+        notes[NOTE_HIDDEN] = (
+            f"left out {len(left_out)} hidden file(s) named as images ({named}{more}): names "
+            f"starting with '.' or under {MACOS_FOLDER}, an archive's or a tool's, not images"
+        )
+    turned = sum(h.turned for h in images)
+    if turned:
+        notes[NOTE_ORIENTATION] = (
+            f"turned {turned} of {len(images)} images upright as their EXIF orientation says "
+            "(a camera's photo stored on its side), as image viewers show them"
+        )
+    return notes
 
 
 def load_folder(cfg: DataConfig) -> Arrays:
@@ -187,7 +210,7 @@ def load_folder(cfg: DataConfig) -> Arrays:
     else:
         size = counts.most_common(1)[0][0]
         why = "the most common size; data.image_size sets another"
-    notes = _hidden_note(left_out)
+    notes = _notes(left_out, everything)
     if any(s != size for s in counts):
         hw = {(h, w): n for (w, h), n in counts.items()}  # PIL sizes are (width, height)
         notes[NOTE_RESIZE] = resize_note(hw, (size[1], size[0]), why)

@@ -72,6 +72,15 @@ def test_load_model_predicts_raw_images_with_the_runs_preprocessing(finished, tm
     assert list(by_files["file"]) == [str(folder / f"{i}.png") for i in range(3)]
     assert list(by_files["class"]) == list(model.predict(images[:3])["class"])
     assert model.predict(folder / "0.png").iloc[0]["class"] == first["class"]
+    # a photo stored on its side, its EXIF orientation 6 saying to turn it a quarter
+    # clockwise: read upright, as the run reads its folder's photos
+    sideways = Image.fromarray(np.ascontiguousarray(np.rot90(one)))
+    exif = sideways.getexif()
+    exif[0x0112] = 6
+    sideways.save(tmp_path / "sideways.png", exif=exif)
+    assert np.array_equal(
+        model.probabilities(tmp_path / "sideways.png"), model.probabilities(images[:1])
+    )
 
 
 def test_unnormalised_or_normalised_input_cannot_reach_the_network(finished):

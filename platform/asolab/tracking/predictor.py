@@ -190,7 +190,7 @@ class Predictor:
     def _pixels(self, images: Any) -> np.ndarray:
         """``(N, H, W, C)`` uint8 at the run's size and channels; anything but raw
         images is refused (it would bypass or repeat the normalisation)."""
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image, ImageOps, UnidentifiedImageError
 
         if isinstance(images, (str, Path)):
             path = Path(images).expanduser()
@@ -213,7 +213,8 @@ class Predictor:
                     f"this network takes {self.channels}-channel images, which PIL does not "
                     "hold; pass uint8 arrays (N, H, W, C)"
                 )
-            img = images.convert(mode)
+            # upright, as the run read its folder's photos (data/folder.py)
+            img = ImageOps.exif_transpose(images).convert(mode)
             if img.size != (self.width, self.height):
                 img = img.resize((self.width, self.height), Image.Resampling.BILINEAR)
             a = np.asarray(img, dtype=np.uint8)

@@ -391,6 +391,27 @@ def test_a_photo_stored_on_its_side_is_read_upright_as_viewers_show_it(tmp_path)
     )
 
 
+def test_the_folder_scan_decodes_no_pixels(tmp_path, monkeypatch):
+    """The scan that sizes a folder (and so refuses one too large for memory) reads
+    headers only, the orientation of a JPEG photo included: PIL decodes a PNG whole when
+    asked for an EXIF its header lacks, which would decode every image twice."""
+    from PIL import ImageFile
+
+    from asolab.data.folder import _scan
+
+    root = write_folder(tmp_path / "imgs", per_class=4)
+    photo = Image.fromarray(np.zeros((10, 12), np.uint8), "L")
+    exif = photo.getexif()
+    exif[0x0112] = 6
+    photo.save(root / "train" / "dog" / "photo.jpg", exif=exif)
+    decoded = []
+    load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda im: decoded.append(im) or load(im))
+    headers = _scan(root / "train", list(CLASSES), "train", [])
+    assert len(headers) == 13 and not decoded
+    assert [h.turned for h in headers].count(True) == 1
+
+
 def test_labels_given_as_class_names_are_numbered_as_the_names_sort(tmp_path):
     """Text labels (as a CSV or a pandas column gives them): class k is the k-th name in
     sorted order, as a folder's classes are, and the names are the set's classes; a

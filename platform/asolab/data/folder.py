@@ -58,7 +58,10 @@ class _Header:
 def _upright(img: Image.Image) -> tuple[tuple[int, int], bool]:
     """An image's size as a viewer shows it, and whether its EXIF orientation (a phone's
     photo stored on its side) says to turn it: orientations 5-8 swap width and height."""
-    orientation = img.getexif().get(EXIF_ORIENTATION, 1)
+    # only where the header holds it: a PNG's EXIF after its pixels would decode them all
+    # (PIL loads the image to look), and the scan reads headers only (cameras write JPEG)
+    has_exif = img.format == "TIFF" or "exif" in img.info
+    orientation = img.getexif().get(EXIF_ORIENTATION, 1) if has_exif else 1
     w, h = img.size
     return ((h, w) if orientation in (5, 6, 7, 8) else (w, h)), orientation in range(2, 9)
 

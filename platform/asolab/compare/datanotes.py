@@ -38,8 +38,8 @@ def data_warning(records: Sequence[RunRecord]) -> str:
     keys = [prefix + split for prefix in (NOTE_MISSING, NOTE_COPIES) for split in SPLITS]
     runs: dict[str, list[str]] = {}
     for key in keys:
+        what = _what(key)
         for r in records:
-            what = _what(key)
             if what and TAG_DATA_NOTE + key in r.tags:
                 runs.setdefault(what, []).append(r.run_name or r.run_id)
     if not runs:

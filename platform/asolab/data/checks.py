@@ -137,7 +137,7 @@ def _by_name(y: np.ndarray, index: Mapping[str, int], what: str, where: str) -> 
     if (numbers < 0).any():
         i = int(np.argmax(numbers[inverse] < 0))
         raise DataError(
-            f"{where}: {what}[{i}] = {str(y.reshape(-1)[i])!r} is not a class of "
+            f"{where}: {what}[{i}] = {str(y.astype(str).reshape(-1)[i])!r} is not a class of "
             f"{'classes' if what == 'y_train' else 'y_train'} ({', '.join(index)})"
         )
     return numbers[inverse].reshape(y.shape)

@@ -276,10 +276,7 @@ def pd_isna(value: object) -> bool:
 def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> None:
     """The summary, the runs (the best few unless ``every``), the warnings; with ``every``
     the distinct genotypes, the diffs from the best run and the op frequencies too."""
-    from .datanotes import data_warning
-    from .opsets import op_set_warning
-    from .report import budget_warning
-    from .settings import settings_warning
+    from .report import budget_warning, notices
 
     for line in summary_lines(comparison):
         print(line, file=out)
@@ -292,17 +289,8 @@ def _print_table(comparison: Comparison, out: TextIO, every: bool = True) -> Non
     if len(table) < len(comparison.table):
         print(f"... and {len(comparison.table) - len(table)} more run(s) (--all)", file=out)
     budgets = budget_warning(comparison.table)
-    if budgets:  # as the HTML report warns: "best" may only have trained longer
-        print(f"\nwarning: different budgets. {budgets}", file=out)
-    op_sets = op_set_warning(comparison.records)
-    if op_sets:  # genotypes found among different ops differ by what they could choose
-        print(f"\nwarning: different op sets. {op_sets}", file=out)
-    settings = settings_warning(comparison.records)
-    if settings:  # runs made otherwise besides the table's knobs and budget
-        print(f"\nnote: other settings differ. {settings}", file=out)
-    data = data_warning(comparison.records)
-    if data:  # runs whose splits measure less than their figures suggest
-        print(f"\nwarning: data notes. {data}", file=out)
+    for level, title, sentence in notices(comparison, budgets):  # as the HTML report says
+        print(f"\n{level}: {title[0].lower()}{title[1:]}. {sentence}", file=out)
     if every:
         _print_details(comparison, bool(budgets), out)
 

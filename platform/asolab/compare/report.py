@@ -338,22 +338,28 @@ def _skipped_html(comparison: Comparison) -> list[str]:
     ]
 
 
+def notices(comparison: Comparison, budgets: str) -> list[tuple[str, str, str]]:
+    """The sentences under the runs table, the terminal's and the report's alike, each
+    ``(level, title, sentence)`` that has something to say, in order: the runs trained
+    for different budgets (``budgets``: "best" may only have trained longer), searched
+    different op sets (genotypes differ by what they could choose), were made with other
+    settings besides the table's knobs, or recorded data notes (splits that measure less
+    than their figures suggest)."""
+    found = [
+        ("warning", "Different budgets", budgets),
+        ("warning", "Different op sets", op_set_warning(comparison.records)),
+        ("note", "Other settings differ", settings_warning(comparison.records)),
+        ("warning", "Data notes", data_warning(comparison.records)),
+    ]
+    return [notice for notice in found if notice[2]]
+
+
 def _warnings_html(comparison: Comparison, budgets: str) -> list[str]:
-    """Different budgets or op sets, other settings, data notes: the sentences the
-    terminal prints too."""
-    parts = []
-    if budgets:
-        parts.append(f'<p class="warning"><b>Different budgets.</b> {html.escape(budgets)}</p>')
-    op_sets = op_set_warning(comparison.records)
-    if op_sets:
-        parts.append(f'<p class="warning"><b>Different op sets.</b> {html.escape(op_sets)}</p>')
-    settings = settings_warning(comparison.records)
-    if settings:
-        parts.append(f'<p class="note"><b>Other settings differ.</b> {html.escape(settings)}</p>')
-    data = data_warning(comparison.records)
-    if data:
-        parts.append(f'<p class="warning"><b>Data notes.</b> {html.escape(data)}</p>')
-    return parts
+    """The :func:`notices`, highlighted by level."""
+    return [
+        f'<p class="{level}"><b>{title}.</b> {html.escape(sentence)}</p>'
+        for level, title, sentence in notices(comparison, budgets)
+    ]
 
 
 def _runs_html(comparison: Comparison, ui: str) -> list[str]:

@@ -19,28 +19,26 @@ from ..tracking.layout import TAG_DATA_NOTE
 from .select import RunRecord
 
 SHOWN_RUNS = 4  # runs named per note; the rest are counted
-# the notes in the sentence's order: what selection reads first, then what is reported
-SPLITS = ("validation", "test", "search", "training")
-
-
-def _what(key: str) -> str | None:
-    """A note's few words in the sentence, by its key (None: a note left out)."""
-    if key.startswith(NOTE_MISSING):
-        title = SPLIT_TITLES.get(key.removeprefix(NOTE_MISSING))
-        return f"the {title} lacks classes" if title else None
-    if key.startswith(NOTE_COPIES):
-        return f"{key.removeprefix(NOTE_COPIES)} images are copies of training images"
-    return None
+# each note's key -> its few words in the sentence, in the sentence's order: what
+# selection reads first, then what is reported
+NOTES = {
+    **{
+        NOTE_MISSING + split: f"the {SPLIT_TITLES[split]} lacks classes"
+        for split in ("validation", "test", "search", "training")
+    },
+    **{
+        NOTE_COPIES + split: f"{split} images are copies of training images"
+        for split in ("validation", "test")
+    },
+}
 
 
 def data_warning(records: Sequence[RunRecord]) -> str:
     """One sentence naming, per data note, the runs that recorded it ('' when none)."""
-    keys = [prefix + split for prefix in (NOTE_MISSING, NOTE_COPIES) for split in SPLITS]
     runs: dict[str, list[str]] = {}
-    for key in keys:
-        what = _what(key)
+    for key, what in NOTES.items():
         for r in records:
-            if what and TAG_DATA_NOTE + key in r.tags:
+            if TAG_DATA_NOTE + key in r.tags:
                 runs.setdefault(what, []).append(r.run_name or r.run_id)
     if not runs:
         return ""

@@ -204,17 +204,19 @@ class PhaseTimes(Recorder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.windows: dict[str, list[tuple[float, float]]] = {}
-        self.loops: dict[str, list[tuple[float, float]]] = {}  # the loops alone, as timed
+        self.loops: dict[str, list[tuple[float, float]]] = {}
 
     def on_epoch_end(self, event) -> None:
         super().on_epoch_end(event)
         now = time.perf_counter()
-        # EpochEnd comes after the epoch's evaluation; its loop took event.seconds (a
-        # second before it too: nvidia-smi's figure is the busy share of its last period)
-        self.windows.setdefault(event.phase, []).append((now - event.seconds - 1.0, now))
-        # the loop's seconds ending now: late by the evaluation, short on a GPU
+        # EpochEnd comes after the epoch's evaluation; its loop took event.seconds, ending
+        # now as far as a window can tell (late by the evaluation, short on a GPU)
         self.loops.setdefault(event.phase, []).append((now - event.seconds, now))
+
+    def windows(self, phase: str) -> list[tuple[float, float]]:
+        """``phase``'s loops, each from a second before it: nvidia-smi's figure is the
+        busy share of its last sample period."""
+        return [(start - 1.0, end) for start, end in self.loops.get(phase, [])]
 
 
 def _gpu_index(device: torch.device) -> str:
@@ -267,9 +269,7 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         "loop_seconds": loops,
         "other_seconds": seconds - sum(loops.values()),
         "final_inference_images_per_sec": len(x) / per_batch,
-        "gpu_during_w_train": sampler.during(
-            rec.windows.get("w_train", []), rec.loops.get("w_train", [])
-        ),
+        "gpu_during_w_train": sampler.during(rec.windows("w_train"), rec.loops.get("w_train", [])),
         "peak_cuda_memory_mib": (
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         ),

@@ -270,6 +270,12 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
         "other_seconds": seconds - sum(loops.values()),
         "final_inference_images_per_sec": len(x) / per_batch,
         "gpu_during_w_train": sampler.during(rec.windows("w_train"), rec.loops.get("w_train", [])),
+        # the run's own figure (runner/gpubusy.py: NVML's samples over each loop), to set
+        # beside nvidia-smi's per epoch above; and its summary per phase
+        "run_gpu_busy_w_train_per_epoch": [
+            e.gpu_busy for e in rec.of("epoch_end") if e.phase == "w_train"
+        ],
+        "run_gpu_busy": rec.of("run_end")[-1].gpu_busy,
         "peak_cuda_memory_mib": (
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         ),

@@ -183,7 +183,7 @@ def test_arms_of_a_budgeted_run_train_as_many_final_epochs_as_it_did(tmp_path, c
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(source).data.params[L.PARAM_FINAL_EPOCHS_FITTED] == "1"
     assert (
-        "1 final epochs (of at most 3, fitted to 0.0001 minutes)"
+        "1 final epoch (of at most 3, fitted to 0.0001 minutes)"
         in (client.get_run(source).data.tags["mlflow.note.content"])
     )
     base = ["baseline", source, "--threads", "1", "--quiet", "--tracking-uri", uri]

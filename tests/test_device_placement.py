@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from asolab.data import Augmentation, Batches, load_data
 from asolab.evolution import growth
 from asolab.runner import cycle
 from asolab.runner.device import memory_format, normalise_device
+from asolab.runner.gpubusy import GpuBusy
 from asolab.runner.resume import CHECKPOINT_NAME
 from asolab.runner.speed import Speed, build_network
 from asolab.space.fixed import FixedNetwork
@@ -166,6 +168,29 @@ def test_a_second_capture_over_the_same_weights_succeeds():
         assert speed.graphs is not None
         assert (speed.graphs.captures, speed.graphs.failures) == (2, 0)
         assert torch.isfinite(torch.randn(4, device=device)).all()  # its RNG still works
+
+
+@pytest.mark.skipif(is_fake(), reason="NVML reads a real GPU's driver")
+def test_gpu_busy_reads_the_gpu_the_run_is_on():
+    """runner/gpubusy.py finds the run's GPU in NVML (by UUID) and reads it busy while
+    matrix products keep it so for two seconds, and idle after."""
+    with on_device() as device:
+        busy = GpuBusy.open(device)
+        assert busy is not None
+        try:
+            mark, a = busy.mark(), torch.randn(4096, 4096, device=device)
+            end = time.perf_counter() + 2.0
+            while time.perf_counter() < end:
+                for _ in range(20):
+                    a = torch.tanh(a @ a)
+                torch.cuda.synchronize(device)
+            assert (busy.since(mark) or 0.0) > 50.0
+            time.sleep(2.0)
+            mark = busy.mark()
+            time.sleep(2.0)
+            assert (busy.since(mark) or 0.0) < 50.0
+        finally:
+            busy.close()
 
 
 def test_devices_are_compared_with_their_index():

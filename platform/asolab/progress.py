@@ -11,6 +11,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 from .runner import events as ev
+from .runner.gpubusy import advice, in_words
 from .runner.pace import Pace
 from .runner.phases import FINAL, PHASE_TITLES, PHASES
 
@@ -129,6 +130,8 @@ class ProgressObserver(ev.Observer):
             "img_s": f"{event.images_per_sec:.0f}",
             "epoch": tqdm.format_interval(event.seconds),
         }
+        if event.gpu_busy is not None:
+            self.postfix["gpu"] = f"{event.gpu_busy:.0f}%"
         self._show_left(counting=1, refresh=False)  # never shown beside the old count
         self.bar.update(1)
         self.bar.refresh()  # tqdm skips an update within 0.1 s of its last print
@@ -229,7 +232,8 @@ class _Guarded:
 
 
 def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str:
-    """The final summary as an aligned two-column table."""
+    """The final summary as an aligned two-column table; on a GPU that sat mostly idle,
+    a line under it says what would keep it busier."""
     rows = {
         "final genotype": str(end.genotype),
         "derived network parameters": f"{end.derived_params:,}",
@@ -238,8 +242,10 @@ def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str
         "test accuracy": f"{end.test_acc:.4f}",
         "peak RSS (MB)": f"{end.memory['peak_rss_mb']:.0f}",
         "wall time (s)": f"{end.seconds:.1f}",
+        **({"GPU busy (training loops)": in_words(end.gpu_busy)} if end.gpu_busy else {}),
         **(extra or {}),
     }
     width = max(len(k) for k in rows)
     # Left-aligned values: the genotype string is far longer than the numbers.
-    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows.items())
+    lines = [f"{key:<{width}}  {value}" for key, value in rows.items()]
+    return "\n".join(lines + ([advice(end.gpu_busy)] if advice(end.gpu_busy) else []))

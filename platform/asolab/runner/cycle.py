@@ -43,6 +43,7 @@ from . import steps
 from .device import describe_device, memory_format, resolve_device
 from .events import CycleEnd, Observer, RunInterrupted, RunStart
 from .final import FinalStage
+from .gpubusy import GpuBusy
 from .memory import check_fits, estimate_supernet, memory_stats, out_of_memory
 from .mutating import Mutating
 from .parts import shared_names
@@ -104,6 +105,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
         self.speed = Speed(cfg.speed, self.device, cfg.data.batch_size)
         self.speed.watch(self.net)
+        self.gpu_busy: GpuBusy | None = None  # opened by run(): a runner may never run
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: dict[str, Any] | None = None
@@ -144,6 +146,8 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
     def run(self) -> RunResult:
         """Run (or continue) the whole experiment; observers see every step."""
         self._started = time.perf_counter()
+        if self.gpu_busy is None:  # else given one (a test's, reading its own samples)
+            self.gpu_busy = GpuBusy.open(self.device)
         try:
             # Inside the try: an observer that fails on the start (after the tracker
             # created its run) must still see on_run_interrupted and close that run.
@@ -175,6 +179,9 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         except BaseException as exc:
             self._emit_interrupted(RunInterrupted(exc, self.state.position.global_epoch))
             raise
+        finally:
+            if self.gpu_busy is not None:
+                self.gpu_busy.close()
         return result
 
     def _emit_interrupted(self, event: RunInterrupted) -> None:

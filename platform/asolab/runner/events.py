@@ -52,6 +52,9 @@ class EpochEnd:
     seconds: float
     images_per_sec: float
     threads: int = 1  # the torch threads the epoch used (decided once per run)
+    # percent of the epoch's training loop in which its GPU ran kernels (runner/gpubusy.py);
+    # None off CUDA, where the driver gives no figure, or for an epoch under one sample period
+    gpu_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,9 @@ class RunEnd:
     # how raw images become the network's input (asolab.data.preprocessing): a saved
     # model carries it, so that it predicts raw images
     preprocessing: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # GPU busy per phase over this process's epochs, then "all" (runner/gpubusy.py's
+    # GpuBusy.summary); empty off CUDA
+    gpu_busy: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
 
     reads = frozenset(
-        {"_elapsed", "_started", "cfg", "data", "device", "net", "state", "weight_opt"}
+        {"_elapsed", "_started", "cfg", "data", "device", "gpu_busy", "net", "state"}
+        | {"weight_opt"}
     )
 
     def choose_final_genotype(self) -> Genotype:
@@ -125,6 +126,7 @@ class FinalStage(Part):
             global_epoch=self.state.position.global_epoch,
             supernet=self.net,
             preprocessing=preprocessing(self.data),
+            gpu_busy=self.gpu_busy.summary() if self.gpu_busy is not None else {},
         )
         self.emit("on_run_end", end)
         return RunResult(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..space.network import SearchNetwork
     from ..space.spec import ArchSpec
     from .events import Observer
+    from .gpubusy import GpuBusy
     from .speed import Speed
     from .state import RunState
 
@@ -45,6 +46,9 @@ class Shared:
     alpha_opt: torch.optim.Optimizer  # Adam over the alphas, for the whole run
     shuffle: torch.Generator  # the batches' order (checkpointed)
     speed: Speed  # precision and the gradient scaler
+    gpu_busy: (
+        GpuBusy | None
+    )  # the GPU's utilization per epoch, while run() runs (None: not measured)
     state: RunState  # the run's progress and findings (checkpointed field by field)
     checkpoint_dir: Path | None  # where checkpoints go (None: none are written)
     threads_source: str  # how cfg.threads was chosen: "auto", "set" or "resumed"

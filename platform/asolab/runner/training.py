@@ -32,7 +32,8 @@ class Training(Part):
     """Steps, epochs and the training phases (a Runner part)."""
 
     reads = frozenset(
-        {"alpha_opt", "cfg", "data", "device", "net", "shuffle", "speed", "state", "weight_opt"}
+        {"alpha_opt", "cfg", "data", "device", "gpu_busy", "net", "shuffle", "speed", "state"}
+        | {"weight_opt"}
     )
 
     def weight_step(
@@ -89,12 +90,10 @@ class Training(Part):
             for group in self.weight_opt.param_groups:
                 group["lr"] = self.weight_lr()
         self.net.train()
+        busy = self.gpu_busy.mark() if self.gpu_busy is not None else 0
         start = time.perf_counter()
-        loss_sum, correct, seen = (
-            torch.zeros((), device=self.device),
-            torch.zeros((), device=self.device),
-            0,
-        )
+        loss_sum, correct = torch.zeros((2,), device=self.device).unbind()
+        seen = 0
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         size, drop_last = self.cfg.data.batch_size, self.cfg.data.drop_last
@@ -109,6 +108,7 @@ class Training(Part):
                 f"{phase} loss became {loss_sum.item()} in cycle {self.state.position.cycle}; "
                 "lower search.weight_lr or search.alpha_lr"
             )
+        gpu_busy = self._gpu_busy(phase, busy, seconds)  # .item() waited for the GPU
         val_loss, val_acc = self.evaluate(self.data.val, eval_genotype())
         self.emit(
             "on_epoch_end",
@@ -129,10 +129,20 @@ class Training(Part):
                 seconds=seconds,
                 images_per_sec=seen / max(seconds, 1e-9),
                 threads=torch.get_num_threads(),
+                gpu_busy=gpu_busy,
             ),
         )
         self.state.position.global_epoch += 1
         self.state.position.weight_epoch += int(trains_weights)
+
+    def _gpu_busy(self, phase: str, mark: int, seconds: float) -> float | None:
+        """The GPU's busy percent since ``mark``, kept for the run's summary."""
+        if self.gpu_busy is None:
+            return None
+        percent = self.gpu_busy.since(mark)
+        if percent is not None:
+            self.gpu_busy.record(phase, percent, seconds)
+        return percent
 
     def calibrate(self, genotype: Genotype) -> Genotype:
         """Re-estimate BatchNorm statistics along ``genotype`` on a few training batches

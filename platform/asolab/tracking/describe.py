@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import PROJECT_ROOT, ExperimentConfig
 from ..runner.events import RunEnd, RunStart
+from ..runner.gpubusy import ALL, in_words
 from ..runner.phases import PHASES
 from ..space.genotype import Genotype
 from . import layout as L
@@ -66,11 +67,11 @@ def describe_run(
     params: dict[str, Any] = {}
     if cfg is not None:
         s, t = cfg.search, cfg.temperature
-        final = f"{s.final_epochs} final epochs"
+        final = f"{s.final_epochs} final epoch{'s' if s.final_epochs != 1 else ''}"
         if fitted_epochs:
             final = (
-                f"{fitted_epochs} final epochs (of at most {s.final_epochs}, "
-                f"fitted to {s.budget_minutes:g} minutes)"
+                f"{fitted_epochs} final epoch{'s' if fitted_epochs != 1 else ''} (of at most "
+                f"{s.final_epochs}, fitted to {s.budget_minutes:g} minutes)"
             )
         cycle = " + ".join(f"{p.epochs(s)} {p.short}" for p in PHASES if p.epochs_field)
         cycles = f"{s.cycles} cycle{'s' if s.cycles != 1 else ''}"
@@ -81,6 +82,8 @@ def describe_run(
             "mutation strength": f"{cfg.mutation.strength:g}",
             "seed": cfg.seed,
         }
+    if ALL in event.gpu_busy:
+        facts["GPU busy in training"] = in_words(event.gpu_busy)
     return run_description(run_id, head, str(event.genotype), {**facts, **params})
 
 

@@ -100,6 +100,8 @@ TEMPERATURE, WEIGHT_LR, ALPHA_LR = "temperature", "weight_lr", "alpha_lr"
 EPOCH_SECONDS, IMAGES_PER_SEC = "epoch_seconds", "images_per_sec"
 TORCH_THREADS = "torch_threads"  # the count the epoch used (fixed for the whole run)
 CYCLE, PHASE_INDEX_METRIC = "cycle", "phase_index"
+# on a GPU: percent of the epoch's training loop in which it ran kernels (runner/gpubusy.py)
+GPU_BUSY_PCT = "gpu_busy_pct"
 EPOCH_METRICS = (
     TRAIN_LOSS,
     TRAIN_ACC,
@@ -145,6 +147,7 @@ FINAL_VAL_ACC, FINAL_VAL_LOSS = "final_val_acc", "final_val_loss"
 TEST_ACC, TEST_LOSS = "test_acc", "test_loss"
 FINAL_PARAMS, FINAL_SUPERNET_PARAMS = "final_params", "final_supernet_params"
 RUN_SECONDS = "run_seconds"
+RUN_GPU_BUSY_PCT = "run_gpu_busy_pct"  # on a GPU: every epoch's, weighted by its seconds
 FINAL_METRICS = (
     FINAL_VAL_ACC,
     FINAL_VAL_LOSS,
@@ -153,9 +156,10 @@ FINAL_METRICS = (
     FINAL_PARAMS,
     FINAL_SUPERNET_PARAMS,
     RUN_SECONDS,
+    RUN_GPU_BUSY_PCT,
     *(FINAL_PREFIX + m for m in MEMORY_METRICS),
 )
-RUN_METRICS = EPOCH_METRICS + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
+RUN_METRICS = EPOCH_METRICS + (GPU_BUSY_PCT,) + CYCLE_METRICS + GROWTH_METRICS + FINAL_METRICS
 
 # phase -> the value of the "phase_index" epoch metric: the runner's cycle phases in
 # order, then the final stage (PHASE_INDEX, from the runner's phase table)

@@ -51,6 +51,7 @@ from ..runner.events import (
     RunInterrupted,
     RunStart,
 )
+from ..runner.gpubusy import ALL
 from ..runner.pace import Pace
 from ..space.genotype import Genotype
 from ..space.plot import drawing_note, genotype_png, thumbnail_png
@@ -375,6 +376,8 @@ class MlflowTracker(ModelLogging, Observer):
                 L.PHASE_INDEX_METRIC: L.PHASE_INDEX.get(event.phase, -1),
                 **event.lrs,  # L.WEIGHT_LR, L.ALPHA_LR: the runner names them
             }
+            if event.gpu_busy is not None:
+                values[L.GPU_BUSY_PCT] = event.gpu_busy
             for k, v in values.items():
                 self._metric(k, v, event.global_epoch)
             slow = self._pace.check(event)
@@ -468,6 +471,8 @@ class MlflowTracker(ModelLogging, Observer):
                 L.FINAL_SUPERNET_PARAMS: event.supernet_params,
                 L.RUN_SECONDS: event.seconds,
             }
+            if ALL in event.gpu_busy:
+                finals[L.RUN_GPU_BUSY_PCT] = event.gpu_busy[ALL]
             # Memory under final_* names: with no final epochs the run ends on the last
             # cycle's step, where the per-cycle figures already hold that step.
             finals.update({L.FINAL_PREFIX + k: v for k, v in event.memory.items()})

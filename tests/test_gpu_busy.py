@@ -15,8 +15,11 @@ from mlflow import MlflowClient
 from asolab import config
 from asolab.progress import summary_table
 from asolab.runner import Runner
-from asolab.runner.events import Recorder
+from asolab.runner.events import Recorder, RunEnd
 from asolab.runner.gpubusy import ALL, GpuBusy, advice, in_words, mean_after, now_us
+from asolab.study.cli import gpu_room
+from asolab.study.objective import keep_gpu_busy
+from asolab.study.storage import ATTR_GPU_BUSY
 from asolab.tracking import MlflowTracker
 from asolab.tracking import layout as L
 
@@ -93,3 +96,24 @@ def test_a_tracked_run_records_gpu_busy_per_epoch_and_its_summary_says_what_to_d
     ]
     assert lines[-1].startswith("GPU busy 20% of the training loops: the host launching")
     assert not runner.gpu_busy._thread.join(5) and not runner.gpu_busy._thread.is_alive()
+
+
+def _end(gpu_busy: dict[str, float]) -> RunEnd:
+    return RunEnd(None, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0, {}, 0, gpu_busy=gpu_busy)
+
+
+def test_a_studys_first_trial_on_an_idle_gpu_says_it_has_room_for_more_workers():
+    import optuna
+
+    study = optuna.create_study()
+    for busy in ({"w_train": 14.0, ALL: 14.04}, {ALL: 70.0}, {}):
+        trial = study.ask()
+        keep_gpu_busy(trial, _end(busy))
+        study.tell(trial, 1.0)
+    idle, busy, off_gpu = study.trials
+    assert idle.user_attrs[ATTR_GPU_BUSY] == 14.0 and ATTR_GPU_BUSY not in off_gpu.user_attrs
+    assert gpu_room(idle) == (
+        "  its GPU was busy 14% of the training loops (every process on it counted): it has "
+        "room for more trials at once, e.g. --workers 2 --gpus 0,0 (docs/scaling-out.md)"
+    )
+    assert gpu_room(busy) == "" and gpu_room(off_gpu) == ""

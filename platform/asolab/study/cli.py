@@ -125,6 +125,22 @@ def _trial_line(t: Any, metrics: tuple[str, ...]) -> str:
     return f"trial {t.number:4d} {t.state.name:8s} {values}  [{params}]{extra}"
 
 
+def gpu_room(t: Any) -> str:
+    """For a study's first finished trial on a GPU that sat mostly idle: that the GPU has
+    room for more trials at once ("" otherwise)."""
+    from ..runner.gpubusy import LOW
+    from .storage import ATTR_GPU_BUSY
+
+    busy = t.user_attrs.get(ATTR_GPU_BUSY)
+    if busy is None or busy >= LOW:
+        return ""
+    return (
+        f"  its GPU was busy {busy:.0f}% of the training loops (every process on it counted): "
+        "it has room for more trials at once, e.g. --workers 2 --gpus 0,0 "
+        "(docs/scaling-out.md)"
+    )
+
+
 def _duration(seconds: float) -> str:
     minutes = seconds / 60
     return (
@@ -168,6 +184,8 @@ class _TrialPrinter:
         if self.first is not None or t.duration is None:
             return
         self.first = t.duration.total_seconds()
+        if hint := gpu_room(t):
+            print(hint, flush=True)
         left = max(0, self.budget - (t.number + 1)) if self.budget else None
         if left == 0:
             return

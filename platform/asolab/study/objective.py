@@ -20,11 +20,12 @@ from ..data import DataBundle, load_data
 from ..runner import Runner
 from ..runner.device import resolve_device
 from ..runner.events import CycleEnd, Observer, RunEnd, RunStart
+from ..runner.gpubusy import ALL
 from ..tracking.layout import TAG_STUDY, TAG_TRIAL
 from . import report
 from .config import ParamSpec, StudyConfig, trial_overrides
 from .report import trial_run_name
-from .storage import ATTR_MLFLOW_RUN
+from .storage import ATTR_GPU_BUSY, ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,15 @@ def _run_seed(
     observers = [tracker, RunLink(trial, tracker), keeper, reporter]
     Runner(run_exp, observers, data=ctx.data_for(run_exp)).run()
     assert keeper.end is not None
+    keep_gpu_busy(trial, keeper.end)
     return keeper.end
+
+
+def keep_gpu_busy(trial: optuna.Trial, end: RunEnd) -> None:
+    """Record on ``trial`` how busy its run kept the GPU (nothing off a GPU): the study's
+    first finished trial then says whether the GPU has room for more workers."""
+    if ALL in end.gpu_busy:
+        trial.set_user_attr(ATTR_GPU_BUSY, round(end.gpu_busy[ALL], 1))
 
 
 def run_trial(trial: optuna.Trial, ctx: TrialContext) -> list[float]:

@@ -62,6 +62,8 @@ ATTR_RETRY_OF = "asolab.retry_of"  # number of the stale trial whose parameters 
 ATTR_STALE = "asolab.stale"  # why a trial was failed as stale (its worker died)
 ATTR_MLFLOW_RUN = "asolab.mlflow_run_id"  # the trial's MLflow child run
 ATTR_ERROR = TAG_ERROR  # one line: why the trial failed
+# on a GPU: how busy its run kept the GPU's training loops, percent (its last seed's run)
+ATTR_GPU_BUSY = "asolab.gpu_busy_pct"
 # Attributes of one attempt at running a trial: a retry must not inherit them.
 RUN_ATTRS = (
     ATTR_OWNER,
@@ -71,6 +73,7 @@ RUN_ATTRS = (
     ATTR_STALE,
     ATTR_MLFLOW_RUN,
     ATTR_ERROR,
+    ATTR_GPU_BUSY,
 )
 
 

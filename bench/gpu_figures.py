@@ -66,6 +66,8 @@ def run_rows(sections: dict) -> list[str]:
             continue
         ips = s["images_per_sec"]
         busy = _busy(s["gpu_during_w_train"])
+        own = s.get("run_gpu_busy", {}).get("w_train")  # the run's own figure (NVML), if any
+        busy += "" if own is None else f"; the run's own {own:.1f}%"
         memory = s.get("peak_cuda_memory_mib")
         cells = [name, *(_n(ips[p]) if p in ips else "-" for p in PHASES)]
         cells += [_n(s["final_inference_images_per_sec"]), busy]

@@ -103,3 +103,23 @@ def test_a_slow_epoch_is_printed_and_recorded_as_a_tag(tiny_cfg, tmp_path, monke
     tag = MlflowClient(store).get_run(tracker.run_id).data.tags[L.TAG_SLOW_EPOCH]
     assert tag.startswith("slow: epoch 3") and "likely cause: load" in tag
     assert tag in screen.getvalue()
+
+
+def test_the_banner_names_the_gpu_as_the_machine_numbers_it(tiny_cfg):
+    """A study worker's ``cuda:0`` is whatever GPU ``CUDA_VISIBLE_DEVICES`` gave it: the
+    banner says which (runner/device.py's describe_device, as the run's tags record it)."""
+    import io
+
+    from asolab.runner.events import RunStart
+
+    data = {"name": "digits", "train": 1150, "val": 288, "test": 359}
+    stream = io.StringIO()
+    shown = progress.ProgressObserver(stream=stream)
+    info = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_index": "3", "gpu_memory_gib": "79.2"}
+    shown.on_run_start(RunStart(tiny_cfg, data, "cuda", {}, device_info=info))
+    shown.on_run_start(RunStart(tiny_cfg, data, "cpu", {}))
+    assert stream.getvalue().splitlines() == [
+        "asolab: digits (1150 train / 288 val / 359 test), device cuda "
+        "(NVIDIA H100 80GB HBM3, GPU 3), 2 cycles",
+        "asolab: digits (1150 train / 288 val / 359 test), device cpu, 2 cycles",
+    ]

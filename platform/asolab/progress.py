@@ -80,9 +80,12 @@ class ProgressObserver(ev.Observer):
         # "digits", not "digits on digits", where the experiment is named after its data
         on = "" if event.config.name == d["name"] else f" on {d['name']}"
         cycles = f"{s.cycles} cycle{'s' if s.cycles != 1 else ''}"
+        info = event.device_info
+        # which GPU, as the machine numbers it: a worker's cuda:0 may be the machine's GPU 3
+        gpu = f" ({info['gpu_name']}, GPU {info['gpu_index']})" if "gpu_name" in info else ""
         self._write(
             f"asolab: {event.config.name}{on} ({d['train']} train / {d['val']} val / "
-            f"{d['test']} test), device {event.device}, {cycles}{where}"
+            f"{d['test']} test), device {event.device}{gpu}, {cycles}{where}"
         )
         for note in d.get("notes", {}).values():  # a layout told from the shape, a resize
             self._write(f"  data: {note}")

@@ -62,7 +62,7 @@ def test_pyproject_lists_every_package_and_ships_the_configs():
 
 
 # import name -> distribution name, where they differ
-DISTRIBUTIONS = {"PIL": "pillow", "sklearn": "scikit-learn"}
+DISTRIBUTIONS = {"PIL": "pillow", "pynvml": "nvidia-ml-py", "sklearn": "scikit-learn"}
 
 
 def test_pyproject_declares_every_third_party_import():

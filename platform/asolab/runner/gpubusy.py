@@ -207,7 +207,6 @@ def advice(summary: dict[str, float]) -> str:
         return ""
     return (
         f"GPU busy {mean:.0f}% of the training loops: the host launching small kernels is "
-        "the limit, not the GPU. A study can run 2-4 trials on this GPU at once (asolab "
-        "study --gpus 0,0), and a larger data.batch_size does more per launch: "
-        "docs/scaling-out.md"
+        "the limit. More runs per GPU (asolab study --gpus 0,0) or a larger "
+        "data.batch_size use the rest: docs/scaling-out.md"
     )

@@ -117,3 +117,22 @@ def test_a_studys_first_trial_on_an_idle_gpu_says_it_has_room_for_more_workers()
         "room for more trials at once, e.g. --workers 2 --gpus 0,0 (docs/scaling-out.md)"
     )
     assert gpu_room(busy) == "" and gpu_room(off_gpu) == ""
+
+
+def test_a_study_summary_on_gpus_has_each_trials_gpu_busy():
+    import optuna
+
+    from asolab.study.config import load_study
+    from asolab.study.report import summary_frame
+
+    cfg = load_study(None)
+    study = optuna.create_study(direction="maximize")
+    for value, busy in ((0.9, {ALL: 14.0}), (0.8, {ALL: 30.0})):
+        trial = study.ask()
+        keep_gpu_busy(trial, _end(busy))
+        study.tell(trial, value)
+    frame = summary_frame(study, cfg)
+    assert frame["gpu_busy_pct"].tolist() == [14.0, 30.0]
+    off = optuna.create_study(direction="maximize")
+    off.tell(off.ask(), 0.9)
+    assert "gpu_busy_pct" not in summary_frame(off, cfg).columns  # a study on CPUs

@@ -36,7 +36,7 @@ from ..tracking.layout import (
 )
 from ..tracking.store import mask_password
 from .config import StudyConfig
-from .storage import ATTR_ERROR, ATTR_MLFLOW_RUN
+from .storage import ATTR_ERROR, ATTR_GPU_BUSY, ATTR_MLFLOW_RUN
 
 log = logging.getLogger(__name__)
 
@@ -525,11 +525,14 @@ def summary_frame(study: optuna.Study, cfg: StudyConfig, top: int = 10) -> Any:
             key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE
         )
     rows = []
+    on_gpus = any(ATTR_GPU_BUSY in t.user_attrs for t in trials[:top])
     for t in trials[:top]:
         row: dict[str, Any] = {"trial": t.number}
         row.update({m: v for m, v in zip(cfg.objective.metrics, t.values)})
         row.update(t.params)
         row["seconds"] = round(t.duration.total_seconds(), 1) if t.duration else None
+        if on_gpus:  # how busy each trial kept its GPU (objective.keep_gpu_busy)
+            row["gpu_busy_pct"] = t.user_attrs.get(ATTR_GPU_BUSY)
         row["mlflow_run"] = t.user_attrs.get(ATTR_MLFLOW_RUN, "")
         rows.append(row)
     return pd.DataFrame(rows)

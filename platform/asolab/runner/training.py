@@ -4,6 +4,7 @@ evaluation, BatchNorm recalibration, and the training phases built from them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -92,8 +93,8 @@ class Training(Part):
         self.net.train()
         busy = self.gpu_busy.mark() if self.gpu_busy is not None else 0
         start = time.perf_counter()
-        loss_sum, correct = torch.zeros((2,), device=self.device).unbind()
-        seen = 0
+        zero = functools.partial(torch.zeros, (), device=self.device)
+        loss_sum, correct, seen = zero(), zero(), 0
         # Augment only what trains weights; alphas see the validation data as it is.
         augmentation = self.data.augmentation if trains_weights else None
         size, drop_last = self.cfg.data.batch_size, self.cfg.data.drop_last

@@ -133,6 +133,7 @@ from asolab.evolution import growth
 from asolab.runner import Runner
 from asolab.runner.device import describe_device, memory_format, resolve_device
 from asolab.runner.events import Recorder
+from asolab.runner.gpubusy import source_text
 from asolab.runner.speed import Speed, build_network
 from asolab.space.spec import ArchSpec
 from asolab.space.switched import CONDITIONAL_NODES, ungraphable
@@ -704,7 +705,8 @@ def markdown(report: dict) -> str:
         + (" (smoke sizes)" if report["smoke"] else "")
         + ("" if report.get("bytecode_written", True) else "; no bytecode written")
         + f"; CUDA {report.get('cuda_version')}, conditional nodes "
-        + ("yes" if report.get("conditional_nodes") else "no"),
+        + ("yes" if report.get("conditional_nodes") else "no")
+        + (f"; GPU busy from {report['gpu_busy_source']}" if "gpu_busy_source" in report else ""),
         "",
         *digits_runs(report["sections"]),
     ]
@@ -962,6 +964,8 @@ def header(device: torch.device, smoke: bool) -> dict:
         # switched_step and cond_graph try; the CUDA toolkit must be 12.4 or newer as well)
         "cuda_version": torch.version.cuda,
         "conditional_nodes": CONDITIONAL_NODES,
+        # where a run's own GPU busy figure comes from (runner/gpubusy.py), or why none
+        "gpu_busy_source": source_text(device),
         "smoke": smoke,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "sections": {},

@@ -16,7 +16,15 @@ from asolab import config
 from asolab.progress import summary_table
 from asolab.runner import Runner
 from asolab.runner.events import Recorder, RunEnd
-from asolab.runner.gpubusy import ALL, GpuBusy, advice, in_words, mean_after, now_us
+from asolab.runner.gpubusy import (
+    ALL,
+    GpuBusy,
+    advice,
+    in_words,
+    mean_after,
+    now_us,
+    source_text,
+)
 from asolab.study.cli import gpu_room
 from asolab.study.objective import keep_gpu_busy
 from asolab.study.storage import ATTR_GPU_BUSY
@@ -136,3 +144,9 @@ def test_a_study_summary_on_gpus_has_each_trials_gpu_busy():
     off = optuna.create_study(direction="maximize")
     off.tell(off.ask(), 0.9)
     assert "gpu_busy_pct" not in summary_frame(off, cfg).columns  # a study on CPUs
+
+
+def test_the_gpu_check_report_says_where_gpu_busy_comes_from_or_why_not():
+    assert source_text(torch.device("cpu")) == "none on cpu"
+    if not torch.cuda.is_available():
+        assert source_text(torch.device("cuda")).startswith("none: ")

@@ -93,17 +93,7 @@ class GpuBusy:
         if device.type != "cuda":
             return None
         try:
-            import pynvml
-
-            handle = _nvml_handle(device)
-            try:
-                pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
-                buffered = True
-            except pynvml.NVMLError_NotFound:  # a buffer, empty so far
-                buffered = True
-            except pynvml.NVMLError:
-                pynvml.nvmlDeviceGetUtilizationRates(handle)  # raises where there is none
-                buffered = False
+            handle, buffered = _source(device)
         except Exception as exc:  # no pynvml, no driver library, a MIG slice, ...
             log.info("GPU busy is not recorded on %s: %s", device, exc)
             return None
@@ -169,6 +159,34 @@ def weighted(epochs: list[tuple[float, float]]) -> float:
     if total <= 0:
         return sum(p for p, _ in epochs) / max(1, len(epochs))
     return sum(p * seconds for p, seconds in epochs) / total
+
+
+def _source(device: torch.device) -> tuple[object, bool]:
+    """``device``'s NVML handle, and whether the driver keeps a buffer of its samples
+    (else they are read as they come); raises where NVML gives no utilization."""
+    import pynvml
+
+    handle = _nvml_handle(device)
+    try:
+        pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    except pynvml.NVMLError_NotFound:  # a buffer, empty so far
+        pass
+    except pynvml.NVMLError:
+        pynvml.nvmlDeviceGetUtilizationRates(handle)  # raises where there is none
+        return handle, False
+    return handle, True
+
+
+def source_text(device: torch.device) -> str:
+    """Where ``device``'s GPU busy figures come from, in words, or why there are none
+    (bench/gpu_check.py's report)."""
+    if device.type != "cuda":
+        return f"none on {device}"
+    try:
+        _, buffered = _source(device)
+    except Exception as exc:
+        return f"none: {type(exc).__name__}: {exc}"
+    return "NVML's sample buffer" if buffered else "NVML, read every 0.2 s"
 
 
 def _buffered(handle: object, last: int) -> list[tuple[int, float]]:

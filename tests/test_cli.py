@@ -139,3 +139,19 @@ def test_python_m_asolab_is_the_asolab_command():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
         == "console\n"
     )
+
+
+def test_every_commands_help_reads_as_written(capsys):
+    """Each command's ``--help`` as a user sees it: argparse %-formats help strings but
+    not descriptions, so a "%%" written for one shows doubled in the other."""
+    import argparse
+
+    from asolab.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) >= {"run", "study", "ui", "compare", "baseline", "rank"}
+    for name, sub in commands.choices.items():
+        text = sub.format_help()
+        assert "%%" not in text and "%(" not in text, name
+    assert "+-10%)" in commands.choices["baseline"].format_help()

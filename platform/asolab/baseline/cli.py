@@ -17,7 +17,7 @@ BASELINE_HELP = "train the control arms of recorded ASO-SE runs as tracked runs"
 BASELINE_TEXT = (
     "For each ASO-SE run and seed: the ASO-SE run itself (a new run of the same config for "
     "another seed) and its control arms -- scratch (the found genotype from scratch), random "
-    "(a random genotype with the same parameter count, +-10%%), initial (the unevolved "
+    "(a random genotype with the same parameter count, +-10%), initial (the unevolved "
     "genotype) -- each with the same config, seed and weight-training budget, tagged with its "
     "arm and the run it controls for; scratch-final, random-final and initial-final train the "
     "same genotypes for the final stage's epochs only (the NAS literature's protocol). "

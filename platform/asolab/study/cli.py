@@ -83,7 +83,10 @@ def _place_options(p: argparse.ArgumentParser) -> None:
         "--gpus",
         default="",
         metavar="IDS",
-        help="GPUs the workers share, one each round-robin, e.g. 0,1 (default: the visible ones)",
+        help=(
+            "GPUs the workers share, one each round-robin, e.g. 0,1; a GPU named twice takes "
+            "two workers (0,0: a search leaves a GPU mostly idle) (default: the visible ones)"
+        ),
     )
     p.add_argument(
         "--storage",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from conftest import ONE_CYCLE
 
 import asolab
@@ -77,6 +79,17 @@ def test_an_epoch_under_a_third_of_the_median_names_load_or_threads_and_what_to_
     quiet = pace.Pace()
     line = [quiet.check(e) for e in _epochs([120, 110, 100, 13])][-1]
     assert "likely cause: threads" in line and "set threads = 1" in line
+    # on a GPU that was busy through the slow epoch: others share the GPU, not the cores
+    shared = pace.Pace()
+    on_gpu = [
+        dataclasses.replace(e, gpu_busy=b)
+        for e, b in zip(_epochs([120, 110, 100, 13]), [20, 20, 20, 97])
+    ]
+    line = [shared.check(e) for e in on_gpu][-1]
+    assert "likely cause: the GPU: 97% busy while this run went slowly" in line
+    idle = pace.Pace()  # a GPU run whose slow epoch left the GPU idle: the host is the cause
+    on_gpu[-1] = dataclasses.replace(on_gpu[-1], gpu_busy=5.0)
+    assert "likely cause: threads" in [idle.check(e) for e in on_gpu][-1]
 
 
 def test_a_slow_epoch_is_printed_and_recorded_as_a_tag(tiny_cfg, tmp_path, monkeypatch):

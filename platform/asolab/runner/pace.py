@@ -20,6 +20,7 @@ from .events import EpochEnd
 from .phases import PHASE_TITLES
 
 SLOWER = 3.0  # an epoch this many times slower than its phase's median is said
+SHARED_GPU = 80.0  # percent GPU busy in a slow epoch: other work shares the GPU
 AT_LEAST = 3  # epochs of a phase before its median means anything
 
 
@@ -70,6 +71,12 @@ class Pace:
             return ""
         title = PHASE_TITLES.get(event.phase, event.phase)
         cause = likely_cause(event.threads, load_average(), usable_cores())
+        if event.gpu_busy is not None and event.gpu_busy >= SHARED_GPU:
+            cause = (
+                f"likely cause: the GPU: {event.gpu_busy:.0f}% busy while this run went slowly, "
+                "so other work shares it (another run, a study's second worker); give the run "
+                "a GPU of its own or fewer neighbours there"
+            )
         self.said = (
             f"slow: epoch {event.global_epoch} ({title}, cycle {event.cycle + 1}) ran at "
             f"{event.images_per_sec:.0f} images/s, under a third of this run's median of "

@@ -26,12 +26,14 @@ from asolab.evolution import growth
 from asolab.runner import cycle
 from asolab.runner.device import memory_format, normalise_device
 from asolab.runner.gpubusy import GpuBusy
+from asolab.runner.memory import memory_stats
 from asolab.runner.resume import CHECKPOINT_NAME
 from asolab.runner.speed import Speed, build_network
 from asolab.space.fixed import FixedNetwork
 from asolab.space.network import DerivedNetwork
 from asolab.space.sampling import FairPaths, gumbel_softmax_st
 from asolab.space.spec import ArchSpec
+from asolab.tracking import layout as L
 
 pytestmark = [
     pytest.mark.device,
@@ -191,6 +193,18 @@ def test_gpu_busy_reads_the_gpu_the_run_is_on():
             assert (busy.since(mark) or 0.0) < 50.0
         finally:
             busy.close()
+
+
+@pytest.mark.skipif(is_fake(), reason="the CUDA allocator's figures need a real GPU")
+def test_memory_stats_on_the_gpu_say_what_the_process_holds():
+    """A run's memory metrics on a GPU: allocated, its peak, and the peak the process
+    held from the GPU (torch's cache included), which bounds the workers beside it."""
+    with on_device() as device:
+        block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+        stats = memory_stats(device)
+        del block
+        assert set(stats) <= set(L.MEMORY_METRICS)
+        assert stats["cuda_peak_reserved_mb"] >= stats["cuda_peak_mb"] >= 64.0
 
 
 def test_devices_are_compared_with_their_index():

@@ -36,6 +36,9 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
         stats["cuda_allocated_mb"] = torch.cuda.memory_allocated(device) / _MB
         stats["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / _MB
+        # what the process held from the GPU at most (tensors and the allocator's cache; the
+        # CUDA context aside): the share of the GPU a study worker beside it cannot have
+        stats["cuda_peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / _MB
     return stats
 
 

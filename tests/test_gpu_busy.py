@@ -122,7 +122,7 @@ def test_a_studys_first_trial_on_an_idle_gpu_says_it_has_room_for_more_workers()
     assert idle.user_attrs[ATTR_GPU_BUSY] == 14.0 and ATTR_GPU_BUSY not in off_gpu.user_attrs
     assert gpu_room(idle) == (
         "  its GPU was busy 14% of the training loops (every process on it counted): it has "
-        "room for more trials at once, e.g. --workers 2 --gpus 0,0 (docs/scaling-out.md)"
+        "room for more trials at once, e.g. --gpus 0,0 (two workers on GPU 0; docs/scaling-out.md)"
     )
     assert gpu_room(busy) == "" and gpu_room(off_gpu) == ""
 

@@ -26,6 +26,18 @@ def test_workers_take_the_gpus_round_robin():
     assert assign_gpus(2, []) == [None, None]  # no GPU: CPU workers, environment untouched
 
 
+def test_gpus_named_without_workers_get_a_worker_each():
+    """``asolab study --gpus 0,1`` uses both GPUs; ``--gpus 0,0`` puts two workers on GPU 0
+    (what the GPU busy advice says to run); ``--workers`` given wins."""
+    from asolab.study.cli import study_workers
+
+    assert study_workers(None, "0,1") == 2 and study_workers(None, "0,0,1,1") == 4
+    assert study_workers(None, "") == 1  # no --gpus: one worker, as before
+    assert study_workers(3, "0,1") == 3 and study_workers(1, "0,1") == 1
+    with pytest.raises(ConfigError, match="is not a GPU id"):
+        study_workers(None, "0,x")
+
+
 def test_the_gpus_on_offer():
     assert parse_gpus("0, 1,3") == ["0", "1", "3"]
     with pytest.raises(ConfigError, match="--gpus '0,,1'"):

@@ -71,9 +71,12 @@ def _budget_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=None,
         metavar="K",
-        help="K worker processes on this machine, each with cores // K torch threads",
+        help=(
+            "K worker processes on this machine, each with cores // K torch threads "
+            "(default: one per GPU --gpus names, else 1)"
+        ),
     )
 
 
@@ -139,8 +142,8 @@ def gpu_room(t: Any) -> str:
         return ""
     return (
         f"  its GPU was busy {busy:.0f}% of the training loops (every process on it counted): "
-        "it has room for more trials at once, e.g. --workers 2 --gpus 0,0 "
-        "(docs/scaling-out.md)"
+        "it has room for more trials at once, e.g. --gpus 0,0 (two workers on GPU 0; "
+        "docs/scaling-out.md)"
     )
 
 
@@ -241,23 +244,34 @@ def cmd_study(args: argparse.Namespace) -> int:
     return _run(args, cfg)
 
 
+def study_workers(workers: int | None, gpus: str) -> int:
+    """``--workers``, or where it is not given one worker per GPU that ``--gpus`` names
+    (``--gpus 0,1`` uses both GPUs; ``0,0,1,1`` puts two workers on each), else 1."""
+    if workers is not None:
+        return workers
+    from .gpus import parse_gpus
+
+    return len(parse_gpus(gpus)) if gpus else 1
+
+
 def _run(args: argparse.Namespace, cfg: Any) -> int:
     """The study in this process and its workers, then its summary (after a failure too)."""
     from .run import WorkersFailed, resolve_budget, run_study
 
     budget, seconds = resolve_budget(cfg, args.n_trials, args.timeout)
     show = _TrialPrinter(cfg, budget, seconds, args.study_name)
+    workers = study_workers(args.workers, args.gpus)
     try:
         outcome = run_study(
             cfg,
             n_trials=args.n_trials,
             timeout=args.timeout,
-            workers=args.workers,
+            workers=workers,
             storage_url=args.storage,
             study_name=args.study_name,
             tracking_uri=args.tracking_uri,
-            on_trial=show if args.workers == 1 else None,
-            on_start=lambda held: print(show.plan(args.workers, held), flush=True),
+            on_trial=show if workers == 1 else None,
+            on_start=lambda held: print(show.plan(workers, held), flush=True),
             gpus=args.gpus,
         )
     except WorkersFailed as exc:  # what the other workers did is recorded: show it, then the error

@@ -121,9 +121,11 @@ def fashion_subset(dest: Path, train_images: int, test_images: int | None = None
 
 # sections the H100s measured by 2026-11-28 (bench/README.md, "On a GPU") whose figures
 # no open question waits on: skipped, so that the 560 s reach what is still open (the
-# default run's first sight, the layouts, CUDA graphs run after run, growth) by estimate
+# default run's first sight, the layouts, CUDA graphs run after run, growth; and the device
+# tests, for the run's own GPU busy meter, its memory figures and deterministic runs) by
+# estimate
 MEASURED = (
-    "device_tests",
+    "graphed",  # a graph pair per candidate op: 0.91x the eager step (2026-11-27), not shipped
     "steps",
     "op_costs",
     "digits_autotune_on",  # 45.3 s against 30.1 off (2026-11-28): the digits experiment's off

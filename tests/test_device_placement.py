@@ -207,6 +207,27 @@ def test_memory_stats_on_the_gpu_say_what_the_process_holds():
         assert stats["cuda_peak_reserved_mb"] >= stats["cuda_peak_mb"] >= 64.0
 
 
+@pytest.mark.skipif(is_fake(), reason="a GPU's kernels decide this")
+def test_a_deterministic_run_on_the_gpu_repeats_itself_to_the_bit():
+    """speed.deterministic: two runs of one config on the GPU give the same losses and
+    accuracies, epoch by epoch (growth and mutation included)."""
+    from asolab.runner import Runner
+    from asolab.runner.events import Recorder
+
+    seen = []
+    with on_device() as device:
+        for _ in range(2):
+            cfg = _cfg(
+                device=str(device),
+                **{"speed.deterministic": True, "search.cycles": 1, "search.final_epochs": 1},
+                **{"data.train_subset": 128, "growth.policy": "widen"},
+            )
+            recorder = Recorder()
+            Runner(cfg, [recorder]).run()
+            seen.append([(e.train_loss, e.val_loss, e.val_acc) for e in recorder.of("epoch_end")])
+    assert seen[0] == seen[1]
+
+
 def test_devices_are_compared_with_their_index():
     """A config's ``cuda`` and a tensor's ``cuda:0`` are one device only after
     normalising: torch says they differ (what failed 12 placement tests on an H100),

@@ -176,3 +176,40 @@ def test_cudnn_benchmark_scope_full_batch_times_every_full_batch_plan_and_no_oth
             assert torch.backends.cudnn.benchmark is (batch == 32)
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def test_a_deterministic_run_asks_torch_for_deterministic_kernels_and_puts_back_what_was():
+    """speed.deterministic: during the run torch's deterministic algorithms (warning on an
+    op that has none) and cuDNN's are on, and the classifier's pooling backward, which
+    torch flags on CUDA but which is deterministic at 1x1, is not warned about; after the
+    run the process is as it was, so a study worker's next trial does not inherit it."""
+    import warnings
+
+    from asolab.runner.events import Observer
+    from asolab.runner.speed import POOL_BACKWARD
+
+    class Seen(Observer):
+        def __init__(self) -> None:
+            self.flags: list[tuple[bool, bool, bool]] = []
+
+        def on_epoch_end(self, event) -> None:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.warn(
+                    f"{POOL_BACKWARD} does not have a deterministic implementation", stacklevel=1
+                )
+            self.flags.append(
+                (
+                    torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled(),
+                    torch.backends.cudnn.deterministic and not caught,
+                )
+            )
+
+    for on in (True, False):
+        seen = Seen()
+        cfg = config.load(None, [*TINY, f"speed.deterministic={str(on).lower()}"])
+        Runner(cfg, [seen]).run()
+        assert seen.flags == [(on, on, on)] * len(seen.flags) and len(seen.flags) == 3
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cudnn.deterministic
+        assert not [f for f in warnings.filters if f[1] and POOL_BACKWARD in f[1].pattern]

@@ -431,6 +431,16 @@ class SpeedConfig:
             "GPU; off CUDA it runs without graphs, slower than the eager step"
         ),
     )
+    deterministic: bool = field(
+        False,
+        help=(
+            "deterministic kernels wherever torch has them (torch.use_deterministic_algorithms, "
+            "cuDNN's deterministic algorithms and no timing, whatever speed.cudnn_benchmark "
+            "says): a GPU run then repeats itself from its seed, at some cost in speed; an op "
+            "with no deterministic kernel warns, naming itself, instead of failing; on the CPU "
+            "a run repeats itself already, at a given thread count"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from .parts import shared_names
 from .phases import BY_NAME, PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
-from .speed import Speed, build_network
+from .speed import Speed, build_network, deterministic
 from .state import RunResult, RunState
 from .training import Training
 
@@ -148,6 +148,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self._started = time.perf_counter()
         if self.gpu_busy is None:  # else given one (a test's, reading its own samples)
             self.gpu_busy = GpuBusy.open(self.device)
+        restore = deterministic(self.cfg.speed.deterministic)
         try:
             # Inside the try: an observer that fails on the start (after the tracker
             # created its run) must still see on_run_interrupted and close that run.
@@ -180,6 +181,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
             self._emit_interrupted(RunInterrupted(exc, self.state.position.global_epoch))
             raise
         finally:
+            restore()
             if self.gpu_busy is not None:
                 self.gpu_busy.close()
         return result

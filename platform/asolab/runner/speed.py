@@ -54,6 +54,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -115,6 +117,43 @@ def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:
     return net
 
 
+# cuBLAS's deterministic workspace (torch's reproducibility notes): read when cuBLAS first
+# runs in the process, so a process's first run decides it
+CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+POOL_BACKWARD = "adaptive_avg_pool2d_backward_cuda"  # the classifier's global pooling
+
+
+def deterministic(on: bool) -> Callable[[], None]:
+    """``speed.deterministic`` for a run: torch's deterministic algorithms, warning (not
+    failing) on an op that has none, and cuDNN's deterministic algorithms. They are the
+    process's, so the run sets them either way (a study worker's next trial must not
+    inherit the last one's) and puts back what was there when it ends (the returned
+    function)."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+    )
+    ours = []
+    if on:
+        os.environ.setdefault(*CUBLAS_WORKSPACE)
+        # torch flags this backward on CUDA for its atomic adds, but the network pools to
+        # 1x1 (space/network.py), so each input element gets exactly one: deterministic
+        warnings.filterwarnings("ignore", message=f"{POOL_BACKWARD} does not have a determ")
+        ours.append(warnings.filters[0])
+    torch.use_deterministic_algorithms(on, warn_only=on)
+    torch.backends.cudnn.deterministic = on
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic = before[2]
+        for entry in ours:  # others' filters, added meanwhile, stay
+            if entry in warnings.filters:
+                warnings.filters.remove(entry)
+
+    return restore
+
+
 class Speed:
     """The run's precision and kernel settings on its device."""
 
@@ -141,7 +180,7 @@ class Speed:
         self._refused: set[str] = set()  # why a network was not switched, said once each
         # cuDNN's timing: on for good (scope "all"), or set per forward pass by watch()'s
         # hook from its batch (scope "full-batch"); off CUDA nothing here touches the switch
-        tunes = device.type == "cuda" and cfg.cudnn_benchmark
+        tunes = device.type == "cuda" and cfg.cudnn_benchmark and not cfg.deterministic
         per_batch = tunes and cfg.cudnn_benchmark_scope == "full-batch"
         self._timed_batch = batch_size if per_batch else None  # None: watch() adds no hook
         if device.type == "cuda":

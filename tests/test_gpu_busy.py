@@ -7,6 +7,8 @@ class the runner uses; tests/test_device_placement.py reads the real driver on a
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import ONE_CYCLE
@@ -15,7 +17,7 @@ from mlflow import MlflowClient
 from asolab import config
 from asolab.progress import summary_table
 from asolab.runner import Runner
-from asolab.runner.events import Recorder, RunEnd
+from asolab.runner.events import Observer, Recorder, RunEnd
 from asolab.runner.gpubusy import (
     ALL,
     GpuBusy,
@@ -79,13 +81,24 @@ def test_off_cuda_and_without_a_gpu_nothing_is_measured():
         assert GpuBusy.open(torch.device("cuda")) is None
 
 
-def test_a_tracked_run_records_gpu_busy_per_epoch_and_its_summary_says_what_to_do(tmp_path):
-    cfg = config.load(None, {**ONE_CYCLE, "data.train_subset": 64, "search.final_epochs": 1})
+class NoKernel(Observer):
+    """Warns as torch does of an op with no deterministic kernel (index_add on CUDA)."""
+
+    def on_epoch_end(self, event) -> None:
+        warnings.warn("index_add_cuda_ does not have a deterministic implementation", stacklevel=1)
+
+
+def test_a_tracked_run_records_gpu_busy_and_what_was_not_deterministic(tmp_path):
+    """One tracked run, on a meter that reads 20% and with speed.deterministic on: the
+    GPU busy figures and advice, and the op torch warned of as a tag and a summary row."""
+    small = {"data.train_subset": 64, "search.final_epochs": 1, "speed.deterministic": True}
+    cfg = config.load(None, {**ONE_CYCLE, **small})
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     recorder, tracker = Recorder(), MlflowTracker(tracking_uri=store, experiment="gpu-busy")
-    runner = Runner(cfg, [recorder, tracker])
+    runner = Runner(cfg, [recorder, tracker, NoKernel()])
     runner.gpu_busy = steady(20.0)
-    runner.run()
+    with warnings.catch_warnings(record=True):  # off the test's output
+        runner.run()
 
     epochs = recorder.of("epoch_end")
     assert [e.gpu_busy for e in epochs] == [20.0] * len(epochs) and len(epochs) == 4
@@ -96,6 +109,7 @@ def test_a_tracked_run_records_gpu_busy_per_epoch_and_its_summary_says_what_to_d
     assert run.data.metrics[L.RUN_GPU_BUSY_PCT] == 20.0
     expected = "20% (W-training 20%, alpha-training 20%, W-retraining 20%, final training 20%)"
     assert f"- GPU busy in training: {expected}\n" in run.data.tags[L.TAG_NOTE]
+    assert run.data.tags[L.TAG_NONDETERMINISTIC] == "index_add_cuda_"
 
     (end,) = recorder.of("run_end")
     lines = summary_table(end).splitlines()
@@ -103,6 +117,7 @@ def test_a_tracked_run_records_gpu_busy_per_epoch_and_its_summary_says_what_to_d
         f"GPU busy (training loops)   {expected}"
     ]
     assert lines[-1].startswith("GPU busy 20% of the training loops: the host launching")
+    assert lines[-2].split() == ["not", "deterministic", "index_add_cuda_"]
     assert not runner.gpu_busy._thread.join(5) and not runner.gpu_busy._thread.is_alive()
 
 

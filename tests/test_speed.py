@@ -185,7 +185,8 @@ def test_a_deterministic_run_asks_torch_for_deterministic_kernels_and_puts_back_
     run the process is as it was, so a study worker's next trial does not inherit it."""
     import warnings
 
-    from asolab.runner.events import Observer
+    from asolab.progress import summary_table
+    from asolab.runner.events import Observer, Recorder
     from asolab.runner.speed import POOL_BACKWARD
 
     class Seen(Observer):
@@ -197,6 +198,10 @@ def test_a_deterministic_run_asks_torch_for_deterministic_kernels_and_puts_back_
                 warnings.warn(
                     f"{POOL_BACKWARD} does not have a deterministic implementation", stacklevel=1
                 )
+            # as torch words an op that has none (index_add on CUDA, say): the run notes it
+            warnings.warn(
+                f"op_{event.epoch} does not have a deterministic implementation", stacklevel=1
+            )
             self.flags.append(
                 (
                     torch.are_deterministic_algorithms_enabled(),
@@ -206,9 +211,15 @@ def test_a_deterministic_run_asks_torch_for_deterministic_kernels_and_puts_back_
             )
 
     for on in (True, False):
-        seen = Seen()
+        seen, recorder = Seen(), Recorder()
         cfg = config.load(None, [*TINY, f"speed.deterministic={str(on).lower()}"])
-        Runner(cfg, [seen]).run()
+        with warnings.catch_warnings(record=True):  # the test's own warnings, kept off screen
+            warnings.simplefilter("always")
+            Runner(cfg, [seen, recorder]).run()
+        (end,) = recorder.of("run_end")
+        assert end.nondeterministic == (("op_0",) if on else ())
+        rows = [r.split() for r in summary_table(end).splitlines()]
+        assert (["not", "deterministic", "op_0"] in rows) == on
         assert seen.flags == [(on, on, on)] * len(seen.flags) and len(seen.flags) == 3
         assert not torch.are_deterministic_algorithms_enabled()
         assert not torch.backends.cudnn.deterministic

@@ -246,6 +246,8 @@ def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str
         "peak RSS (MB)": f"{end.memory['peak_rss_mb']:.0f}",
         "wall time (s)": f"{end.seconds:.1f}",
         **({"GPU busy (training loops)": in_words(end.gpu_busy)} if end.gpu_busy else {}),
+        # speed.deterministic, and ops that had no deterministic kernel
+        **({"not deterministic": ", ".join(end.nondeterministic)} if end.nondeterministic else {}),
         **(extra or {}),
     }
     width = max(len(k) for k in rows)

@@ -50,7 +50,7 @@ from .parts import shared_names
 from .phases import BY_NAME, PHASES, RETRAIN
 from .resume import Checkpointing
 from .schedule import Schedule
-from .speed import Speed, build_network, deterministic
+from .speed import Determinism, Speed, build_network
 from .state import RunResult, RunState
 from .training import Training
 
@@ -106,6 +106,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self.speed = Speed(cfg.speed, self.device, cfg.data.batch_size)
         self.speed.watch(self.net)
         self.gpu_busy: GpuBusy | None = None  # opened by run(): a runner may never run
+        self.determinism = Determinism(cfg.speed.deterministic)  # applied by run()
         self.state = RunState()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self._resumed_from: dict[str, Any] | None = None
@@ -148,7 +149,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
         self._started = time.perf_counter()
         if self.gpu_busy is None:  # else given one (a test's, reading its own samples)
             self.gpu_busy = GpuBusy.open(self.device)
-        restore = deterministic(self.cfg.speed.deterministic)
+        self.determinism.apply()
         try:
             # Inside the try: an observer that fails on the start (after the tracker
             # created its run) must still see on_run_interrupted and close that run.
@@ -181,7 +182,7 @@ class Runner(Schedule, Training, Mutating, FinalStage, Checkpointing):
             self._emit_interrupted(RunInterrupted(exc, self.state.position.global_epoch))
             raise
         finally:
-            restore()
+            self.determinism.restore()
             if self.gpu_busy is not None:
                 self.gpu_busy.close()
         return result

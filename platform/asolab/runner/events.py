@@ -152,6 +152,8 @@ class RunEnd:
     # GPU busy per phase over this process's epochs, then "all" (runner/gpubusy.py's
     # GpuBusy.summary); empty off CUDA
     gpu_busy: dict[str, float] = field(default_factory=dict)
+    # speed.deterministic: the ops that had no deterministic kernel (torch warned of each)
+    nondeterministic: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

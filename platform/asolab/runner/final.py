@@ -22,8 +22,8 @@ class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
 
     reads = frozenset(
-        {"_elapsed", "_started", "cfg", "data", "device", "gpu_busy", "net", "state"}
-        | {"weight_opt"}
+        {"_elapsed", "_started", "cfg", "data", "determinism", "device", "gpu_busy", "net"}
+        | {"state", "weight_opt"}
     )
 
     def choose_final_genotype(self) -> Genotype:
@@ -127,6 +127,7 @@ class FinalStage(Part):
             supernet=self.net,
             preprocessing=preprocessing(self.data),
             gpu_busy=self.gpu_busy.summary() if self.gpu_busy is not None else {},
+            nondeterministic=tuple(self.determinism.unmet),
         )
         self.emit("on_run_end", end)
         return RunResult(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..space.spec import ArchSpec
     from .events import Observer
     from .gpubusy import GpuBusy
-    from .speed import Speed
+    from .speed import Determinism, Speed
     from .state import RunState
 
 
@@ -46,9 +46,10 @@ class Shared:
     alpha_opt: torch.optim.Optimizer  # Adam over the alphas, for the whole run
     shuffle: torch.Generator  # the batches' order (checkpointed)
     speed: Speed  # precision and the gradient scaler
-    gpu_busy: (
-        GpuBusy | None
-    )  # the GPU's utilization per epoch, while run() runs (None: not measured)
+    # the GPU's utilization per epoch while run() runs (None: not measured)
+    gpu_busy: GpuBusy | None
+    # speed.deterministic while run() runs, and the ops that had no deterministic kernel
+    determinism: Determinism
     state: RunState  # the run's progress and findings (checkpointed field by field)
     checkpoint_dir: Path | None  # where checkpoints go (None: none are written)
     threads_source: str  # how cfg.threads was chosen: "auto", "set" or "resumed"

@@ -121,37 +121,61 @@ def with_layout(net: nn.Module, layout: torch.memory_format) -> nn.Module:
 # runs in the process, so a process's first run decides it
 CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 POOL_BACKWARD = "adaptive_avg_pool2d_backward_cuda"  # the classifier's global pooling
+NO_KERNEL = " does not have a deterministic implementation"  # torch's words for one
 
 
-def deterministic(on: bool) -> Callable[[], None]:
+class Determinism:
     """``speed.deterministic`` for a run: torch's deterministic algorithms, warning (not
     failing) on an op that has none, and cuDNN's deterministic algorithms. They are the
-    process's, so the run sets them either way (a study worker's next trial must not
-    inherit the last one's) and puts back what was there when it ends (the returned
-    function)."""
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.backends.cudnn.deterministic,
-    )
-    ours = []
-    if on:
-        os.environ.setdefault(*CUBLAS_WORKSPACE)
-        # torch flags this backward on CUDA for its atomic adds, but the network pools to
-        # 1x1 (space/network.py), so each input element gets exactly one: deterministic
-        warnings.filterwarnings("ignore", message=f"{POOL_BACKWARD} does not have a determ")
-        ours.append(warnings.filters[0])
-    torch.use_deterministic_algorithms(on, warn_only=on)
-    torch.backends.cudnn.deterministic = on
+    process's, so every run sets them, on or off, with :meth:`apply` (a study worker's
+    next trial must not inherit the last one's), and :meth:`restore` puts back what was
+    there. ``unmet`` lists the ops that warned: those the run could not make
+    deterministic."""
 
-    def restore() -> None:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cudnn.deterministic = before[2]
-        for entry in ours:  # others' filters, added meanwhile, stay
-            if entry in warnings.filters:
-                warnings.filters.remove(entry)
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.unmet: list[str] = []
+        self._before: tuple[bool, bool, bool] | None = None
+        self._filter = None
+        self._show = warnings.showwarning
 
-    return restore
+    def apply(self) -> None:
+        """Set torch's switches for the run (and, when on, watch its warnings)."""
+        on = self.on
+        self._before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.backends.cudnn.deterministic,
+        )
+        self._show = warnings.showwarning
+        if on:
+            os.environ.setdefault(*CUBLAS_WORKSPACE)
+            # torch flags this backward on CUDA for its atomic adds, but the network pools to
+            # 1x1 (space/network.py), so each input element gets exactly one: deterministic
+            warnings.filterwarnings("ignore", message=POOL_BACKWARD + NO_KERNEL)
+            self._filter = warnings.filters[0]
+            warnings.showwarning = self._seen
+        torch.use_deterministic_algorithms(on, warn_only=on)
+        torch.backends.cudnn.deterministic = on
+
+    def _seen(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """Note an op torch warned of, then show the warning as it would have been."""
+        text = str(message)
+        if NO_KERNEL in text and (op := text.split(NO_KERNEL)[0]) not in self.unmet:
+            self.unmet.append(op)
+        self._show(message, category, filename, lineno, file, line)
+
+    def restore(self) -> None:
+        """Put torch's switches and the warnings as they were before :meth:`apply`."""
+        if self._before is None:
+            return
+        torch.use_deterministic_algorithms(self._before[0], warn_only=self._before[1])
+        torch.backends.cudnn.deterministic = self._before[2]
+        self._before = None
+        if self._filter in warnings.filters:  # others' filters, added meanwhile, stay
+            warnings.filters.remove(self._filter)
+        if warnings.showwarning == self._seen:
+            warnings.showwarning = self._show
 
 
 class Speed:

@@ -65,6 +65,8 @@ TAG_THREADS = "asolab.threads"
 # the run's first epoch that ran under a third of its phase's median images/s, the likely
 # cause and what to set (runner/pace.py); absent when none did
 TAG_SLOW_EPOCH = "asolab.slow_epoch"
+# speed.deterministic: the ops that had no deterministic kernel, comma-separated
+TAG_NONDETERMINISTIC = "asolab.nondeterministic_ops"
 # where the latest resume started, e.g. "cycle 0 / before retrain"
 TAG_RESUMED_FROM = "asolab.resumed_from"
 # which process runs the run now, JSON {host, pid, started, beat}; beat is refreshed with

@@ -488,6 +488,8 @@ class MlflowTracker(ModelLogging, Observer):
             self._artifact_text(genotype_record(g, self._ops()), L.FINAL_GENOTYPE_ARTIFACT)
             self._artifact_png(g, "final genotype", L.FINAL_CELLS_ARTIFACT)
             self._tag(L.TAG_FINAL_GENOTYPE, str(g))
+            if event.nondeterministic:
+                self._tag(L.TAG_NONDETERMINISTIC, ", ".join(event.nondeterministic))
             self._tag(L.TAG_GENOTYPE, str(g))
             self._tag(
                 L.TAG_NOTE,

@@ -224,3 +224,24 @@ def test_a_deterministic_run_asks_torch_for_deterministic_kernels_and_puts_back_
         assert not torch.are_deterministic_algorithms_enabled()
         assert not torch.backends.cudnn.deterministic
         assert not [f for f in warnings.filters if f[1] and POOL_BACKWARD in f[1].pattern]
+
+
+def test_asolab_rank_trains_each_genotype_as_deterministic_as_the_config_asks(monkeypatch):
+    """``asolab rank``'s stand-alone trainings run phase by phase, not through
+    ``Runner.run``: they apply speed.deterministic themselves, and put it back."""
+    from asolab.baseline import arms, ranking
+    from asolab.data import load_data
+
+    cfg = config.load(None, [*TINY, "speed.deterministic=true"])
+    seen = []
+    phase = arms.FixedGenotypeRunner.next_phase
+
+    def watched(runner) -> None:
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        phase(runner)
+
+    monkeypatch.setattr(arms.FixedGenotypeRunner, "next_phase", watched)
+    data = load_data(cfg.data, cfg.seed, torch.device("cpu"))
+    genotype = Runner(cfg, data=data).net.derive()
+    ranking.standalone_val_acc(cfg, genotype, data)
+    assert seen and all(seen) and not torch.are_deterministic_algorithms_enabled()

@@ -137,10 +137,14 @@ def standalone_val_acc(cfg: ExperimentConfig, genotype: Genotype, data: DataBund
     """Train ``genotype`` from scratch by ``cfg``'s cycles (no final stage) and return its
     validation accuracy; the test split is not even evaluated."""
     runner = FixedGenotypeRunner(cfg, genotype=genotype, data=data)
-    while runner.state.position.cycle < runner.cfg.search.cycles:
-        runner.next_phase()
-    assert runner.state.genotype is not None
-    return runner.evaluate(runner.data.val, runner.state.genotype)[1]
+    runner.determinism.apply()  # speed.deterministic, as Runner.run applies it
+    try:
+        while runner.state.position.cycle < runner.cfg.search.cycles:
+            runner.next_phase()
+        assert runner.state.genotype is not None
+        return runner.evaluate(runner.data.val, runner.state.genotype)[1]
+    finally:
+        runner.determinism.restore()
 
 
 def measure(

@@ -63,6 +63,8 @@ Sections (each records its figures, or the error that stopped it):
    ``cifar_shape_autotune_off`` the same with ``speed.cudnn_benchmark = false``: the
    first epoch without cuDNN's timing, the steady ones with its heuristics' kernels;
    ``cifar_shape_graphs_on`` the same with ``speed.cuda_graphs = true``;
+   ``cifar_shape_deterministic`` the same with ``speed.deterministic = true``: what
+   deterministic kernels cost, and which ops had none (``nondeterministic``);
    ``cifar_shape_sampled_graphs`` the same with ``speed.sampled_graphs = true`` (the
    W-step of ``switched_edges`` in a run: GPU busy in W-training against the target);
 5. ``graphed``       ``speed.cuda_graphs`` at the DARTS-like size, batch 64: W-retraining's
@@ -90,9 +92,10 @@ run's time, the W-step, GPU busy at the CIFAR-like shape), except that
 ``growth`` and
 ``growth_autotune_off`` come right after ``cifar_shape``;
 ``switched_step`` (the network compiled whole, for comparison) after ``growth``; and
-``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` (a lever) after
-``cifar_shape_graphs_on``. On CUDA the sections of ``torch.cond`` graphs (``switched_*``,
-``cond_graph``, ``*_sampled_graphs``) are skipped where torch has no conditional nodes
+``cond_graph`` (``switched_step``'s toy), then ``digits_autotune_limit3`` and
+``cifar_shape_deterministic`` (levers) after ``cifar_shape_graphs_on``. On CUDA the
+sections of ``torch.cond`` graphs (``switched_*``, ``cond_graph``, ``*_sampled_graphs``)
+are skipped where torch has no conditional nodes
 (before 2.12: on an H100 with 2.11 each capture failed). ``--budget-s`` skips a section
 whose estimate no longer fits (a
 10-minute call), so what was measured before comes last. A section in
@@ -277,6 +280,8 @@ def run_section(device: torch.device, overrides: list[str], repeats: int = 10) -
             e.gpu_busy for e in rec.of("epoch_end") if e.phase == "w_train"
         ],
         "run_gpu_busy": rec.of("run_end")[-1].gpu_busy,
+        # speed.deterministic: the ops torch warned have no deterministic kernel
+        "nondeterministic": list(rec.of("run_end")[-1].nondeterministic),
         "peak_cuda_memory_mib": (
             torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         ),
@@ -544,6 +549,7 @@ ESTIMATE_S = {
     "fashion": 70,
     "cifar_shape": 30,
     "cifar_shape_autotune_off": 30,
+    "cifar_shape_deterministic": 30,
     "growth": 15,
     "growth_autotune_off": 15,
     "study": 60,
@@ -740,7 +746,7 @@ FRESH = frozenset(
     | {"compile_default", "compile_reduce_overhead", "cond_graph", "switched_step"}
     | {"switched_edges"}
     | {"cifar_shape", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
-    | {"cifar_shape_autotune_off"}
+    | {"cifar_shape_autotune_off", "cifar_shape_deterministic"}
     | {"digits_sampled_graphs", "digits_profile", "growth", "growth_autotune_off"}
     | {"graphs_sequence"}
 )
@@ -754,7 +760,7 @@ FRESH = frozenset(
 # (tests/test_step_cost.py compiles W-retraining's network)
 CUDA_ONLY = frozenset(
     {"digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"}
-    | {"cifar_shape_autotune_off"}
+    | {"cifar_shape_autotune_off", "cifar_shape_deterministic"}
     | {
         "digits_sampled_graphs",
         "digits_autotune_all",
@@ -938,6 +944,9 @@ def section_table(
         # fewer algorithms timed a shape: a cheaper first sight, perhaps slower kernels
         # (a lever, not a target's figure: it runs once the targets' sections have)
         "digits_autotune_limit3": lambda: with_benchmark_limit(3, digits_with(*TIMED)),
+        # speed.deterministic's cost: deterministic kernels, cuDNN's timing off (a setting
+        # to weigh, not a target's figure)
+        "cifar_shape_deterministic": cifar_with("speed.deterministic=true"),
         # W-retraining's step as a CUDA graph pair against the eager one
         "graphed": lambda: gpu_steps.graphed_section(
             device, 2 if args.smoke else 64, 2 if args.smoke else 20

@@ -253,4 +253,5 @@ def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str
     width = max(len(k) for k in rows)
     # Left-aligned values: the genotype string is far longer than the numbers.
     lines = [f"{key:<{width}}  {value}" for key, value in rows.items()]
-    return "\n".join(lines + ([advice(end.gpu_busy)] if advice(end.gpu_busy) else []))
+    below = advice(end.gpu_busy)
+    return "\n".join(lines + ([below] if below else []))

@@ -186,7 +186,7 @@ def source_text(device: torch.device) -> str:
         _, buffered = _source(device)
     except Exception as exc:
         return f"none: {type(exc).__name__}: {exc}"
-    return "NVML's sample buffer" if buffered else "NVML, read every 0.2 s"
+    return "NVML's sample buffer" if buffered else f"NVML, read every {POLL_SECONDS:g} s"
 
 
 def _buffered(handle: object, last: int) -> list[tuple[int, float]]:

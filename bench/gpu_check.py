@@ -21,7 +21,7 @@ Sections (each records its figures, or the error that stopped it):
    W-step's channels-last BatchNorm zero-filled 231 counters besides its own kernels);
    ``digits_graphs_on`` the same with ``speed.cuda_graphs = true``;
    ``digits_drop_last`` the same with ``data.drop_last = true``: every training step
-   on a whole batch, about half the convolution shapes (271 against 130, counted on
+   on a whole batch, about half the convolution shapes (254 against 116, counted on
    the CPU), so half the first sights;
    ``graphs_sequence`` the digits, Fashion-MNIST and CIFAR-like runs in one process
    with ``speed.cuda_graphs = true``, as a study worker runs trials: captures failed,

@@ -400,7 +400,7 @@ def first_sight_section(device: torch.device, channels: int, image: int, shapes:
     """What a convolution's first sight of a shape costs, per layout, kind and cuDNN
     timing: milliseconds of a forward + backward at ``shapes`` new batch sizes, the first
     call against the second at the same shape, after one call at another shape (kernels
-    loaded). A short run meets most of its shapes once (271 plans in the default digits
+    loaded). A short run meets most of its shapes once (254 plans in the default digits
     run), so this is what a fresh process pays per plan. On CUDA, channels-last sends
     depthwise convolutions to cuDNN and contiguous fp32 ones to torch's own kernel."""
     before = torch.backends.cudnn.benchmark

@@ -245,3 +245,57 @@ def test_asolab_rank_trains_each_genotype_as_deterministic_as_the_config_asks(mo
     genotype = Runner(cfg, data=data).net.derive()
     ranking.standalone_val_acc(cfg, genotype, data)
     assert seen and all(seen) and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_evaluation_on_cuda_meets_one_batch_shape_and_changes_no_figure():
+    """On CUDA every pass in eval mode (validation, test, the growth's probe) pads a smaller
+    batch with zero images to the run's largest evaluation batch, so that it meets one
+    batch shape (each new shape is a cuDNN plan on a GPU); its figures are the unpadded
+    ones. A run whose Speed is told it runs on CUDA (as bench/cudnn_plans.py does) against
+    the same run on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from asolab.runner.events import Recorder
+
+    class EvalBatches(TorchDispatchMode):
+        """The batch sizes of the convolutions run without gradients (eval-mode passes)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default and not torch.is_grad_enabled():
+                self.sizes.add(len(args[0]))
+            return func(*args, **(kwargs or {}))
+
+    # TINY with a widen (so a probe), and validation and test splits of 288 and 359
+    # images evaluated in batches of 320: unpadded, the validation split (and the probe,
+    # its head) is one batch of 288 and the test's last batch 39 images. BatchNorm's
+    # recalibration also runs without gradients, in training mode, on the training
+    # batches (80 images: 32, 32 and 16), unpadded as training's are.
+    runs = {}
+    before = torch.backends.cudnn.benchmark
+    try:
+        for told in ("cpu", "cuda"):
+            sets = [*cudnn_plans.TINY, "data.eval_batch_size=320"]
+            cfg = config.load(None, ["device=cpu", "tracking.enabled=false", *sets])
+            recorder, seen = Recorder(), EvalBatches()
+            runner = Runner(cfg, [recorder])
+            runner.speed = Speed(cfg.speed, torch.device(told), cfg.data.batch_size)
+            with seen:
+                result = runner.run()
+            runs[told] = (result, recorder, seen.sizes)
+    finally:
+        torch.backends.cudnn.benchmark = before
+    (cpu, cpu_events, cpu_sizes), (cuda, cuda_events, cuda_sizes) = runs.values()
+    assert cpu_sizes == {32, 16, 288, 320, 39} and cuda_sizes == {32, 16, 320}
+    assert (cuda.val_acc, cuda.test_acc) == (cpu.val_acc, cpu.test_acc)
+    for kind in ("epoch_end", "growth"):
+        assert len(cpu_events.of(kind)) == len(cuda_events.of(kind)) > 0
+    for a, b in zip(cpu_events.of("epoch_end"), cuda_events.of("epoch_end"), strict=True):
+        assert (a.val_acc, a.train_loss) == (b.val_acc, b.train_loss)
+        assert abs(a.val_loss - b.val_loss) <= 1e-5 * max(1.0, abs(a.val_loss))
+    (a,), (b,) = cpu_events.of("growth"), cuda_events.of("growth")
+    assert a.val_acc_after == b.val_acc_after
+    assert abs(a.preservation_error - b.preservation_error) <= 1e-5

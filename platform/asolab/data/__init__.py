@@ -17,6 +17,7 @@ from .core import (
     DatasetSpec,
     Split,
     _translate,
+    eval_pad,
     preprocessing,
 )
 from .load import load_data
@@ -34,6 +35,7 @@ __all__ = [
     "DatasetSpec",
     "Split",
     "_translate",
+    "eval_pad",
     "load_data",
     "register_dataset",
 ]

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from ..data import Batches, eval_pad
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.selection import select_genotype
@@ -66,10 +67,15 @@ class Mutating(Part):
         if not kinds:
             return
         assert self.state.genotype is not None
-        probe = self.data.val.head(self.cfg.data.eval_batch_size).x  # fixed batch: the split's head
+        # a fixed batch, the split's head, as evaluation pads it (its first n rows are it)
+        size = self.cfg.data.eval_batch_size
+        ((probe, labels),) = Batches(
+            self.data.val.head(size), size, pad_to=eval_pad(self.data, size, self.speed.device)
+        )
+        n = len(labels)
         acc = self.evaluate(self.data.val, self.state.genotype)[1]
         for kind in kinds:
-            before = self._logits(probe)
+            before = self._logits(probe)[:n]
             try:
                 morph = growth.propose(self.net, kind, strength)
             except ValueError as exc:
@@ -87,7 +93,7 @@ class Mutating(Part):
                 break
             params_before = self.net.num_weights()
             self._adopt(morph)
-            error = growth.preservation_error(before, self._logits(probe))
+            error = growth.preservation_error(before, self._logits(probe)[:n])
             acc_after = self.evaluate(self.data.val, self.state.genotype)[1]
             event = GrowthEvent(
                 cycle=self.state.position.cycle,

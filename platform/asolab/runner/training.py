@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data import Batches, Split
+from ..data import Batches, Split, eval_pad
 from ..space.fixed import FixedNetwork
 from ..space.genotype import Genotype
 from ..space.network import Plans
@@ -69,9 +69,10 @@ class Training(Part):
         self.net.eval()
         plans = self.net.genotype_plans(genotype)
         loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
-        for x, y in Batches(split, self.cfg.data.eval_batch_size):
+        size = self.cfg.data.eval_batch_size
+        for x, y in Batches(split, size, pad_to=eval_pad(self.data, size, self.speed.device)):
             with self.speed.autocast():
-                logits = self.net(x, plans).float()
+                logits = self.net(x, plans)[: len(y)].float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         n = max(1, len(split))

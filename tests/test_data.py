@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from asolab import config
-from asolab.data import Augmentation, Batches, DataError, _translate, load_data
+from asolab.data import Augmentation, Batches, DataError, _translate, eval_pad, load_data
 from asolab.data.splits import Rows, copies, fingerprints, stratified_order
 
 
@@ -102,6 +104,22 @@ def test_drop_last_gives_whole_batches_from_a_fresh_shuffle(digits):
     gen = torch.Generator().manual_seed(0)
     epochs = [torch.cat([y for _, y in Batches(digits.val, b, gen, drop_last=True)]) for _ in "ab"]
     assert not torch.equal(epochs[0], epochs[1])
+
+
+def test_eval_batches_pad_the_smaller_batch_on_cuda_only(digits):
+    """Evaluation's batches on CUDA: a smaller batch, the split's last or its only one, gets
+    zero images up to the run's largest evaluation batch (the evaluation batch size, or
+    the larger split where both are smaller); its labels stay its own. The CPU pads
+    nothing."""
+    bundle = dataclasses.replace(digits, val=digits.val.head(100), test=digits.val.head(120))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert (eval_pad(bundle, 50, cuda), eval_pad(bundle, 512, cuda)) == (50, 120)
+    assert eval_pad(bundle, 50, cpu) is None
+    batches = list(Batches(digits.val.head(130), 50, pad_to=eval_pad(bundle, 50, cuda)))
+    assert [(len(x), len(y)) for x, y in batches] == [(50, 50), (50, 50), (50, 30)]
+    (x, y), last = batches[-1], digits.val.head(130)
+    assert torch.equal(x[:30], last.x[100:]) and not x[30:].any()
+    assert torch.equal(y, last.y[100:])
 
 
 def test_drop_last_keeps_a_split_smaller_than_one_batch(digits):

@@ -84,6 +84,16 @@ def test_perturbation_picks_the_planted_op_that_the_alphas_do_not(tiny_cfg):
     # a fixed subset, paths and seed: measuring again gives the very same figures
     again = measure_drops(runner.net, runner.data.val, **settings)
     assert [d.drop for d in again] == [d.drop for d in drops]
+    # in batches of 64 the last is 8 images; padded to 64 with zero images (as evaluation
+    # pads on CUDA: one batch shape) every path's accuracy is the unpadded one
+    smaller, sizes = {**settings, "batch_size": 64}, set()
+    hook = runner.net.register_forward_pre_hook(lambda _, args: sizes.add(len(args[0])))
+    padded = measure_drops(runner.net, runner.data.val, **smaller, pad_to=64)
+    assert sizes == {64}
+    unpadded = measure_drops(runner.net, runner.data.val, **smaller)
+    assert sizes == {64, 8}
+    hook.remove()
+    assert [d.accuracy for d in padded] == [d.accuracy for d in unpadded]
 
 
 def test_perturbation_leaves_the_runs_random_streams_alone(tiny_cfg):

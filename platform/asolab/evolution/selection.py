@@ -82,7 +82,7 @@ def _plans(path: dict[str, list[int]]) -> dict[str, list]:
 @torch.no_grad()
 def _accuracy(net: SearchNetwork, batches: list[tuple[torch.Tensor, torch.Tensor]], path) -> float:
     plans = _plans(path)
-    correct = sum((net(x, plans).argmax(1) == y).sum().item() for x, y in batches)
+    correct = sum((net(x, plans)[: len(y)].argmax(1) == y).sum().item() for x, y in batches)
     return correct / max(1, sum(len(y) for _, y in batches))
 
 
@@ -95,12 +95,21 @@ def _edges(net: SearchNetwork) -> Iterator[tuple[str, int, int]]:
 
 
 def measure_drops(
-    net: SearchNetwork, val: Split, *, images: int, paths: int, seed: int, batch_size: int
+    net: SearchNetwork,
+    val: Split,
+    *,
+    images: int,
+    paths: int,
+    seed: int,
+    batch_size: int,
+    pad_to: int | None = None,
 ) -> list[EdgeDrops]:
-    """The drop of masking each op on each edge of the sampled supernet (see the module)."""
+    """The drop of masking each op on each edge of the sampled supernet (see the module);
+    ``pad_to``: what a smaller batch is padded to, as the run's evaluation pads
+    (:func:`~asolab.data.eval_pad`)."""
     prims = net.spec.primitives
     ops = [i for i, p in enumerate(prims) if p != "none"]
-    batches = list(Batches(val.head(images), batch_size))
+    batches = list(Batches(val.head(images), batch_size, pad_to=pad_to))
     drawn = _paths(net, ops, paths, seed)
     was_training = net.training
     net.eval()
@@ -164,10 +173,13 @@ def select(
     seed: int,
     batch_size: int,
     param_free_cap: int = -1,
+    pad_to: int | None = None,
 ) -> tuple[Genotype, list[EdgeDrops]]:
     """The genotype perturbation-based selection reads off the supernet, and the
     measurement it rests on (every edge's drops, ``kept`` set on the chosen inputs)."""
-    measured = measure_drops(net, val, images=images, paths=paths, seed=seed, batch_size=batch_size)
+    measured = measure_drops(
+        net, val, images=images, paths=paths, seed=seed, batch_size=batch_size, pad_to=pad_to
+    )
     by_key: dict[str, dict[tuple[int, int], EdgeDrops]] = {}
     for d in measured:
         by_key.setdefault(d.cell, {})[(d.node, d.input)] = d
@@ -202,11 +214,12 @@ def selection_record(
 
 
 def select_genotype(
-    net: SearchNetwork, val: Split, cfg: ExperimentConfig, cycle: int
+    net: SearchNetwork, val: Split, cfg: ExperimentConfig, cycle: int, pad_to: int | None = None
 ) -> tuple[Genotype, dict[str, Any] | None]:
     """The mutation phase's genotype before its edits, read off the supernet ``net`` by
     ``cfg.search.selection`` (``val``: the validation split; ``cycle``: the cycle, for the
-    record), and the per-cycle record (None for "alpha")."""
+    record; ``pad_to``: as the run's evaluation pads), and the per-cycle record (None for
+    "alpha")."""
     s = cfg.search
     if s.selection == "alpha":
         return net.derive(s.param_free_cap), None
@@ -220,6 +233,7 @@ def select_genotype(
         val,
         batch_size=cfg.data.eval_batch_size,
         param_free_cap=s.param_free_cap,
+        pad_to=pad_to,
         **settings,
     )
     return genotype, selection_record(cycle, genotype, drops, settings)

@@ -28,8 +28,9 @@ class Mutating(Part):
     def mutate_phase(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
+        pad_to = eval_pad(self.data, self.cfg.data.eval_batch_size, self.speed.device)
         self.state.derived, selection = select_genotype(
-            self.net, self.data.val, self.cfg, self.state.position.cycle
+            self.net, self.data.val, self.cfg, self.state.position.cycle, pad_to
         )
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(

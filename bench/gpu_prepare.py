@@ -131,6 +131,9 @@ MEASURED = (
     "digits_autotune_on",  # 45.3 s against 30.1 off (2026-11-28): the digits experiment's off
     "digits_autotune_all",
     "digits_autotune_limit3",
+    # profiled on 2026-11-27: conv2d and the backward 29 of a fresh run's 41 s; first_sight
+    # now asks what each convolution kind's first sight costs, cifar_shape_limit3 the rest
+    "digits_profile",
     "fashion",
     "study",
     "variants",

@@ -311,7 +311,7 @@ def test_gpu_check_smoke_on_the_cpu(capsys, tmp_path):
         # question
         **dict.fromkeys(
             ["digits_graphs_on", "cifar_shape_graphs_on", "cifar_shape_sampled_graphs"]
-            + ["cifar_shape_autotune_off", "cifar_shape_deterministic"]
+            + ["cifar_shape_autotune_off", "cifar_shape_deterministic", "cifar_shape_limit3"]
             + [
                 "digits_sampled_graphs",
                 "digits_autotune_all",

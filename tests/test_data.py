@@ -115,6 +115,7 @@ def test_eval_batches_pad_the_smaller_batch_on_cuda_only(digits):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert (eval_pad(bundle, 50, cuda), eval_pad(bundle, 512, cuda)) == (50, 120)
     assert eval_pad(bundle, 50, cpu) is None
+    assert eval_pad(dataclasses.replace(bundle, test=None), 512, cuda) == 100  # val's alone
     batches = list(Batches(digits.val.head(130), 50, pad_to=eval_pad(bundle, 50, cuda)))
     assert [(len(x), len(y)) for x, y in batches] == [(50, 50), (50, 50), (50, 30)]
     (x, y), last = batches[-1], digits.val.head(130)

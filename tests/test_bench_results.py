@@ -98,6 +98,13 @@ def test_the_committed_gpu_reports_print_the_published_gpu_figures():
         assert line in readme.splitlines(), line
     assert "| digits | 1,997 | 152 | 6,672 | 8,568 |" in "\n".join(lines)
     assert "device_tests: failed: 12 failed, 1 passed, 1 skipped in 26.72s" in lines
+    # a later call's variants of a run (a setting more) get rows of their own, after the runs
+    rows = bench_module("gpu_figures").run_rows(
+        bench_module("gpu_figures").load(RESULTS / "gpu_h100_2026-11-28")[1]
+    )
+    names = [row.split(" | ")[0].lstrip("| ") for row in rows[2:]]
+    assert names[:2] == ["digits", "cifar_shape"]
+    assert {"digits_autotune_all", "digits_autotune_limit3", "cifar_shape_graphs_on"} <= set(names)
 
 
 def test_bench_readme_holds_current_figures_only_under_30_kb():

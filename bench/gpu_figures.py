@@ -84,6 +84,27 @@ def run_rows(sections: dict) -> list[str]:
     return lines
 
 
+def loop_rows(sections: dict) -> list[str]:
+    """Where each run's seconds went: its training loops per phase and the rest (data,
+    evaluation, tracking, start-up), with its test accuracy; none for reports older than
+    the loops' figures (2026-11-26)."""
+    runs = [n for n in run_names(sections) if "loop_seconds" in sections[n]]
+    if not runs:
+        return []
+    lines = [
+        "| run | s | outside loops | W loop | alpha loop | retrain loop | final loop | test |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in runs:
+        s = sections[name]
+        loops = s["loop_seconds"]
+        cells = [name, f"{s['seconds']:.1f}", f"{s['seconds'] - sum(loops.values()):.1f}"]
+        cells += [f"{loops[p]:.1f}" if p in loops else "-" for p in PHASES]
+        cells.append(f"{100 * s['test_acc']:.1f}%" if "test_acc" in s else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def variant_rows(sections: dict) -> list[str]:
     s = sections.get("variants")
     if not s or s.get("status") != "ok":
@@ -140,6 +161,7 @@ def figures(folder: Path) -> list[str]:
     return [
         f"machine: {machine}",
         *run_rows(sections),
+        *loop_rows(sections),
         *variant_rows(sections),
         *growth_rows(sections),
         *other_lines(sections),

@@ -409,4 +409,20 @@ def test_compare_report_fits_1400px_and_links_every_run(store, browser, tmp_path
     # a genotype row is a few lines, never a tall column of broken words
     rows = browser.find_elements(By.CSS_SELECTOR, "table.runs tbody tr")
     assert rows and max(r.size["height"] for r in rows) < 60
+    # and no word broken across lines: a cell of one word ("digits", "exponential",
+    # "FINISHED") is one line box (a word was split when every cell could break anywhere)
+    broken = browser.execute_script(
+        """
+        const out = [];
+        for (const td of document.querySelectorAll("table.runs tbody td")) {
+          const text = td.textContent.trim();
+          if (td.children.length || !text || /[\\s-]/.test(text)) continue;
+          const range = document.createRange();
+          range.selectNodeContents(td);
+          if (range.getClientRects().length > 1) out.push(text);
+        }
+        return out;
+        """
+    )
+    assert broken == [], broken
     _shot(browser, "compare_report")

@@ -306,6 +306,11 @@ def test_table_has_one_row_per_run_matching_the_records(store):
             end.test_acc
         )
         assert row["peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
+        # what it cost, and where: its wall time, on the CPU
+        assert row["run_minutes"] == pytest.approx(run.data.metrics["run_seconds"] / 60, abs=0.005)
+        assert (
+            run.data.metrics["run_seconds"] == pytest.approx(end.seconds) and row["device"] == "cpu"
+        )
         # against the run's own record in MLflow
         assert row["run_name"] == run.info.run_name
         assert row["test_acc"] == pytest.approx(run.data.metrics["test_acc"])
@@ -593,6 +598,26 @@ def test_cli_diff_of_two_runs(store, capsys):
     assert f"distance {distance(ea.genotype, eb.genotype)}" in out
     for line in diff_lines(ea.genotype, eb.genotype):
         assert line in out
+
+
+def test_what_a_run_cost_and_where_it_ran_are_columns(store, scratch_experiment, tmp_path):
+    """Each run's wall time in minutes, and its device: the GPU's name, or cpu. The page
+    shows the device only where the compared runs differ in it."""
+    uri, runs, _ = store
+    client, make = scratch_experiment
+    source, (_, _, end, _) = next(iter(runs.items()))
+    gpu_tags = {layout.TAG_DEVICE: "cuda:0", layout.TAG_DEVICE_INFO + "gpu_name": "NVIDIA H200"}
+    gpu = _genotype_run(
+        client, make("cmp-gpu"), "on-gpu", end.genotype, {"run_seconds": 600.0}, gpu_tags
+    )
+    comparison = analyse(load_selection(uri, run_ids=[source, gpu]))
+    rows = comparison.table.set_index("run_id")
+    assert rows.loc[source, "device"] == "cpu" and rows.loc[gpu, "device"] == "NVIDIA H200"
+    assert rows.loc[gpu, "run_minutes"] == 10.0
+    page = write_report(comparison, tmp_path / "mixed").read_text()
+    assert "<th>device</th>" in page and "<td>NVIDIA H200</td>" in page
+    alone = write_report(analyse(load_selection(uri, run_ids=[source])), tmp_path / "cpu")
+    assert "<th>device</th>" not in alone.read_text()
 
 
 def test_write_report_with_a_single_genotype(store, scratch_experiment, tmp_path):

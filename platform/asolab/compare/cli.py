@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
 # the CSV and the report keep them.
 _WIDE = ("anneal_fraction", "warmup_epochs", *EPOCH_FIELDS)
 _WIDE += ("final_epochs",)
-_WIDE += ("genotype", "status", "experiment_id")
+_WIDE += ("genotype", "status", "experiment_id", "device")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
 _SHORT = {
     "run_id": "id",
@@ -33,6 +33,7 @@ _SHORT = {
     "min_temperature": "tau_min",
     "mutation_strength": "strength",
     "peak_rss_mb": "peak_mb",
+    "run_minutes": "wall_min",
 }
 SHOWN_ROWS = 10  # rows of the terminal table without --all: the best by validation accuracy
 

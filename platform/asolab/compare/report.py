@@ -54,7 +54,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 
 table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0; max-width: 100%; }
 th, td { border: 1px solid #ddd; padding: 3px 5px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td.num { text-align: right; white-space: nowrap; }
-td { overflow-wrap: anywhere; }
+td { overflow-wrap: break-word; }
 code, .geno { font-family: ui-monospace, monospace; font-size: 0.85em; }
 .geno .cell { margin: 0 0 2px 0; } .geno .tok { white-space: nowrap; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.3em 0; }
@@ -83,6 +83,8 @@ _PAGE_COLUMNS = (
     ("cluster", "genotype"),
     ("params", "params"),
     ("peak_rss_mb", "peak MB"),
+    ("run_minutes", "wall min"),
+    ("device", "device"),
     ("val_acc", "val acc"),
     ("test_acc", "test acc"),
     ("status", "status"),
@@ -152,11 +154,13 @@ def runs_table_html(comparison: Comparison, ui: str) -> str:
     if t.empty:
         return '<p class="muted">(none)</p>'
     cluster_of = dict(zip(comparison.clusters["genotype"], comparison.clusters["cluster"]))
-    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in _PAGE_COLUMNS)
+    # the device where the runs differ in it (a study over CPUs and GPUs of two kinds)
+    columns = [(c, h) for c, h in _PAGE_COLUMNS if c != "device" or t["device"].nunique() > 1]
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in columns)
     rows = []
     for _, r in t.iterrows():
         cells = []
-        for col, _ in _PAGE_COLUMNS:
+        for col, _ in columns:
             if col == "run_name":
                 url = run_url(ui, r["experiment_id"], r["run_id"]) if r["experiment_id"] else ""
                 name = html.escape(str(r["run_name"] or L.short_id(r["run_id"])))

@@ -56,6 +56,8 @@ COLUMNS = (
     "genotype",
     "params",
     "peak_rss_mb",
+    "run_minutes",
+    "device",
     "val_acc",
     "test_acc",
     "status",
@@ -140,6 +142,12 @@ class RunRecord:
             name, self.param("data.data_dir", default=""), self.param("data.path", default="")
         )
 
+    @property
+    def device(self) -> str:
+        """Where the run trained: ``cpu``, or the GPU's name (``NVIDIA H100 80GB HBM3``)."""
+        gpu = self.tags.get(layout.TAG_DEVICE_INFO + "gpu_name")
+        return gpu or self.tags.get(layout.TAG_DEVICE, "")
+
     def row(self) -> dict[str, Any]:
         p = TABLE_PARAMS
         return {
@@ -163,6 +171,9 @@ class RunRecord:
             "peak_rss_mb": self.metric(
                 layout.FINAL_PREFIX + layout.PEAK_RSS_MB, layout.PEAK_RSS_MB, layout.RSS_MB
             ),
+            # what the run cost: its wall time (search and final stage), and on what
+            "run_minutes": round(self.metric(layout.RUN_SECONDS) / 60, 2),
+            "device": self.device,
             "val_acc": self.metric(*VAL_ACC_METRICS),
             "test_acc": self.metric(layout.TEST_ACC),
             "status": self.status,

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from ..data import Batches, eval_pad
+from ..data import Batches
 from ..evolution import growth, morphism
 from ..evolution.mutation import mutate
 from ..evolution.selection import select_genotype
@@ -28,9 +28,8 @@ class Mutating(Part):
     def mutate_phase(self) -> None:
         tau = self.temperature()
         cap = self.cfg.search.param_free_cap
-        pad_to = eval_pad(self.data, self.cfg.data.eval_batch_size, self.speed.device)
         self.state.derived, selection = select_genotype(
-            self.net, self.data.val, self.cfg, self.state.position.cycle, pad_to
+            self.net, self.data.val, self.cfg, self.state.position.cycle, self.eval_pad_to()
         )
         alphas = {k: v.detach() for k, v in self.net.alphas.items()}
         self.state.genotype, edits = mutate(
@@ -70,9 +69,7 @@ class Mutating(Part):
         assert self.state.genotype is not None
         # a fixed batch, the split's head, as evaluation pads it (its first n rows are it)
         size = self.cfg.data.eval_batch_size
-        ((probe, labels),) = Batches(
-            self.data.val.head(size), size, pad_to=eval_pad(self.data, size, self.speed.device)
-        )
+        ((probe, labels),) = Batches(self.data.val.head(size), size, pad_to=self.eval_pad_to())
         n = len(labels)
         acc = self.evaluate(self.data.val, self.state.genotype)[1]
         for kind in kinds:

@@ -63,14 +63,18 @@ class Training(Part):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return steps.alpha_step(self.net, self.speed, self.alpha_opt, x, y, tau)
 
+    def eval_pad_to(self) -> int | None:
+        """What a pass in eval mode pads a smaller batch to on this run's device (None: no
+        padding): :func:`~asolab.data.eval_pad` of the run's data and evaluation batch."""
+        return eval_pad(self.data, self.cfg.data.eval_batch_size, self.speed.device)
+
     @torch.no_grad()
     def evaluate(self, split: Split, genotype: Genotype) -> tuple[float, float]:
         """Loss and accuracy of ``genotype`` (run on the supernet) over ``split``."""
         self.net.eval()
         plans = self.net.genotype_plans(genotype)
         loss_sum, correct = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
-        size = self.cfg.data.eval_batch_size
-        for x, y in Batches(split, size, pad_to=eval_pad(self.data, size, self.speed.device)):
+        for x, y in Batches(split, self.cfg.data.eval_batch_size, pad_to=self.eval_pad_to()):
             with self.speed.autocast():
                 logits = self.net(x, plans)[: len(y)].float()
             loss_sum += F.cross_entropy(logits, y, reduction="sum")

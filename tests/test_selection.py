@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY
+from conftest import ONE_CYCLE, TINY
 from layout_check import undeclared
 from mlflow.tracking import MlflowClient
 
@@ -194,3 +194,43 @@ def test_selection_quality_driver_pairs_both_selections_and_ranks(capsys, tmp_pa
     assert set(table["arm"]) == {L.ARM_ASO_SE, "random-final"}
     aso = table[table["arm"] == L.ARM_ASO_SE]
     assert aso["ranking_kendall_tau_all"].notna().all() and (table["params"] > 0).all()
+
+
+def test_a_run_says_how_far_its_alphas_moved_and_when_they_decide_nothing():
+    """The run's end carries the alphas' entropy and the Adam steps they took; the summary
+    shows both, and where they ended near uniform after training (the shipped rate and
+    few steps), a line says the largest alpha is decided by small differences and what
+    moves them. A rate that moves them gets the row without that line; the run
+    description carries the row too."""
+    from asolab.evolution.selection import UNDECIDED
+    from asolab.progress import summary_table
+    from asolab.tracking.describe import describe_run
+
+    ends = {}
+    small = {**ONE_CYCLE, "tracking.enabled": False, "data.train_subset": 32}
+    for lr in (3e-3, 1.0):
+        cfg = config.load(None, {**small, "search.alpha_lr": lr})
+        recorder = Recorder()
+        Runner(cfg, [recorder]).run()
+        (ends[lr],) = recorder.of("run_end")
+    batches = -(-len(load_data(cfg.data, cfg.seed).val) // cfg.data.batch_size)
+    assert {end.alpha_steps for end in ends.values()} == {batches}  # 1 cycle, 1 alpha epoch
+
+    slow, fast = ends[3e-3], ends[1.0]
+    assert slow.alpha_entropy >= UNDECIDED > fast.alpha_entropy
+    lines = summary_table(slow).splitlines()
+    row = f"entropy {slow.alpha_entropy:.4f} of uniform after {batches} steps: undecided"
+    assert lines[[line.split()[0] for line in lines].index("alphas")].split(None, 1)[1] == row
+    assert lines[-1].startswith(f"alphas near uniform after {batches} alpha-training steps")
+    assert "search.alpha_lr" in lines[-1] and "docs/baselines.md" in lines[-1]
+    lines = summary_table(fast).splitlines()
+    assert f"alphas{' ' * 22}entropy {fast.alpha_entropy:.4f} of uniform after" in "\n".join(lines)
+    assert not any(line.startswith("alphas near uniform") for line in lines)
+    assert not any("undecided" in line for line in lines)
+    note = describe_run(slow, "0" * 32, cfg, "digits", 0)
+    assert row in note
+
+    # a run whose alphas never trained (search.alpha_epochs = 0, a control arm) says
+    # nothing of them
+    never = dataclasses.replace(slow, alpha_entropy=1.0, alpha_steps=0)
+    assert "alphas" not in summary_table(never) + describe_run(never, "0" * 32, cfg, "digits", 0)

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from .evolution.selection import alphas_in_words, undecided_alphas
 from .runner import events as ev
 from .runner.gpubusy import advice, in_words
 from .runner.pace import Pace
@@ -235,8 +236,10 @@ class _Guarded:
 
 
 def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str:
-    """The final summary as an aligned two-column table; on a GPU that sat mostly idle,
-    a line under it says what would keep it busier."""
+    """The final summary as an aligned two-column table. Lines under it say what would
+    help where the alphas trained but ended near uniform, and where a GPU sat mostly
+    idle."""
+    alphas = alphas_in_words(end.alpha_entropy, end.alpha_steps)
     rows = {
         "final genotype": str(end.genotype),
         "derived network parameters": f"{end.derived_params:,}",
@@ -245,6 +248,8 @@ def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str
         "test accuracy": f"{end.test_acc:.4f}",
         "peak RSS (MB)": f"{end.memory['peak_rss_mb']:.0f}",
         "wall time (s)": f"{end.seconds:.1f}",
+        # where the alphas trained: how far they moved
+        **({"alphas": alphas} if end.alpha_steps else {}),
         **({"GPU busy (training loops)": in_words(end.gpu_busy)} if end.gpu_busy else {}),
         # speed.deterministic, and ops that had no deterministic kernel
         **({"not deterministic": ", ".join(end.nondeterministic)} if end.nondeterministic else {}),
@@ -253,5 +258,5 @@ def summary_table(end: ev.RunEnd, extra: dict[str, object] | None = None) -> str
     width = max(len(k) for k in rows)
     # Left-aligned values: the genotype string is far longer than the numbers.
     lines = [f"{key:<{width}}  {value}" for key, value in rows.items()]
-    below = advice(end.gpu_busy)
-    return "\n".join(lines + ([below] if below else []))
+    below = [undecided_alphas(end.alpha_entropy, end.alpha_steps), advice(end.gpu_busy)]
+    return "\n".join(lines + [line for line in below if line])

@@ -256,7 +256,17 @@ class SearchConfig:
     )
     weight_momentum: float = field(0.9, ge=0.0, le=0.999, help="SGD on weights: momentum")
     weight_decay: float = field(3e-4, ge=0.0, le=1.0, help="SGD on weights: weight decay")
-    alpha_lr: float = field(3e-3, gt=0.0, le=10.0, help="Adam on alphas: learning rate")
+    alpha_lr: float = field(
+        3e-3,
+        gt=0.0,
+        le=10.0,
+        help=(
+            "Adam on alphas: learning rate; Adam moves each alpha by about this much a step, "
+            "so few alpha steps at a small rate leave them near uniform (the default digits "
+            "run: 15 steps, entropy 0.9999 of uniform); a run's summary says how far they "
+            "moved (docs/baselines.md)"
+        ),
+    )
     alpha_weight_decay: float = field(1e-3, ge=0.0, le=1.0, help="Adam on alphas: weight decay")
     grad_clip: float = field(
         5.0, gt=0.0, inf=True, help="gradient-norm clip of every weight step (inf = no clipping)"

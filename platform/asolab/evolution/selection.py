@@ -46,6 +46,33 @@ from ..space.ops import PARAMETER_FREE
 
 SELECTIONS = ("alpha", "perturbation")  # search.selection reads its choices from here
 
+# Alphas whose mean entropy is at least this share of a uniform choice's have barely
+# moved: with 8 ops, 0.99 is one op at about 1.7x each other's probability on every edge.
+UNDECIDED = 0.99
+
+
+def alphas_in_words(entropy: float, steps: int) -> str:
+    """The alphas at a run's end: "entropy 0.9999 of uniform after 15 steps: undecided"
+    (the last word where their entropy is at least ``UNDECIDED``)."""
+    words = f"entropy {entropy:.4f} of uniform after {steps:,} steps"
+    return words + (": undecided" if entropy >= UNDECIDED else "")
+
+
+def undecided_alphas(entropy: float, steps: int) -> str:
+    """A line for a run whose alphas trained (``steps`` > 0) yet ended near uniform
+    (``entropy``, :meth:`SearchNetwork.alpha_entropy`, at least ``UNDECIDED``): the
+    largest alpha per edge is then decided by small differences. "" otherwise. Adam
+    moves an alpha by about ``search.alpha_lr`` a step, so few steps at a small
+    rate leave them where they started."""
+    if steps <= 0 or entropy < UNDECIDED:
+        return ""
+    return (
+        f"alphas near uniform after {steps:,} alpha-training steps (Adam moves each by about "
+        "search.alpha_lr a step): the largest alpha per edge is decided by small differences. "
+        "More steps (search.alpha_epochs) or a larger search.alpha_lr move them; "
+        'search.selection = "perturbation" does not read them: docs/baselines.md'
+    )
+
 
 @dataclass(frozen=True)
 class EdgeDrops:

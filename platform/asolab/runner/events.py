@@ -154,6 +154,10 @@ class RunEnd:
     gpu_busy: dict[str, float] = field(default_factory=dict)
     # speed.deterministic: the ops that had no deterministic kernel (torch warned of each)
     nondeterministic: tuple[str, ...] = ()
+    # the supernet's alphas at the run's end: SearchNetwork.alpha_entropy() (1: never
+    # moved) and the Adam steps they took over the whole run (0: no alpha-training)
+    alpha_entropy: float = 1.0
+    alpha_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ class FinalStage(Part):
     """The final stage and the run's end (a Runner part)."""
 
     reads = frozenset(
-        {"_elapsed", "_started", "cfg", "data", "determinism", "device", "gpu_busy", "net"}
-        | {"state", "weight_opt"}
+        {"_elapsed", "_started", "alpha_opt", "cfg", "data", "determinism", "device", "gpu_busy"}
+        | {"net", "state", "weight_opt"}
     )
 
     def choose_final_genotype(self) -> Genotype:
@@ -128,6 +128,8 @@ class FinalStage(Part):
             preprocessing=preprocessing(self.data),
             gpu_busy=self.gpu_busy.summary() if self.gpu_busy is not None else {},
             nondeterministic=tuple(self.determinism.unmet),
+            alpha_entropy=self.net.alpha_entropy(),
+            alpha_steps=steps.steps_taken(self.alpha_opt),
         )
         self.emit("on_run_end", end)
         return RunResult(

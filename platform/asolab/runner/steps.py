@@ -44,6 +44,14 @@ def optimizers(
     return with_momentum_buffers(weight_opt), alpha_opt
 
 
+def steps_taken(opt: torch.optim.Optimizer) -> int:
+    """How many steps ``opt`` (Adam, or any optimizer that counts them in its state)
+    has taken: its most-stepped parameter's count, resumes included (the count is
+    checkpointed with the optimizer); 0 before the first step."""
+    counts = [int(s["step"]) for s in opt.state.values() if "step" in s]
+    return max(counts, default=0)
+
+
 def with_momentum_buffers(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """``opt``, each of whose parameters without a momentum buffer given a zero one
     (SGD with momentum and no dampening; any other optimizer is left as it is).

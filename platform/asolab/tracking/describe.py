@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..config import PROJECT_ROOT, ExperimentConfig
+from ..evolution.selection import alphas_in_words
 from ..runner.events import RunEnd, RunStart
 from ..runner.gpubusy import ALL, in_words
 from ..runner.phases import PHASES
@@ -82,6 +83,8 @@ def describe_run(
             "mutation strength": f"{cfg.mutation.strength:g}",
             "seed": cfg.seed,
         }
+    if event.alpha_steps:
+        facts["alphas"] = alphas_in_words(event.alpha_entropy, event.alpha_steps)
     if ALL in event.gpu_busy:
         facts["GPU busy in training"] = in_words(event.gpu_busy)
     return run_description(run_id, head, str(event.genotype), {**facts, **params})

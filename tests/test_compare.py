@@ -306,6 +306,8 @@ def test_table_has_one_row_per_run_matching_the_records(store):
             end.test_acc
         )
         assert row["peak_rss_mb"] == pytest.approx(end.memory["peak_rss_mb"])
+        # how far its alphas moved, as its last cycle logged it and its end reported it
+        assert row["alpha_entropy"] == pytest.approx(end.alpha_entropy) and end.alpha_steps
         # what it cost, and where: its wall time, on the CPU
         assert row["run_minutes"] == pytest.approx(run.data.metrics["run_seconds"] / 60, abs=0.005)
         assert (

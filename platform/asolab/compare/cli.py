@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pandas loads on use, so `asolab --help` stays fast
 # the CSV and the report keep them.
 _WIDE = ("anneal_fraction", "warmup_epochs", *EPOCH_FIELDS)
 _WIDE += ("final_epochs",)
-_WIDE += ("genotype", "status", "experiment_id", "device")
+_WIDE += ("genotype", "status", "experiment_id", "device", "alpha_entropy")
 # Short headers keep the table within a terminal's width; the CSV and report keep the full names.
 _SHORT = {
     "run_id": "id",

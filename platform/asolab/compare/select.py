@@ -58,6 +58,7 @@ COLUMNS = (
     "peak_rss_mb",
     "run_minutes",
     "device",
+    "alpha_entropy",
     "val_acc",
     "test_acc",
     "status",
@@ -174,6 +175,8 @@ class RunRecord:
             # what the run cost: its wall time (search and final stage), and on what
             "run_minutes": round(self.metric(layout.RUN_SECONDS) / 60, 2),
             "device": self.device,
+            # how far the alphas moved (1: not at all, docs/baselines.md): the last cycle's
+            "alpha_entropy": self.metric(layout.ALPHA_ENTROPY),
             "val_acc": self.metric(*VAL_ACC_METRICS),
             "test_acc": self.metric(layout.TEST_ACC),
             "status": self.status,

@@ -181,7 +181,8 @@ class SearchConfig:
         choices=W_SAMPLINGS,
         help=(
             "W-training's path per step: gumbel = one op per edge drawn by hard Gumbel-softmax "
-            "from the alphas at the current temperature; fair = every op of an edge drawn once "
+            "from the alphas (op o with probability softmax(alphas)_o, at any temperature); "
+            "fair = every op of an edge drawn once "
             "in each round of as many steps as it has ops, whatever the alphas say "
             "(docs/concepts.md)"
         ),
@@ -320,7 +321,14 @@ class TemperatureConfig:
         choices=SCHEDULES,
     )
     initial_temperature: float = field(
-        5.0, gt=0.0, le=100.0, help="Gumbel-softmax temperature at the start of the run"
+        5.0,
+        gt=0.0,
+        le=100.0,
+        help=(
+            "Gumbel-softmax temperature at the start of the run; it shapes alpha-training's "
+            "straight-through gradient (low: the drawn op and its nearest rival, high: every "
+            "op), not which ops are drawn (docs/concepts.md#temperature)"
+        ),
     )
     min_temperature: float = field(
         0.5, gt=0.0, le=100.0, help="the temperature's floor (<= initial_temperature)"

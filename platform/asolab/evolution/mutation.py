@@ -2,10 +2,11 @@
 
 For mutation strength ``s`` and ``E`` genotype edges (own-alpha cells'
 included) the phase makes ``k = max(1, round(s * E))`` edits on distinct edges
-chosen uniformly. Each edit re-samples the edge's op by Gumbel-softmax over
-that edge's alphas (the cell's own matrix for an own-alpha cell) at the
-current temperature, excluding the current op and ``none``; so a hot
-temperature explores, a cold one follows the alphas. With a cap on
+chosen uniformly. Each edit re-samples the edge's op by Gumbel-max over that
+edge's alphas (the cell's own matrix for an own-alpha cell), excluding the
+current op and ``none``: op ``o`` with probability softmax(alphas)_o among the
+others. The temperature does not change the draw (an argmax does not move when
+its arguments are divided by tau: docs/concepts.md, "Temperature"). With a cap on
 parameter-free ops per cell (``search.param_free_cap``) an edit never takes a
 cell past it.
 """

@@ -17,7 +17,10 @@ def gumbel_softmax_st(
     """Straight-through hard Gumbel-softmax over the last dimension.
 
     Returns ``(hard, index)``: ``hard`` is exactly one-hot in value (so callers
-    must not softmax it again) and carries the soft sample's gradient.
+    must not softmax it again) and carries the soft sample's gradient. ``index``
+    is the Gumbel-max draw argmax(logits + g): op ``o`` with probability
+    softmax(logits)_o whatever ``temperature`` is, which shapes the gradient alone
+    (docs/concepts.md, "Temperature").
     The noise is drawn like ``logits`` (same device and dtype).
     """
     gumbels = -torch.empty_like(logits).exponential_().log()

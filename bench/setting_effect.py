@@ -7,7 +7,8 @@
 
 Each seed runs the experiment (default: the default one, digits) twice, untracked
 and with 1 thread: as it is, and with the ``--set`` overrides. Per metric (final
-validation and test accuracy, in points, and the run's seconds) it reports both
+validation and test accuracy, in points, the run's seconds, and how far its alphas
+moved: their entropy of a uniform choice's at the end, 1 = not at all) it reports both
 arms' means and standard deviations and the mean paired difference with its 95%
 confidence interval (``asolab compare``'s paired t). Use it before a setting that
 changes the method becomes an experiment's default: the question is whether the
@@ -29,16 +30,26 @@ from asolab import config
 from asolab.compare.arms import paired_ci
 from asolab.config import DEFAULT_EXPERIMENT
 from asolab.runner import Runner
+from asolab.runner.events import Recorder
 
-METRICS = {"val_acc": 100.0, "test_acc": 100.0, "seconds": 1.0}  # metric -> unit scale
+# metric -> (unit scale, decimals printed); alpha_entropy is absent from older files
+METRICS = {"val_acc": (100.0, 2), "test_acc": (100.0, 2), "seconds": (1.0, 2)}
+METRICS["alpha_entropy"] = (1.0, 4)
 UNTRACKED = ["threads=1", "tracking.enabled=false"]
 
 
 def run_one(experiment: str, overrides: list[str], seed: int, sizes: list[str]) -> dict:
     """One untracked run of ``experiment`` at ``seed`` with ``sizes`` and ``overrides``."""
     cfg = config.load(experiment, [*UNTRACKED, *sizes, f"seed={seed}", *overrides])
-    result = Runner(cfg).run()
-    return {"val_acc": result.val_acc, "test_acc": result.test_acc, "seconds": result.seconds}
+    recorder = Recorder()
+    result = Runner(cfg, [recorder]).run()
+    (end,) = recorder.of("run_end")
+    return {
+        "val_acc": result.val_acc,
+        "test_acc": result.test_acc,
+        "seconds": result.seconds,
+        "alpha_entropy": end.alpha_entropy,
+    }
 
 
 def read(path: Path | None) -> list[dict]:
@@ -60,7 +71,9 @@ def analyse(records: list[dict], setting: list[str]) -> dict[str, dict[str, floa
     }
     seeds = sorted({s for s, on in arms if (s, not on) in arms})
     out: dict[str, dict[str, float]] = {}
-    for metric, scale in METRICS.items():
+    for metric, (scale, _) in METRICS.items():
+        if not all(metric in arms[(s, on)] for s in seeds for on in (False, True)):
+            continue  # a metric the file's runs did not record
         off = [scale * arms[(s, False)][metric] for s in seeds]
         on = [scale * arms[(s, True)][metric] for s in seeds]
         diffs = [b - a for a, b in zip(off, on)]
@@ -87,16 +100,7 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 def report(records: list[dict], setting: list[str]) -> str:
     a = analyse(records, setting)
-    rows = [
-        [
-            metric,
-            s["seeds"],
-            f"{s['off_mean']:.2f} ± {s['off_std']:.2f}",
-            f"{s['on_mean']:.2f} ± {s['on_std']:.2f}",
-            f"{s['diff']:+.2f} [{s['ci_low']:+.2f}, {s['ci_high']:+.2f}]",
-        ]
-        for metric, s in a.items()
-    ]
+    rows = [_row(metric, s, METRICS[metric][1]) for metric, s in a.items()]
     head = ["metric (points, s)", "seeds", "without", f"with {' '.join(setting)}"]
     head += ["paired diff [95% CI]"]
     lines = [table(head, rows)]
@@ -106,6 +110,17 @@ def report(records: list[dict], setting: list[str]) -> str:
         f"{', '.join(held) or 'neither accuracy'} ({a['val_acc']['seeds']} paired seeds)"
     )
     return "\n".join(lines)
+
+
+def _row(metric: str, s: dict[str, float], d: int) -> list:
+    """A metric's row: arms as mean ± std, the paired difference and its interval."""
+    return [
+        metric,
+        s["seeds"],
+        f"{s['off_mean']:.{d}f} ± {s['off_std']:.{d}f}",
+        f"{s['on_mean']:.{d}f} ± {s['on_std']:.{d}f}",
+        f"{s['diff']:+.{d}f} [{s['ci_low']:+.{d}f}, {s['ci_high']:+.{d}f}]",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,10 +152,12 @@ def test_setting_effect_smoke(capsys, tmp_path):
         (1, ()),
         (1, ("data.drop_last=true",)),
     ]
-    assert lines[-4].split()[:2] == ["val_acc", "2"]
+    assert lines[-5].split()[:2] == ["val_acc", "2"]
+    assert lines[-2].split()[:2] == ["alpha_entropy", "2"]  # how far the alphas moved
+    assert all(0 < r["alpha_entropy"] <= 1 for r in records)
     assert lines[-1].startswith("data.drop_last=true: the 95% interval holds zero for ")
     again = _run(capsys, "setting_effect", ["--smoke", "--json", str(out), "--report"])
-    assert again == lines[-5:] and len(json.loads(out.read_text())) == 4
+    assert again == lines[-6:] and len(json.loads(out.read_text())) == 4
 
 
 def test_setting_effect_analysis():

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 STORE = RESULTS / "fashion_mnist_stride2"
@@ -71,19 +73,27 @@ def test_the_committed_selection_rows_print_the_published_figures():
     assert not rows["test_acc"].isna().all()
 
 
-def test_the_committed_setting_runs_print_the_published_drop_last_figures():
-    """bench/results/drop_last_digits.json holds every run of the data.drop_last
-    comparison; bench/README.md quotes its accuracy lines as setting_effect.py prints them."""
+@pytest.mark.parametrize(
+    "name, setting, quoted",
+    [
+        ("drop_last_digits", "data.drop_last=true", ("val_acc", "test_acc")),
+        ("alpha_lr_digits", "search.alpha_lr=0.3", ("test_acc", "alpha_entropy")),
+    ],
+)
+def test_the_committed_setting_runs_print_the_published_figures(name, setting, quoted):
+    """bench/results/NAME.json holds every run of a setting_effect.py comparison;
+    bench/README.md quotes its lines as the script prints them."""
     import json
 
     from bench_scripts import bench_module
 
-    records = json.loads((RESULTS / "drop_last_digits.json").read_text())
+    records = json.loads((RESULTS / f"{name}.json").read_text())
     assert {r["seed"] for r in records} == set(range(8)) and len(records) == 16
-    lines = bench_module("setting_effect").report(records, ["data.drop_last=true"]).splitlines()
+    lines = bench_module("setting_effect").report(records, [setting]).splitlines()
     readme = BENCH_README.read_text()
-    assert lines[1].startswith("val_acc") and lines[2].startswith("test_acc")
-    for line in lines[1:3]:
+    rows = [line for line in lines if line.split()[:1] and line.split()[0] in quoted]
+    assert len(rows) == len(quoted)
+    for line in rows:
         assert line in readme, line
 
 

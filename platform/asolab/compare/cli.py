@@ -10,6 +10,7 @@ import tempfile
 from typing import TYPE_CHECKING, TextIO
 
 from ..errors import first_line
+from ..evolution.selection import UNDECIDED
 from ..options import add_tracking_uri
 from ..runner.phases import EPOCH_FIELDS
 from ..tracking import layout as L
@@ -265,6 +266,13 @@ def summary_lines(comparison: Comparison) -> list[str]:
                 )
             )
     out.append(f"{len(comparison.clusters)} distinct genotype(s) among {len(t)} run(s)")
+    undecided = int((t["alpha_entropy"] >= UNDECIDED).sum())
+    if undecided:
+        out.append(
+            f"alphas near uniform (entropy >= {UNDECIDED} of uniform) in {undecided} of "
+            f"{len(t)} run(s): the largest alpha per edge was decided by small differences "
+            'there (docs/baselines.md, "How far a run\'s alphas moved")'
+        )
     return out
 
 

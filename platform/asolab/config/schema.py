@@ -264,7 +264,7 @@ class SearchConfig:
         help=(
             "Adam on alphas: learning rate; Adam moves each alpha by about this much a step, "
             "so few alpha steps at a small rate leave them near uniform (the default digits "
-            "run: 15 steps, entropy 0.9999 of uniform); a run's summary says how far they "
+            "run: 15 steps, entropy 0.99996 of uniform); a run's summary says how far they "
             "moved (docs/baselines.md)"
         ),
     )

@@ -64,6 +64,10 @@ def test_run_returns_the_result_and_the_mlflow_run_and_load_model_predicts(tmp_p
     table = asolab.runs(tracking_uri=store)
     assert list(table["run_id"]) == [result.run_id]
     assert table.loc[0, "test_acc"] == pytest.approx(result.test_acc)
+    # how far its alphas moved: the run's own record, and the table's column
+    alphas = run.data.metrics[L.ALPHA_ENTROPY]
+    assert result.alpha_entropy == pytest.approx(alphas) == table.loc[0, "alpha_entropy"]
+    assert 0 < result.alpha_entropy < 1
     assert asolab.runs(tracking_uri=store, filter="params.seed = '7'").empty
 
     # the final network, by a prefix of the run id, predicts as the run measured

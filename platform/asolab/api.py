@@ -51,6 +51,9 @@ class RunResult:
     tracking_uri: str | None  # the store the run is in (None when not tracked)
     config: ExperimentConfig  # the resolved config the run used
     experiment_id: str | None = None  # the MLflow experiment (None when not tracked)
+    # how far the alphas moved: their entropy of a uniform choice's at the end (1: not at
+    # all; docs/baselines.md, "How far a run's alphas moved")
+    alpha_entropy: float = 1.0
 
 
 def load_config(
@@ -202,6 +205,7 @@ def _result(
         tracking_uri=uri,
         config=cfg,
         experiment_id=experiment_id,
+        alpha_entropy=float(result.alpha_entropy),
     )
 
 

@@ -141,6 +141,7 @@ class FinalStage(Part):
             seconds,
             list(self.state.cycle_val_acc),
             self.final_epochs,
+            end.alpha_entropy,
         )
 
     def _seconds(self) -> float:

@@ -133,3 +133,5 @@ class RunResult:
     seconds: float
     cycle_val_acc: list[float] = field(default_factory=list)
     final_epochs: int = 0  # the final stage's epochs (fitted to search.budget_minutes if set)
+    # how far the alphas moved by the run's end (SearchNetwork.alpha_entropy: 1, not at all)
+    alpha_entropy: float = 1.0

@@ -97,6 +97,25 @@ def test_the_committed_setting_runs_print_the_published_figures(name, setting, q
         assert line in readme, line
 
 
+def test_the_committed_temperature_runs_give_the_figures_concepts_quotes():
+    """bench/results/temperature_digits.json holds every run of the temperature comparison
+    (tau held at 20 against the shipped schedule); docs/concepts.md quotes its paired
+    differences as setting_effect.py computes them."""
+    import json
+
+    from bench_scripts import bench_module
+
+    records = json.loads((RESULTS / "temperature_digits.json").read_text())
+    assert {r["seed"] for r in records} == set(range(8)) and len(records) == 16
+    a = bench_module("setting_effect").analyse(records, records[-1]["setting"])
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    flat = " ".join(concepts.split())
+    for metric in ("val_acc", "test_acc"):
+        m = a[metric]
+        quoted = f"{m['diff']:+.2f} points (95% CI {m['ci_low']:+.2f} .. {m['ci_high']:+.2f})"
+        assert quoted in flat, (metric, quoted)
+
+
 def test_the_committed_gpu_reports_print_the_published_gpu_figures():
     """bench/README.md's "On a GPU" tables are what bench/gpu_figures.py prints from the
     committed H100 reports, line for line."""

@@ -10,7 +10,6 @@ import tempfile
 from typing import TYPE_CHECKING, TextIO
 
 from ..errors import first_line
-from ..evolution.selection import UNDECIDED
 from ..options import add_tracking_uri
 from ..runner.phases import EPOCH_FIELDS
 from ..tracking import layout as L
@@ -266,6 +265,8 @@ def summary_lines(comparison: Comparison) -> list[str]:
                 )
             )
     out.append(f"{len(comparison.clusters)} distinct genotype(s) among {len(t)} run(s)")
+    from ..evolution.selection import UNDECIDED  # on use: torch stays out of --help
+
     undecided = int((t["alpha_entropy"] >= UNDECIDED).sum())
     if undecided:
         out.append(
